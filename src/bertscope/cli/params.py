@@ -1,0 +1,73 @@
+"""bertscope params: how many parameters attention has (SPEC S10)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import MODEL_HELP, print_json
+
+HELP = """\
+Count the attention parameters of one layer (W_Q, W_K, W_V, W_O, weights and biases), of all
+layers, and of the whole model. Counted from the built model, not from a formula.
+
+For bert-base: 4 x 768 x 768 = 2,359,296 weights + 4 x 768 biases = 2,362,368 per layer;
+x 12 layers = 28,348,416; the whole model with pooler has 109,482,240.
+
+examples:
+  bertscope params --preset bert-base
+  bertscope params --preset bert-large --json
+  bertscope params --model ./my-bert-folder
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("params", help="count attention and model parameters", description=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--preset", metavar="NAME",
+                   help="a named size: bert-base, bert-large or minilm-l6 (built on the meta device, no memory)")
+    g.add_argument("--model", metavar="PATH", help=MODEL_HELP)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..config import BertConfig, ConfigError
+    from ..errors import BertscopeError
+    from ..loading import bundled_model_path
+    from ..model import BertModel
+    from ..params import count_params
+    from pathlib import Path
+
+    try:
+        if args.preset:
+            config, source = BertConfig.preset(args.preset), f"preset {args.preset}"
+        else:
+            folder = Path(args.model) if args.model else bundled_model_path()
+            from ..loading import _check_folder
+
+            _check_folder(folder)
+            config, source = BertConfig.from_json(folder / "config.json"), str(folder)
+    except ConfigError as e:
+        raise BertscopeError(str(e)) from None
+    with torch.device("meta"):  # shapes only: counts without allocating the weights
+        model = BertModel(config)
+    pc = count_params(model)
+    if args.json:
+        print_json({"source": source, **pc.to_json()})
+        return 0
+    C, H, D, N = config.hidden_size, config.num_attention_heads, config.head_size, config.num_hidden_layers
+    print(f"{source}: hidden {C} = {H} heads x {D}, {N} layers")
+    print()
+    print(f"{'one layer':<12}{'weights':>14}{'biases':>10}{'total':>14}")
+    for label, (w, b) in pc.per_matrix.items():
+        print(f"{label:<12}{w:>14,}{b:>10,}{w + b:>14,}    {C} x {C} + {C}")
+    biases = pc.per_layer_total - pc.per_layer_weights
+    print(f"{'per layer':<12}{pc.per_layer_weights:>14,}{biases:>10,}{pc.per_layer_total:>14,}")
+    print()
+    print(f"attention, all {N} layers: {pc.attention_total:>14,}")
+    print(f"whole model (with pooler): {pc.model_total:>14,}")
+    print(f"attention share:           {pc.attention_total / pc.model_total:>14.1%}")
+    return 0

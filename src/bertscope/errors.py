@@ -1,0 +1,17 @@
+"""Errors that bertscope raises for bad input. The CLI prints each as one line."""
+
+from __future__ import annotations
+
+__all__ = ["BertscopeError", "CheckpointError", "InputError"]
+
+
+class BertscopeError(Exception):
+    """Base of every error bertscope raises on purpose; its message is one plain sentence."""
+
+
+class CheckpointError(BertscopeError):
+    """A model folder that is missing, not a checkpoint, or whose weights do not fit."""
+
+
+class InputError(BertscopeError, ValueError):
+    """Bad user input: empty text, a word not in the text, a malformed file."""

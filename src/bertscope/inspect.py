@@ -1,0 +1,154 @@
+"""Look inside attention: word-level attention maps and the heads that link two words.
+
+Shape legend: N layers, H heads, T tokens, W words.
+
+Word level follows Clark et al. 2019 ("What Does BERT Look At?"): the attention *to* a word
+is the sum over its sub-tokens (so a split word is not penalised), the attention *from* a
+word is the mean over its sub-tokens (so each row still sums to 1). [CLS] and [SEP] count as
+words of their own: much attention goes to them, and hiding that would mislead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .errors import InputError
+from .loading import Bert
+from .tokenizer import Batch
+
+__all__ = ["AttendResult", "Words", "attend", "find_word", "group_words", "word_attention"]
+
+
+@dataclass(frozen=True)
+class Words:
+    """How one text's tokens group into words.
+
+    words:       W word strings, as written in the text ([CLS]/[SEP] as themselves).
+    token_words: per token, the index of its word (T entries).
+    """
+
+    words: list[str]
+    token_words: list[int]
+
+
+def group_words(batch: Batch, text: str, index: int = 0) -> Words:
+    """Group the tokens of text ``index`` of a batch into words (the tokenizer's pre-tokenized words)."""
+    words: list[str] = []
+    token_words: list[int] = []
+    last: tuple[int, int | None] | None = None  # (sequence id, word id) of the previous token
+    for t, (tok, wid, (s, e)) in enumerate(zip(batch.tokens[index], batch.word_ids[index],
+                                             batch.offsets[index])):
+        if wid is None:
+            words.append(tok)
+            token_words.append(len(words) - 1)
+            last = None
+            continue
+        key = (int(batch.token_type_ids[index, t]), wid)
+        if key != last:
+            words.append(text[s:e] if key[0] == 0 else tok)
+            last = key
+        else:
+            # extend the word's text to cover this sub-token
+            if key[0] == 0:
+                first_token = token_words.index(len(words) - 1)
+                words[-1] = text[batch.offsets[index][first_token][0]:e]
+        token_words.append(len(words) - 1)
+    return Words(words=words, token_words=token_words)
+
+
+def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Tensor:
+    """Token attention (..., T, T) -> word attention (..., W, W).
+
+    To a word: sum over its sub-tokens (columns). From a word: mean over its sub-tokens (rows).
+    """
+    T = probs.shape[-1]
+    if len(token_words) != T:
+        raise ValueError(f"{len(token_words)} token-to-word entries for {T} tokens")
+    W = max(token_words) + 1
+    assign = torch.zeros(T, W, dtype=probs.dtype, device=probs.device)  # (T, W)
+    assign[torch.arange(T), torch.tensor(token_words)] = 1.0
+    summed_cols = probs @ assign  # (..., T, T)@(T, W) -> (..., T, W)
+    mean_rows = assign / assign.sum(0, keepdim=True)  # (T, W), each column sums to 1
+    return mean_rows.transpose(0, 1) @ summed_cols  # (W, T)@(..., T, W) -> (..., W, W)
+
+
+def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
+    """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive)."""
+    if not word.strip():
+        raise InputError("the --token word is empty")
+    target = word.strip().lower()
+    hits = [i for i, w in enumerate(words) if w.lower() == target]
+    if not hits:
+        shown = " ".join(w for w in words if w not in ("[CLS]", "[SEP]"))
+        raise InputError(f"the word {word!r} is not in the text (its words are: {shown})")
+    if occurrence < 1 or occurrence > len(hits):
+        raise InputError(f"the word {word!r} occurs {len(hits)} time(s); occurrence {occurrence} does not exist")
+    return hits[occurrence - 1]
+
+
+@dataclass(frozen=True)
+class AttendResult:
+    """Where one word looks, in every layer and head.
+
+    words:   the W words of the text.
+    token:   the word asked about, and ``index`` its position among ``words``.
+    weights: (N, H, W) attention from that word to every word (each row sums to 1).
+    truncated: whether the text was cut to fit the model.
+    """
+
+    words: list[str]
+    token: str
+    index: int
+    weights: torch.Tensor
+    truncated: bool
+
+    def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
+        row = self.weights[layer, head]
+        vals, idx = row.topk(min(k, row.numel()))
+        return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
+
+    def heads_for(self, target: int, k: int | None = None) -> list[tuple[int, int, float]]:
+        """(layer, head, weight) sorted by the weight from the token to word ``target``."""
+        w = self.weights[:, :, target]  # (N, H)
+        H = w.shape[1]
+        flat = w.flatten()
+        order = flat.argsort(descending=True).tolist()
+        if k is not None:
+            order = order[:k]
+        return [(i // H, i % H, float(flat[i])) for i in order]
+
+    def to_json(self) -> dict:
+        return {
+            "words": self.words,
+            "token": self.token,
+            "token_index": self.index,
+            "truncated": self.truncated,
+            "weights": [[[round(float(x), 6) for x in head] for head in layer]
+                        for layer in self.weights.tolist()],
+        }
+
+
+@torch.inference_mode()
+def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResult:
+    """Attention from ``token`` (a word of ``text``) to every word, per layer and head."""
+    if not text.strip():
+        raise InputError("the text is empty")
+    batch = bert.encode([text])
+    words = group_words(batch, text)
+    try:
+        index = find_word(words.words, token, occurrence)
+    except InputError:
+        if batch.truncated[0] and token.strip().lower() in text.lower():
+            raise InputError(f"the word {token!r} was cut off: the text is longer than the model's "
+                             f"{bert.tokenizer.max_length} positions") from None
+        raise
+    dev = bert.device
+    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                     batch.token_type_ids.to(dev), output_attentions=True)
+    probs = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (N, H, T, T)
+    w = word_attention(probs, words.token_words)  # (N, H, W, W)
+    return AttendResult(words=words.words, token=words.words[index], index=index,
+                        weights=w[:, :, index, :], truncated=batch.truncated[0])

@@ -1,0 +1,48 @@
+"""The one place where the padding-mask convention is converted.
+
+Shape legend: B batch, T tokens (keys), H heads.
+
+bertscope's API takes BERT's convention: ``attention_mask`` is (B, T) with
+1 = a real token and 0 = PAD (S4).
+
+Inside attention the mask becomes an *additive bias* of shape (B, 1, 1, T): 0.0 where a key
+may be attended and the dtype's most negative finite number where it may not. Added to the
+scores before softmax, exp() of that bias underflows to exactly 0, so a PAD key gets weight
+exactly 0 and contributes nothing. The finite minimum (rather than -inf) keeps a row whose
+keys are all PAD from turning into NaN.
+
+Polarity warning: PyTorch's ``nn.MultiheadAttention(key_padding_mask=...)`` takes a boolean
+mask where True means "ignore this key" -- the opposite of BERT's 1 = keep. Use
+:func:`to_key_padding_mask` to convert; never flip a mask by hand elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_attention_mask", "mask_to_bias", "to_key_padding_mask"]
+
+
+def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) -> None:
+    """Raise ValueError unless the mask is (B, T) and holds only 0s and 1s."""
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, tokens):
+        raise ValueError(
+            f"attention_mask must have shape (B, T) = ({batch}, {tokens}), "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    if attention_mask.dtype != torch.bool and not bool(
+        ((attention_mask == 0) | (attention_mask == 1)).all()
+    ):
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (PAD)")
+
+
+def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) 1 = token / 0 = PAD  ->  additive bias (B, 1, 1, T): 0 keep, dtype-min drop."""
+    keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, T)
+    bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill(~keep, torch.finfo(dtype).min)  # (B, 1, 1, T)
+
+
+def to_key_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """BERT's (B, T) 1 = token  ->  PyTorch's boolean key_padding_mask, True = PAD (ignore)."""
+    return attention_mask == 0  # (B, T)

@@ -1,0 +1,52 @@
+"""Parameter counts (SPEC S10): attention per layer, all layers, the whole model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .config import BertConfig
+
+__all__ = ["ParamCount", "count_params"]
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Counted from a built model (not from a formula), so a wrong module would show."""
+
+    config: BertConfig
+    per_matrix: dict[str, tuple[int, int]]  # "W_Q" -> (weights, biases) for one layer
+    per_layer_weights: int  # attention weights of one layer, without biases
+    per_layer_total: int  # attention weights + biases of one layer
+    attention_total: int  # per_layer_total summed over every layer
+    model_total: int  # every parameter of the encoder, pooler included
+
+    def to_json(self) -> dict:
+        return {
+            "hidden_size": self.config.hidden_size,
+            "num_attention_heads": self.config.num_attention_heads,
+            "head_size": self.config.head_size,
+            "num_hidden_layers": self.config.num_hidden_layers,
+            "per_matrix": {k: {"weights": w, "biases": b} for k, w_b in self.per_matrix.items()
+                           for w, b in [w_b]},
+            "per_layer_weights": self.per_layer_weights,
+            "per_layer_total": self.per_layer_total,
+            "attention_total": self.attention_total,
+            "model_total": self.model_total,
+        }
+
+
+def count_params(model: nn.Module) -> ParamCount:
+    """Count a :class:`bertscope.model.BertModel`'s attention and total parameters."""
+    config: BertConfig = model.config  # type: ignore[assignment]
+    attn = model.layers[0].attention  # type: ignore[index]
+    per_matrix = {}
+    for label, lin in (("W_Q", attn.query), ("W_K", attn.key), ("W_V", attn.value), ("W_O", attn.output)):
+        per_matrix[label] = (lin.weight.numel(), lin.bias.numel())
+    per_layer_weights = sum(w for w, _ in per_matrix.values())
+    per_layer_total = sum(w + b for w, b in per_matrix.values())
+    attention_total = sum(sum(p.numel() for p in layer.attention.parameters())
+                          for layer in model.layers)  # type: ignore[union-attr]
+    model_total = sum(p.numel() for p in model.parameters())
+    return ParamCount(config, per_matrix, per_layer_weights, per_layer_total, attention_total, model_total)

@@ -1,0 +1,102 @@
+"""The command line: exit codes, output, and one-line errors (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bertscope.cli import main
+
+from conftest import IT_ANIMAL
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertscope", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, fragment: str) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("bertscope: error:") and fragment in lines[0], lines[0]
+
+
+def test_attend_text_output(capsys):
+    assert main(["attend", IT_ANIMAL, "--token", "it"]) == 0
+    out = capsys.readouterr().out
+    assert "L3  H1   animal 0.6" in out and "L5  H11  animal 0.6" in out
+    animal_line = next(l for l in out.splitlines() if l.strip().startswith("animal"))
+    assert animal_line.split()[1:3] == ["L5", "H11"] or animal_line.split()[1:3] == ["L3", "H1"]
+
+
+def test_attend_json(capsys):
+    assert main(["attend", IT_ANIMAL, "--token", "it", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["token"] == "it" and "animal" in data["words"]
+    w = data["weights"]
+    assert len(w) == 6 and len(w[0]) == 12 and len(w[0][0]) == len(data["words"])
+    a = data["words"].index("animal")
+    assert w[3][1][a] > 0.5 and w[5][11][a] > 0.5
+
+
+def test_params_bert_base_json(capsys):
+    assert main(["params", "--preset", "bert-base", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["per_layer_total"] == 2_362_368
+    assert data["attention_total"] == 28_348_416
+    assert data["model_total"] == 109_482_240
+
+
+def test_params_table(capsys, bundled_path):
+    assert main(["params", "--model", str(bundled_path)]) == 0
+    out = capsys.readouterr().out
+    assert "W_Q" in out and "W_O" in out and "591,360" in out  # 4 x (384 x 384 + 384) per layer
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["attend", "", "--token", "it"], "the text is empty"),
+    (["attend", "   ", "--token", "it"], "the text is empty"),
+    (["attend", IT_ANIMAL, "--token", "zebra"], "'zebra' is not in the text"),
+    (["attend", IT_ANIMAL, "--token", ""], "--token word is empty"),
+    (["attend", IT_ANIMAL, "--token", "it", "--model", "/nonexistent/model"], "does not exist"),
+    (["params", "--preset", "bert-huge"], "unknown preset"),
+])
+def test_bad_input_one_line_error(args, fragment, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bertscope: error:") and fragment in err[0]
+
+
+def test_broken_model_folder_in_a_subprocess(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "hidden_size": 10}')
+    proc = run_cli("attend", IT_ANIMAL, "--token", "it", "--model", str(tmp_path))
+    assert_one_line_error(proc, "bad config")
+    proc = run_cli("attend", IT_ANIMAL, "--token", "it", "--model", str(tmp_path / "missing"))
+    assert_one_line_error(proc, "does not exist")
+
+
+def test_long_text_truncated_with_warning(capsys):
+    text = IT_ANIMAL + " " + "and then it walked on " * 150
+    assert main(["attend", text, "--token", "animal", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "bertscope: warning:" in captured.err and "truncated" in captured.err
+    assert json.loads(captured.out)["truncated"] is True
+
+
+def test_token_cut_off_by_truncation_is_an_error(capsys):
+    text = "word " * 600 + "zebra"
+    assert main(["attend", text, "--token", "zebra"]) == 2
+    err = capsys.readouterr().err
+    assert "was cut off" in err and "Traceback" not in err
+
+
+def test_console_script_and_help():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "attend" in proc.stdout and "params" in proc.stdout
+    proc = run_cli("attend", "--help")
+    assert proc.returncode == 0 and "examples:" in proc.stdout

@@ -1,0 +1,75 @@
+"""BertConfig: presets, config.json reading, and parameter counts against HF's BertModel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import bertscope
+from bertscope import BertConfig, ConfigError
+from bertscope.params import count_params
+
+
+def test_presets_and_head_size():
+    base = BertConfig.preset("bert-base")
+    assert (base.hidden_size, base.num_attention_heads, base.head_size, base.num_hidden_layers) == (768, 12, 64, 12)
+    assert BertConfig.preset("bert-large").head_size == 64
+    assert BertConfig.preset("minilm-l6").head_size == 32
+    with pytest.raises(ConfigError, match="unknown preset 'bert-huge'"):
+        BertConfig.preset("bert-huge")
+    with pytest.raises(Exception):
+        base.hidden_size = 1  # frozen
+
+
+def test_from_json_reads_the_bundled_config(bundled_path):
+    cfg = BertConfig.from_json(bundled_path / "config.json")
+    raw = json.loads((bundled_path / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "vocab_size", "layer_norm_eps"):
+        assert getattr(cfg, key) == raw[key]
+
+
+def test_from_json_rejects_what_it_cannot_build(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ConfigError, match="not 'bert'"):
+        BertConfig.from_json(p)
+    p.write_text(json.dumps({"hidden_size": 768}))
+    with pytest.raises(ConfigError, match="lacks"):
+        BertConfig.from_json(p)
+    p.write_text(json.dumps({**BertConfig().to_dict(), "num_attention_heads": 7}))
+    with pytest.raises(ConfigError, match="not divisible"):
+        BertConfig.from_json(p)
+
+
+@pytest.mark.parametrize("preset", ["bert-base", "bert-large", "minilm-l6"])
+def test_parameter_counts_equal_hf(preset):
+    import transformers
+
+    cfg = BertConfig.preset(preset)
+    hf_cfg = transformers.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+    )
+    with torch.device("meta"):
+        ours = bertscope.BertModel(cfg)
+        hf = transformers.BertModel(hf_cfg)
+    pc = count_params(ours)
+    assert pc.model_total == sum(p.numel() for p in hf.parameters())
+    hf_attn = sum(p.numel() for layer in hf.encoder.layer
+                  for mod in (layer.attention.self, layer.attention.output.dense) for p in mod.parameters())
+    assert pc.attention_total == hf_attn
+    assert pc.per_layer_total * cfg.num_hidden_layers == pc.attention_total
+
+
+def test_seed_s10_numbers_for_bert_base():
+    """The seed's S10 figures, which are arithmetic on 768 and 12, checked against the built model."""
+    with torch.device("meta"):
+        pc = count_params(bertscope.BertModel(BertConfig.preset("bert-base")))
+    assert pc.per_matrix["W_Q"] == (768 * 768, 768)
+    assert pc.per_layer_weights == 4 * 768 * 768 == 2_359_296
+    assert pc.per_layer_total == 2_362_368
+    assert pc.attention_total == 12 * 2_362_368 == 28_348_416
+    assert pc.model_total == 109_482_240  # BERT-base with pooler, as published for bert-base-uncased

@@ -1,0 +1,124 @@
+"""Strict loading: both key layouts load; a removed, extra or mis-shaped key gets a clear error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import bertscope
+from bertscope.errors import CheckpointError
+
+SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
+
+
+def copy_checkpoint(src: Path, dst: Path, state: dict[str, torch.Tensor], fmt: str = "safetensors") -> Path:
+    dst.mkdir()
+    for name in SMALL_FILES:
+        if (src / name).exists():
+            shutil.copy(src / name, dst / name)
+    if fmt == "safetensors":
+        save_file({k: v.contiguous() for k, v in state.items()}, str(dst / "model.safetensors"))
+    else:
+        torch.save(state, dst / "pytorch_model.bin")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def state(bundled_path):
+    return load_file(str(bundled_path / "model.safetensors"))
+
+
+def same_weights(a: bertscope.Bert, b: bertscope.Bert) -> bool:
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_prefixed_layout_and_task_heads_load(tmp_path, bundled_path, state, bert):
+    prefixed = {f"bert.{k}": v for k, v in state.items()}
+    prefixed["cls.predictions.bias"] = torch.zeros(30522)  # a pre-training head: set aside
+    folder = copy_checkpoint(bundled_path, tmp_path / "prefixed", prefixed)
+    assert same_weights(bertscope.load(folder), bert)
+
+
+def test_pytorch_bin_loads(tmp_path, bundled_path, state, bert):
+    folder = copy_checkpoint(bundled_path, tmp_path / "bin", state, fmt="bin")
+    assert same_weights(bertscope.load(folder), bert)
+
+
+def test_legacy_gamma_beta_names_load(tmp_path, bundled_path, state, bert):
+    legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in state.items()}
+    folder = copy_checkpoint(bundled_path, tmp_path / "legacy", legacy)
+    assert same_weights(bertscope.load(folder), bert)
+
+
+def test_removed_key(tmp_path, bundled_path, state):
+    broken = dict(state)
+    del broken["encoder.layer.2.attention.self.key.weight"]
+    folder = copy_checkpoint(bundled_path, tmp_path / "missing", broken)
+    with pytest.raises(CheckpointError, match=r"missing weight 'encoder\.layer\.2\.attention\.self\.key\.weight' \(expected shape \(384, 384\)\)"):
+        bertscope.load(folder)
+
+
+def test_extra_key(tmp_path, bundled_path, state):
+    broken = dict(state)
+    broken["encoder.layer.0.attention.self.rotary.weight"] = torch.zeros(3)
+    folder = copy_checkpoint(bundled_path, tmp_path / "extra", broken)
+    with pytest.raises(CheckpointError, match=r"unexpected weight 'encoder\.layer\.0\.attention\.self\.rotary\.weight'"):
+        bertscope.load(folder)
+
+
+def test_extra_layer_is_unexpected(tmp_path, bundled_path, state):
+    broken = dict(state)
+    broken["encoder.layer.6.output.dense.bias"] = torch.zeros(384)
+    folder = copy_checkpoint(bundled_path, tmp_path / "extra_layer", broken)
+    with pytest.raises(CheckpointError, match=r"unexpected weight 'encoder\.layer\.6\.output\.dense\.bias'"):
+        bertscope.load(folder)
+
+
+def test_wrong_shape_names_key_and_both_shapes(tmp_path, bundled_path, state):
+    broken = dict(state)
+    broken["encoder.layer.1.intermediate.dense.weight"] = torch.zeros(1000, 384)
+    folder = copy_checkpoint(bundled_path, tmp_path / "shape", broken)
+    with pytest.raises(CheckpointError) as e:
+        bertscope.load(folder)
+    msg = str(e.value)
+    assert "encoder.layer.1.intermediate.dense.weight" in msg and "(1000, 384)" in msg and "(1536, 384)" in msg
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        bertscope.load(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="is not a BERT checkpoint: it has no config.json"):
+        bertscope.load(tmp_path / "empty")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="is not a folder"):
+        bertscope.load(tmp_path / "file.txt")
+
+
+def test_broken_files(tmp_path, bundled_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="bad config"):
+        bertscope.load(folder)
+    shutil.copy(bundled_path / "config.json", folder / "config.json")
+    with pytest.raises(CheckpointError, match="no model.safetensors or pytorch_model.bin"):
+        bertscope.load(folder)
+    (folder / "model.safetensors").write_bytes(b"\x00" * 100)
+    shutil.copy(bundled_path / "tokenizer.json", folder / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="could not be read as model weights"):
+        bertscope.load(folder)
+
+
+def test_vocab_txt_only_tokenizes_like_tokenizer_json(tmp_path, bundled_path, state, bert):
+    folder = copy_checkpoint(bundled_path, tmp_path / "vocab_only", state)
+    (folder / "tokenizer.json").unlink()
+    other = bertscope.load(folder)
+    texts = ["The animal didn't cross the street", "Ünïcödé façade, naïve café!"]
+    assert torch.equal(other.encode(texts).input_ids, bert.encode(texts).input_ids)

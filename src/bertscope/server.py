@@ -15,7 +15,8 @@ Texts over ``max_chars`` characters get HTTP 413. The model runs under a lock (o
 time; PyTorch already uses every core for one), and the last few analyses are cached.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": FastAPI must see the request models defined inside
+# create_app as real classes, not as strings it cannot resolve.
 
 import base64
 import threading
@@ -122,6 +123,10 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS):
         if path is None:
             raise HTTPException(404, "no such asset")
         return Response(path.read_bytes(), media_type=_CONTENT_TYPES.get(path.suffix, "application/octet-stream"))
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
 
     @app.get("/api/health")
     def health() -> dict[str, Any]:

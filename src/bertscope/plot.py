@@ -91,7 +91,7 @@ def grid_figure(rt: ReportText, *, words: bool = True):
                 ax.set_title(f"head {head}", fontsize=8)
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
-    shown = " ".join(labels)
+    shown = rt.text
     fig.suptitle(shown if len(shown) <= 110 else shown[:107] + "…", fontsize=9)
     return fig
 

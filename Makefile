@@ -22,12 +22,14 @@ setup: $(VENV)/.setup-done
 
 $(VENV)/.test-setup-done: $(VENV)/.setup-done pyproject.toml
 	$(PIP) install -q -e '.[test]'
+	sh scripts/install-browser.sh
 	touch $@
 
 test-setup: $(VENV)/.test-setup-done
 
 demo: setup
 	$(BIN)/bertscope attend "$(TEXT)" --token it
+	$(BIN)/bertscope view "$(TEXT)" --out bertscope-report.html
 
 test: test-setup
 	$(BIN)/python -m pytest -q

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--out {args.out!r} is a folder; give a file name")
     bert = load_model(args)
     report = build_report(bert, args.text, args.text_b)
-    path = report.save(out)
+    path = report.save(out).resolve()
     size = path.stat().st_size
-    print(f"wrote {path} ({size / 1e6:.1f} MB): open it in a browser")
+    print(f"wrote {path} ({size / 1e6:.1f} MB); open {path.as_uri()} in a browser")
     return 0

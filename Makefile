@@ -22,10 +22,10 @@ setup: $(VENV)/.setup-done
 
 $(VENV)/.test-setup-done: $(VENV)/.setup-done pyproject.toml
 	$(PIP) install -q -e '.[test]'
-	sh scripts/install-browser.sh
 	touch $@
 
 test-setup: $(VENV)/.test-setup-done
+	sh scripts/install-browser.sh
 
 demo: setup
 	$(BIN)/bertscope attend "$(TEXT)" --token it

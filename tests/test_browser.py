@@ -117,8 +117,7 @@ def explore(page, ref: dict, words: list[str]) -> None:
     settle(page)
     page.select_option("#bs-level", "token")
     settle(page)
-    click_token(page, it)  # no sub-word split before "it": word index == token index here? use tokens
-    # at sub-token level, data-i are token indices: compare with the token matrix
+    click_token(page, it)  # at sub-token level data-i is a token index: compare with the token matrix
     values = shown_values(page)
     frm = values[0]["from"]
     check_values(values, ref["tokens"][3, 1, frm], "1")
@@ -249,3 +248,14 @@ def test_long_report_size_and_open_time(browser, bert, tmp_path):
     page.close()
     with artifact("long-report.txt").open("w") as f:
         f.write(f"512 tokens, 12 layers x 12 heads: {size / 1e6:.1f} MB, ready in {seconds:.2f} s\n")
+
+
+def test_notebook_frame_renders(browser, bert):
+    """What Jupyter shows (_repr_html_): the explorer inside an isolated iframe, working."""
+    rep = build_report(bert, IT_ANIMAL)
+    page = browser.new_page()
+    page.set_content(f"<html><body><p>notebook cell</p>{rep._repr_html_()}</body></html>")
+    frame = page.frame_locator("iframe")
+    frame.locator("html[data-ready='1']").wait_for(state="attached", timeout=30_000)
+    assert frame.locator("#bs-head-view .bs-tok.bs-left").count() == len(rep.texts[0].words)
+    page.close()

@@ -25,9 +25,11 @@ $(VENV)/.test-setup-done: $(VENV)/.setup-done pyproject.toml
 	touch $@
 
 test-setup: $(VENV)/.test-setup-done
+	sh scripts/install-browser.sh
 
 demo: setup
 	$(BIN)/bertscope attend "$(TEXT)" --token it
+	$(BIN)/bertscope view "$(TEXT)" --out bertscope-report.html
 
 test: test-setup
 	$(BIN)/python -m pytest -q

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .aggregate import attention_rollout, mean_heads
 from .attention import AttentionRecord, MultiHeadSelfAttention, attention_reference
 from .config import PRESETS, BertConfig, ConfigError
 from .errors import BertscopeError, CheckpointError, InputError
@@ -21,6 +22,7 @@ from .masks import mask_to_bias, to_key_padding_mask
 from .model import BertModel
 from .outputs import BertOutput
 from .params import ParamCount, count_params
+from .report import Report, ReportText, build_report
 from .tokenizer import Batch, BertTokenizer, TruncationWarning
 
 __all__ = [
@@ -29,4 +31,5 @@ __all__ = [
     "MultiHeadSelfAttention", "PRESETS", "ParamCount", "TruncationWarning", "__version__",
     "attend", "attention_reference", "bundled_model_path", "count_params", "load",
     "mask_to_bias", "to_key_padding_mask", "word_attention",
+    "Report", "ReportText", "attention_rollout", "build_report", "mean_heads",
 ]

@@ -1,0 +1,61 @@
+"""bertscope plot: one head's attention heatmap, or every layer x head, as PNG/SVG/PDF."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_model_arg, load_model
+
+HELP = """\
+Draw the attention of one head as a heatmap with the words (or sub-tokens) as row and column
+labels, or with --grid every layer x head as small heatmaps, and save it as PNG, SVG or PDF
+(chosen by the file's suffix). Rows attend, columns are attended to. Layers and heads are
+numbered from 0. Needs matplotlib (pip install 'bertscope[plot]').
+
+examples:
+  bertscope plot "The animal didn't cross the street because it was too tired" --layer 3 --head 1 --out it.png
+  bertscope plot "The animal didn't cross the street because it was too tired" --grid --out grid.svg
+  bertscope plot "Tokenization splits rare words" --layer 0 --head 0 --tokens --out tokens.pdf
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plot", help="save an attention heatmap (PNG, SVG, PDF)", description=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("text", metavar="TEXT", help="the text to run through the model")
+    p.add_argument("--layer", type=int, default=0, metavar="L", help="layer, from 0 (default 0)")
+    p.add_argument("--head", type=int, default=0, metavar="H", help="head, from 0 (default 0)")
+    p.add_argument("--grid", action="store_true", help="all layers x heads instead of one head")
+    p.add_argument("--tokens", action="store_true", help="sub-tokens instead of words")
+    p.add_argument("--out", metavar="FILE", required=True, help="FILE.png, FILE.svg or FILE.pdf")
+    p.add_argument("--dpi", type=int, default=200, help="resolution of a PNG (default 200)")
+    add_model_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..errors import InputError
+    from ..plot import FORMATS, grid_figure, head_figure, save_figure
+    from ..report import analyze
+
+    if not args.text.strip():
+        raise InputError("the text is empty")
+    if Path(args.out).suffix.lower().lstrip(".") not in FORMATS:
+        raise InputError(f"--out must end in .png, .svg or .pdf, got {args.out!r}")
+    if not 20 <= args.dpi <= 1200:
+        raise InputError("--dpi must be between 20 and 1200")
+    bert = load_model(args)
+    N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
+    if not args.grid:
+        if not 0 <= args.layer < N:
+            raise InputError(f"--layer must be 0..{N - 1}, got {args.layer}")
+        if not 0 <= args.head < H:
+            raise InputError(f"--head must be 0..{H - 1}, got {args.head}")
+    [rt] = analyze(bert, [args.text])
+    words = not args.tokens
+    fig = grid_figure(rt, words=words) if args.grid else head_figure(rt, args.layer, args.head, words=words)
+    path = save_figure(fig, args.out, dpi=args.dpi)
+    print(f"wrote {path}")
+    return 0

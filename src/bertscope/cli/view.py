@@ -1,0 +1,56 @@
+"""bertscope view: write the attention explorer as one self-contained HTML file."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_model_arg, load_model
+
+HELP = """\
+Write one HTML file that shows the attention of TEXT (and TEXT_B, side by side with the
+difference) in every layer and head: a head view (lines from each token to the tokens it
+attends to), a model view (every layer x head as a thumbnail), a matrix view (the heatmap with
+exact values), word or sub-token level, [CLS]/[SEP] hidden or shown, the mean over heads and
+attention rollout. The file has no external resources: it opens from disk in any browser,
+offline. Weights are stored to within 1/2048 (rows still sum to 1).
+
+examples:
+  bertscope view "The animal didn't cross the street because it was too tired"
+  bertscope view "The animal didn't cross the street because it was too tired" \\
+                 "The animal didn't cross the street because it was too wide" --out compare.html
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("view", help="write the attention explorer as one HTML file", description=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("text", metavar="TEXT", help="the text to run through the model")
+    p.add_argument("text_b", metavar="TEXT_B", nargs="?", default=None,
+                   help="a second text, shown side by side with the difference")
+    add_model_arg(p)
+    p.add_argument("--out", metavar="FILE.html", default="bertscope-report.html",
+                   help="where to write the page (default: bertscope-report.html)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..errors import InputError
+    from ..report import build_report
+
+    if not args.text.strip():
+        raise InputError("the text is empty")
+    if args.text_b is not None and not args.text_b.strip():
+        raise InputError("the second text is empty")
+    out = Path(args.out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--out must end in .html, got {args.out!r}")
+    if out.is_dir():
+        raise InputError(f"--out {args.out!r} is a folder; give a file name")
+    bert = load_model(args)
+    report = build_report(bert, args.text, args.text_b)
+    path = report.save(out).resolve()
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 1e6:.1f} MB); open {path.as_uri()} in a browser")
+    return 0

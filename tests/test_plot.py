@@ -1,0 +1,65 @@
+"""bertscope plot: heatmaps as PNG/SVG, and the figure's numbers are the model's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertscope.plot import grid_figure, head_figure, units
+from bertscope.report import analyze
+
+from conftest import IT_ANIMAL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, "-m", "bertscope", "plot", *args], capture_output=True,
+                          text=True, env=env, timeout=180)
+
+
+def test_plot_png_and_svg(tmp_path):
+    png, svg = tmp_path / "head.png", tmp_path / "grid.svg"
+    r = _cli(IT_ANIMAL, "--layer", "3", "--head", "1", "--out", str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    r = _cli(IT_ANIMAL, "--grid", "--out", str(svg))
+    assert r.returncode == 0, r.stderr
+    text = svg.read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text and "layer 5" in text
+
+
+def test_plot_user_errors(tmp_path):
+    r = _cli(IT_ANIMAL, "--layer", "9", "--out", str(tmp_path / "x.png"))
+    assert r.returncode == 2 and "--layer must be 0..5" in r.stderr
+    r = _cli(IT_ANIMAL, "--out", str(tmp_path / "x.gif"))
+    assert r.returncode == 2 and ".png" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_figure_shows_the_models_attention(bert, hf_model):
+    pytest.importorskip("matplotlib")
+    import torch
+
+    [rt] = analyze(bert, [IT_ANIMAL])
+    fig = head_figure(rt, 3, 1)
+    ax = fig.axes[0]
+    shown = ax.images[0].get_array()
+    labels, att = units(rt, words=True)
+    b = bert.encode([IT_ANIMAL])
+    with torch.inference_mode():
+        ref = hf_model(input_ids=b.input_ids, attention_mask=b.attention_mask, output_attentions=True).attentions[3][0, 1]
+    # word level, computed here independently: sum over a word's sub-tokens as keys, mean as queries
+    tw = np.array(rt.token_words)
+    W = tw.max() + 1
+    assign = np.zeros((len(tw), W))
+    assign[np.arange(len(tw)), tw] = 1
+    ref_w = (assign / assign.sum(0)).T @ ref.numpy() @ assign
+    np.testing.assert_allclose(np.asarray(shown), ref_w, atol=1e-5)
+    assert [t.get_text() for t in ax.get_xticklabels()] == labels
+    assert len(grid_figure(rt).axes) == 6 * 12

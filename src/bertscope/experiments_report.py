@@ -282,6 +282,16 @@ def render_markdown(r: Report, img_rel: str = "experiments") -> str:
         a(f"| best head, chosen on the other half (held out) | {w.held_out_accuracy:.1%} |")
         a(f"| best head in sample (optimistic: chosen on its own test data) | {acc:.1%} (L{lh} H{hh}) |")
         a("")
+        a("How each is computed (details in `src/bertscope/coref.py`): *per head*, the word-level attention "
+          "from the pronoun (mean over its sub-tokens) to each candidate (sum over a word's sub-tokens; a "
+          "candidate scores its best word other than the/a/an), ties counted one half. *MAS*: per layer and "
+          "head, A = attention from the candidate's sub-tokens (the largest of them, determiners left out) to "
+          "the pronoun, i.e. row = candidate, column = pronoun, the direction of Klein & Nabi's released code; "
+          "per (layer, head) only the candidate with the larger A keeps it; the kept values are summed per "
+          "candidate and normalised; the larger sum wins. *Held out*: schemas are grouped into twin groups "
+          "(consecutive schemas with the same candidates), groups alternate between two halves, the head is "
+          "chosen on one half and scored on the other, both ways.")
+        a("")
         for f in w.held_out:
             a(f"- L{f.layer} H{f.head} chosen on {len(f.chosen_on)} schemas ({f.choice_accuracy:.1%} there), "
               f"scored on the other {len(f.scored_on)}: {f.test_accuracy:.1%}.")

@@ -14,7 +14,8 @@ softmax, dropout; [4] merge heads; [5] output projection W_O. For the chosen tok
 prints the raw scores, the scaled scores, the mask, the softmax row (top tokens and words),
 what dropout would do in training, the shape at every step and the layer's parameter count.
 
-The trace calls the model's own modules, so its numbers are the model's numbers.
+The trace calls the model's own modules, so its numbers are the model's numbers. A word split into
+several sub-tokens is traced at its first sub-token; --pad N appends N [PAD] tokens to show the mask.
 Layers and heads are numbered from 0.
 
 examples:

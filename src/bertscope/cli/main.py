@@ -18,7 +18,11 @@ from typing import Sequence
 from .. import __version__
 from ..errors import BertscopeError
 
-COMMAND_MODULES = ["params", "attend", "view", "plot", "serve"]
+COMMAND_MODULES = [
+    "params", "attend",  # core
+    "view", "plot", "serve",  # see attention
+    "trace", "heads", "coref", "ablate", "experiments",  # understand heads
+]
 
 DESCRIPTION = """\
 bertscope: BERT's multi-head self-attention, built from scratch, exact on real checkpoints,

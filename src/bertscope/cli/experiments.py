@@ -1,0 +1,53 @@
+"""bertscope experiments: the seed's claims (S1, S3, S4, S11, S12, errata) measured, as Markdown."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_model_arg, load_model
+
+HELP = """\
+Run every experiment on the seed's claims and write OUT/EXPERIMENTS.md, with plots and a
+results.json in OUT/experiments/ (plots need matplotlib: pip install 'bertscope[plot]'):
+
+  S1   with Q = K = x, how often a token's best match is itself, against the learned W_Q, W_K
+  S3   softmax with and without ÷√d_head: entropy and largest weight per layer
+  S4   outputs alone, padded with the mask, and padded with PAD attended
+  S11  permutation equivariance without position embeddings, and how position embeddings break it
+  S12  which heads point it -> animal, and whether they follow the referent (too tired / too wide)
+  head pattern classes over bertscope's own sentences; WSC273 by attention (with --wsc)
+  the seed's errata (its softmax example; the 7x claim as FLOPs)
+
+examples:
+  bertscope experiments --out docs/ --wsc ../shared/data/wsc/WSCollection.xml
+  bertscope experiments --out /tmp/exp --no-plots
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("experiments", help="the seed's claims as experiments, written to EXPERIMENTS.md",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", metavar="DIR", required=True, help="folder for EXPERIMENTS.md (e.g. docs/)")
+    p.add_argument("--wsc", metavar="FILE", help="a WSC XML file; its first --wsc-limit schemas are scored")
+    p.add_argument("--wsc-limit", type=int, default=273, metavar="K", help="schemas to score (default 273: WSC273)")
+    p.add_argument("--no-plots", action="store_true", help="write the Markdown and JSON only")
+    add_model_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from ..errors import InputError
+    from ..experiments_report import run_all, write_report
+
+    if args.wsc_limit < 1:
+        raise InputError("--wsc-limit must be at least 1")
+    bert = load_model(args)
+    report = run_all(bert, args.wsc, args.wsc_limit)
+    for w in report.warnings:
+        print(f"bertscope: warning: {w}", file=sys.stderr)
+    for p in write_report(report, Path(args.out), plots=not args.no_plots):
+        print(f"wrote {p}")
+    return 0

@@ -1,0 +1,95 @@
+"""bertscope heads: what every layer x head does over a corpus, with its pattern class."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import add_model_arg, load_model, print_json
+
+HELP = """\
+For every layer and head, over a corpus (a UTF-8 text file, one text per line, blank lines
+skipped): mean attention to [CLS], to [SEP], to punctuation, to the token itself, to the
+previous and to the next token (after Clark et al. 2019); entropy in nats and its gap to
+uniform (ln T - entropy); mean attention distance in tokens; and a pattern class after
+Kovaleva et al. 2019 (vertical, diagonal, vertical+diagonal, block, heterogeneous) by stated
+rules: see `python -c "import bertscope.headstats as h; print(h.__doc__)"` or docs/EXPERIMENTS.md.
+
+With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs matplotlib:
+pip install 'bertscope[plot]'), the class map, and heads.json.
+
+examples:
+  bertscope heads corpus.txt
+  bertscope heads corpus.txt --out heads-report/
+  bertscope heads corpus.txt --json > heads.json
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("heads", help="statistics and pattern class of every head over a corpus",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("corpus", metavar="CORPUS", help="a text file, one text per line")
+    add_model_arg(p)
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.add_argument("--out", metavar="DIR", help="write heatmaps (PNG) and heads.json into DIR")
+    p.set_defaults(func=run)
+
+
+def _table(title: str, values, fmt: str = "{:5.2f}") -> list[str]:
+    N, H = values.shape
+    lines = [title, "      " + " ".join(f"{'H' + str(h):>5}" for h in range(H))]
+    for li in range(N):
+        lines.append(f"  L{li:<2} " + " ".join(fmt.format(float(values[li, h])) for h in range(H)))
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from ..files import read_lines, write_text_atomic
+    from ..headstats import CLASSES, STAT_LABELS, STATS, head_stats
+
+    lines, warns = read_lines(args.corpus)
+    for w in warns:
+        print(f"bertscope: warning: {w}", file=sys.stderr)
+    if not lines:
+        from ..errors import InputError
+
+        raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
+    bert = load_model(args)
+    hs = head_stats(bert, lines)
+    for w in hs.warnings:
+        print(f"bertscope: warning: {w}", file=sys.stderr)
+    written: list[Path] = []
+    if args.out:
+        from ..headmaps import save_class_map, save_heatmap
+
+        out = Path(args.out)
+        for k in STATS:
+            written.append(save_heatmap(out / f"heads_{k}.png", hs.stats[k],
+                                        f"{hs.model}: {STAT_LABELS[k]} ({hs.num_texts} texts)"))
+        written.append(save_class_map(out / "heads_class.png", hs.classes, CLASSES,
+                                      f"{hs.model}: pattern class"))
+        written.append(write_text_atomic(out / "heads.json", json.dumps(hs.to_json(), ensure_ascii=False)))
+    if args.json:
+        print_json(hs.to_json())
+        return 0
+    N, H = hs.shape
+    print(f"{hs.model}: {N} layers x {H} heads over {hs.num_texts} texts ({hs.num_tokens} tokens)")
+    for k in STATS:
+        print()
+        print("\n".join(_table(STAT_LABELS[k], hs.stats[k])))
+    print()
+    print("pattern class (V vertical, D diagonal, V+D, B block, Het heterogeneous; share of texts agreeing)")
+    short = {"vertical": "V", "diagonal": "D", "vertical+diagonal": "V+D", "block": "B", "heterogeneous": "Het"}
+    print("      " + " ".join(f"{'H' + str(h):>8}" for h in range(H)))
+    for li in range(N):
+        cells = [f"{short[hs.classes[li][h]]} {float(hs.class_share[li, h]):.0%}" for h in range(H)]
+        print(f"  L{li:<2} " + " ".join(f"{c:>8}" for c in cells))
+    print()
+    print("heads per class: " + ", ".join(
+        f"{c} {sum(row.count(c) for row in hs.classes)}" for c in CLASSES))
+    for p in written:
+        print(f"wrote {p}")
+    return 0

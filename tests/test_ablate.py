@@ -1,0 +1,72 @@
+"""Ablation: silencing a head equals removing its slice of W_O in HF's model; sweep and CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertscope.ablate import ablate, sweep
+from bertscope.cli.main import main
+from bertscope.errors import InputError
+
+from conftest import IT_ANIMAL
+
+
+def test_silenced_head_matches_hf_with_its_w_o_columns_zeroed(bert, hf_model):
+    layer, head = 3, 1
+    D = bert.config.head_size
+    res = ablate(bert, IT_ANIMAL, [(layer, head)])
+    hf = copy.deepcopy(hf_model)
+    with torch.no_grad():  # the head's context enters W_O through columns head*D .. head*D + D
+        hf.encoder.layer[layer].attention.output.dense.weight[:, head * D:(head + 1) * D] = 0
+    batch = bert.encode([IT_ANIMAL])
+    with torch.inference_mode():
+        ref_cut = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        ref = hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    expected = F.cosine_similarity(ref[0], ref_cut[0], dim=-1)
+    torch.testing.assert_close(res.token_cosine, expected, atol=1e-5, rtol=1e-5)
+    assert float(res.token_cosine.min()) < 0.9999  # the head did something
+
+
+def test_word_shift_only_downstream(bert):
+    res = ablate(bert, IT_ANIMAL, [(3, 1)], word="it")
+    assert res.word_shift is not None
+    assert float(res.word_shift[:4].abs().max()) < 1e-6  # its own layer and those before: unchanged
+    assert float(res.word_shift[4:].max()) > 0
+    assert bool(((res.word_shift >= 0) & (res.word_shift <= 1 + 1e-6)).all())
+
+
+def test_sweep_agrees_with_single_ablation(bert):
+    text = "The cat sat."
+    eff = sweep(bert, text)
+    N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
+    assert eff.token_effect.shape == (N, H)
+    ranked = eff.ranking()
+    assert [r[2] for r in ranked] == sorted((r[2] for r in ranked), reverse=True)
+    l, h = ranked[0][:2]
+    one = ablate(bert, text, [(l, h)])
+    assert 1 - float(one.token_cosine.mean()) == pytest.approx(ranked[0][2], abs=1e-5)
+
+
+def test_ablate_bad_input(bert):
+    with pytest.raises(InputError, match="does not exist"):
+        ablate(bert, "The cat sat.", [(99, 0)])
+    with pytest.raises(InputError, match="at least one head"):
+        ablate(bert, "The cat sat.", [])
+
+
+def test_ablate_cli(capsys):
+    assert main(["ablate", IT_ANIMAL, "--layer", "3", "--head", "1", "--token", "it"]) == 0
+    out = capsys.readouterr().out
+    assert "embedding cosine" in out and "L5:" in out
+    assert main(["ablate", "The cat sat.", "--layer", "0", "--head", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["heads"] == [[0, 1]]
+    assert main(["ablate", "The cat sat.", "--layer", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "pairs" in err and len(err.strip().splitlines()) == 1
+    assert main(["ablate", "The cat sat.", "--layer", "0", "--head", "40"]) == 2
+    assert "does not exist" in capsys.readouterr().err

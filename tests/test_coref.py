@@ -1,0 +1,134 @@
+"""The WSC reader, the held-out head choice, MAS, and the coref command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import bertscope
+from bertscope.cli.main import main
+from bertscope.coref import evaluate, held_out_heads, hit, mas
+from bertscope.errors import InputError
+from bertscope.wsc import parse_wsc, read_wsc, twin_groups
+
+PRONOUNS = Path(bertscope.__file__).parent / "data" / "pronouns.xml"
+
+
+def _schema_xml(txt1, pron, txt2, a, b, correct):
+    return (f"<schema>\n<text>\n<txt1>{txt1}</txt1>\n<pron>{pron}</pron>\n<txt2>{txt2}</txt2>\n</text>\n"
+            f"<answers><answer>{a}</answer><answer>{b}</answer></answers>\n"
+            f"<correctAnswer>{correct}</correctAnswer>\n<source>test</source>\n</schema>\n")
+
+
+def test_reader_on_shipped_set():
+    schemas, warns = read_wsc(PRONOUNS)
+    assert warns == [] and len(schemas) == 12
+    for s in schemas:
+        assert s.text[slice(*s.pronoun_span)] == s.pronoun
+        for cand, (a, b) in zip(s.candidates, s.candidate_spans):
+            assert s.text[a:b].lower() == cand.lower()
+    first = schemas[0]
+    assert first.text == "The animal didn't cross the street because it was too tired."
+    assert first.correct == 0 and schemas[1].correct == 1
+    assert twin_groups(schemas) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+
+
+def test_reader_format_details():
+    xml = ('<?xml version="1.0" encoding="ISO-8859-1"?>\n<collection>\n'
+           + _schema_xml("\n  The caf\xe9 served the  guests because\n", " they ", " were hungry. \n",
+                         " the guests ", "The café", " B. ")
+           + "</collection>\n").encode("iso-8859-1")
+    (s,), warns = parse_wsc(xml)
+    assert warns == []
+    assert s.text == "The caf\xe9 served the guests because they were hungry."
+    assert s.correct == 1 and s.text[16:26] == "the guests" and s.candidate_spans[0] == (16, 26)
+
+
+def test_bad_schemas_are_named_and_the_rest_is_read():
+    xml = ("<collection>\n"
+           + _schema_xml("Ann thanked Bea because", "she", "was kind.", "Ann", "Bea", "B")
+           + "<schema><text><txt1>broken</txt2></text></schema>\n"
+           + _schema_xml("Ann thanked Bea because", "she", "was kind.", "Ann", "Carla", "A")
+           + _schema_xml("Ann thanked Bea because", "she", "was kind.", "Ann", "Bea", "Q")
+           + _schema_xml("Cal called Dan because", "he", "was bored.", "Cal", "Dan", "A")
+           + "</collection>").encode()
+    schemas, warns = parse_wsc(xml, "t.xml")
+    assert [s.number for s in schemas] == [1, 5]
+    assert len(warns) == 3
+    assert warns[0].startswith("schema 2 (line ") and "malformed XML" in warns[0]
+    assert warns[1].startswith("schema 3") and "'Carla' is not in the text" in warns[1]
+    assert warns[2].startswith("schema 4") and "correctAnswer" in warns[2]
+
+
+def test_reader_refuses_dtd_and_non_wsc():
+    with pytest.raises(InputError, match="DTD"):
+        parse_wsc(b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "b">]><collection></collection>')
+    with pytest.raises(InputError, match="no <schema>"):
+        parse_wsc(b"<collection><item/></collection>")
+    with pytest.raises(InputError, match="does not exist"):
+        read_wsc("/nonexistent/file.xml")
+
+
+def test_hit_and_mas_by_hand():
+    assert float(hit(torch.tensor([0.3, 0.1]), 0)) == 1.0
+    assert float(hit(torch.tensor([0.3, 0.1]), 1)) == 0.0
+    assert float(hit(torch.tensor([0.2, 0.2]), 1)) == 0.5
+    # one layer, two heads: head 0 prefers candidate 0 (0.3), head 1 prefers candidate 1 (0.25)
+    a = torch.tensor([[[0.3, 0.1], [0.2, 0.25]]])  # (N=1, H=2, K=2)
+    m = mas(a)
+    assert m.tolist() == pytest.approx([0.3 / 0.55, 0.25 / 0.55])
+
+
+def test_held_out_never_scores_what_it_chose_on():
+    S, N, H = 8, 2, 3
+    folds = [0, 0, 0, 0, 1, 1, 1, 1]
+    numbers = [10, 11, 12, 13, 20, 21, 22, 23]
+    hits = torch.zeros(S, N, H)
+    hits[:4, 0, 0] = 1  # head (0,0) perfect on fold 0, useless on fold 1
+    hits[4:, 1, 2] = 1  # head (1,2) perfect on fold 1, useless on fold 0
+    res = held_out_heads(hits, folds, numbers)
+    assert len(res) == 2
+    for f in res:
+        assert set(f.chosen_on).isdisjoint(f.scored_on)
+        assert set(f.chosen_on) | set(f.scored_on) == set(numbers)
+        assert f.choice_accuracy == 1.0 and f.test_accuracy == 0.0  # scored only on unseen schemas
+    assert {(f.layer, f.head) for f in res} == {(0, 0), (1, 2)}
+    assert {f.scored_on for f in res} == {(10, 11, 12, 13), (20, 21, 22, 23)}
+
+
+def test_evaluate_on_shipped_set(bert):
+    schemas, _ = read_wsc(PRONOUNS)
+    res = evaluate(bert, schemas)
+    N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
+    assert len(res.numbers) == 12 and res.head_accuracy.shape == (N, H)
+    scored = [n for f in res.held_out for n in f.scored_on]
+    assert sorted(scored) == sorted(res.numbers)  # every schema scored exactly once, held out
+    groups = dict(zip(res.numbers, twin_groups(schemas)))
+    for f in res.held_out:  # twins never straddle the split
+        assert {groups[n] for n in f.chosen_on}.isdisjoint({groups[n] for n in f.scored_on})
+    for x in (res.mas_accuracy, res.first_accuracy, res.nearest_accuracy, res.held_out_accuracy):
+        assert 0.0 <= x <= 1.0
+    assert res.chance == 0.5
+
+
+def test_coref_cli(tmp_path, capsys):
+    assert main(["coref", str(PRONOUNS)]) == 0
+    out = capsys.readouterr().out
+    assert "MAS" in out and "held out" in out and "nearest candidate" in out
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<collection>"
+                   + _schema_xml("The cat chased the dog because", "it", "was hungry.", "The cat", "the dog", "A")
+                   + _schema_xml("The cat chased the dog because", "it", "was fast.", "The cow", "the dog", "B")
+                   + "<schema><answers></schema>" + "</collection>")
+    assert main(["coref", str(bad), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["schemas_scored"] == 1
+    assert "schema 2 (line" in cap.err and "'The cow'" in cap.err and "schema 3" in cap.err
+    notxml = tmp_path / "n.xml"
+    notxml.write_text("hello")
+    assert main(["coref", str(notxml)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no <schema>" in err

@@ -1,0 +1,121 @@
+"""Head statistics on hand-made attention maps with known answers, and the heads command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bertscope.cli.main import main
+from bertscope.errors import InputError
+from bertscope.headstats import classify, head_stats, map_stats, pattern_features, token_kinds
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]  # no punctuation
+T = len(TOKENS)
+KINDS = token_kinds(TOKENS)
+
+
+def _cls(probs):
+    f = pattern_features(probs, KINDS)
+    return classify(float(f["v"]), float(f["d"]), float(f["spread"]), float(f["u"]))
+
+
+def test_identity_is_diagonal_and_all_self():
+    m = torch.eye(T)
+    s = map_stats(m, KINDS)
+    assert float(s["self"]) == 1.0 and float(s["prev"]) == 0.0 and float(s["next"]) == 0.0
+    assert float(s["entropy"]) == 0.0 and float(s["distance"]) == 0.0
+    assert _cls(m) == "diagonal"
+
+
+def test_previous_token_head_is_diagonal():
+    m = torch.zeros(T, T)
+    m[0, 0] = 1
+    for q in range(1, T):
+        m[q, q - 1] = 1
+    s = map_stats(m, KINDS)
+    assert float(s["prev"]) == 1.0 and float(s["distance"]) == pytest.approx((T - 1) / T)
+    assert _cls(m) == "diagonal"
+
+
+def test_sep_only_head_is_vertical():
+    m = torch.zeros(T, T)
+    m[:, T - 1] = 1
+    s = map_stats(m, KINDS)
+    assert float(s["sep"]) == 1.0 and float(s["cls"]) == 0.0
+    assert _cls(m) == "vertical"
+
+
+def test_uniform_entropy_is_ln_t_and_block():
+    m = torch.full((T, T), 1.0 / T, dtype=torch.float64)
+    s = map_stats(m, KINDS)
+    assert float(s["entropy"]) == pytest.approx(math.log(T))
+    assert float(s["entropy_gap"]) == pytest.approx(0.0, abs=1e-12)
+    assert float(s["cls"]) == pytest.approx(1 / T)
+    # mean |q - k| over all pairs of T positions: (T^2 - 1) / (3T)
+    assert float(s["distance"]) == pytest.approx((T * T - 1) / (3 * T))
+    assert _cls(m) == "block"
+
+
+def test_half_sep_half_self_is_vertical_plus_diagonal():
+    m = 0.5 * torch.eye(T)
+    m[:, T - 1] += 0.5
+    assert _cls(m) == "vertical+diagonal"
+
+
+def test_one_distant_word_is_heterogeneous():
+    m = torch.zeros(T, T)
+    m[:, 2] = 1  # everyone looks at "cat"
+    m[1:4, :] = 0
+    m[1:4, 6] = 1  # "the cat sat" look at "mat"
+    assert _cls(m) == "heterogeneous"
+
+
+def test_punctuation_counts():
+    kinds = token_kinds(["[CLS]", "hi", ",", "there", ".", "[SEP]"])
+    assert kinds.punct.tolist() == [False, False, True, False, True, False]
+    m = torch.zeros(6, 6)
+    m[:, 2] = 0.25
+    m[:, 4] = 0.75
+    assert float(map_stats(m, kinds)["punct"]) == pytest.approx(1.0)
+
+
+def test_batched_maps_match_single():
+    maps = torch.softmax(torch.randn(3, 4, T, T, generator=torch.Generator().manual_seed(0)), -1)
+    s = map_stats(maps, KINDS)
+    one = map_stats(maps[1, 2], KINDS)
+    for k in one:
+        assert float(s[k][1, 2]) == pytest.approx(float(one[k]), rel=1e-6)
+
+
+def test_head_stats_on_model(bert):
+    hs = head_stats(bert, ["The cat sat on the mat.", "It was tired, so it slept."])
+    N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
+    assert hs.shape == (N, H) and hs.num_texts == 2
+    total = hs.stats["cls"] + hs.stats["sep"] + hs.stats["punct"]
+    assert bool((total <= 1 + 1e-5).all())
+    assert bool((hs.stats["entropy_gap"] >= -1e-5).all())
+    assert sum(int(c.sum()) for c in hs.class_counts.values()) == 2 * N * H
+    with pytest.raises(InputError, match="no text"):
+        head_stats(bert, ["", "   "])
+
+
+def test_heads_cli(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"The cat sat on the mat.\n\n\xff\xfe bad line\nIt was tired.\n")
+    out = tmp_path / "maps"
+    assert main(["heads", str(corpus), "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "line 3" in cap.err and "pattern class" in cap.out
+    assert (out / "heads_entropy.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "heads.json").read_text())["num_texts"] == 2
+    assert main(["heads", str(corpus), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layers"] > 0
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    assert main(["heads", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "no text" in err and len(err.strip().splitlines()) == 1
+    assert main(["heads", str(tmp_path / "missing.txt")]) == 2

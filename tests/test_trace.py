@@ -1,0 +1,79 @@
+"""The trace is the model's computation: equal to the model's layer and to HF's attentions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bertscope.cli.main import main
+from bertscope.errors import InputError
+from bertscope.trace import trace
+
+from conftest import IT_ANIMAL
+
+
+@pytest.mark.parametrize("layer,head", [(0, 0), (3, 1), (5, 11)])
+def test_trace_equals_model_and_hf(bert, hf_model, layer, head):
+    tr = trace(bert, IT_ANIMAL, "it", layer, head)
+    batch = bert.encode([IT_ANIMAL])
+    with torch.inference_mode():
+        ours = bert.model(batch.input_ids, batch.attention_mask, output_hidden_states=True,
+                          output_attentions=True)
+        x = ours.hidden_states[layer]
+        attn_out, _ = bert.model.layers[layer].attention(x, batch.attention_mask)
+        hf = hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      output_attentions=True, output_hidden_states=True)
+    torch.testing.assert_close(tr.head_output, attn_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tr.layer_output, ours.hidden_states[layer + 1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tr.layer_output, hf.hidden_states[layer + 1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tr.probs, hf.attentions[layer], atol=1e-5, rtol=1e-5)
+    t = tr.token_index
+    torch.testing.assert_close(tr.weights, hf.attentions[layer][0, head, t], atol=1e-5, rtol=1e-5)
+    # the scaled scores are the raw scores over sqrt(D), and softmax of them is the row
+    torch.testing.assert_close(tr.scores, tr.raw_scores / math.sqrt(tr.head_size), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.softmax(tr.scores, -1), tr.weights, atol=1e-6, rtol=1e-5)
+
+
+def test_trace_shapes_and_params(bert):
+    tr = trace(bert, "The cat sat", "cat", 2, 4, pad=2)
+    C, H, D = bert.config.hidden_size, bert.config.num_attention_heads, bert.config.head_size
+    T = len(tr.tokens)
+    assert tr.tokens[-2:] == ["[PAD]", "[PAD]"]
+    assert tr.shapes["x"] == (1, T, C) and tr.shapes["Q heads"] == (1, H, T, D)
+    assert tr.shapes["scores"] == (1, H, T, T) and tr.shapes["context"] == (1, H, T, D)
+    assert tr.shapes["merged"] == (1, T, C) and tr.shapes["output"] == (1, T, C)
+    assert tr.weights[-2:].tolist() == [0.0, 0.0]  # PAD gets exactly nothing
+    assert tr.params["layer_weights"] == 4 * C * C and tr.params["layer_total"] == 4 * C * C + 4 * C
+    # dropout in training: each surviving weight is scaled by 1/(1-p), the others are 0
+    kept = tr.dropped != 0
+    torch.testing.assert_close(tr.dropped[kept], tr.weights[kept] / (1 - tr.dropout_p))
+
+
+def test_trace_padding_does_not_change_real_tokens(bert):
+    a = trace(bert, "The cat sat", "cat", 1, 3)
+    b = trace(bert, "The cat sat", "cat", 1, 3, pad=3)
+    n = len(a.tokens)
+    torch.testing.assert_close(a.weights, b.weights[:n], atol=1e-6, rtol=1e-5)
+
+
+def test_trace_bad_input(bert):
+    with pytest.raises(InputError, match="layer"):
+        trace(bert, "The cat sat", "cat", 99, 0)
+    with pytest.raises(InputError, match="not in the text"):
+        trace(bert, "The cat sat", "dog", 0, 0)
+
+
+def test_trace_cli(capsys):
+    assert main(["trace", IT_ANIMAL, "--token", "it", "--layer", "3", "--head", "1"]) == 0
+    out = capsys.readouterr().out
+    for step in ("[1]", "[2]", "[3]", "[4]", "[5]", "softmax", "dropout", "parameters"):
+        assert step in out
+    assert main(["trace", "The cat sat", "--token", "cat", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert abs(data["weights_sum"] - 1) < 1e-5 and data["shapes"]["x"][0] == 1
+    assert main(["trace", "The cat sat", "--token", "dog"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertscope: error:") and len(err.strip().splitlines()) == 1

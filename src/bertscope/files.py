@@ -11,14 +11,23 @@ from .errors import InputError
 __all__ = ["read_lines", "write_bytes_atomic", "write_text_atomic"]
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so a reader never sees a half-written file."""
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
+    """Write ``data`` to ``path`` so a reader never sees a half-written file.
+
+    The bytes go to a temporary file in the same folder, then ``os.replace`` renames it over
+    ``path`` in one step. With ``make_parents=False`` a missing folder is an InputError.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    folder = path.parent if str(path.parent) else Path(".")
+    if make_parents:
+        folder.mkdir(parents=True, exist_ok=True)
+    elif not folder.is_dir():
+        raise InputError(f"the folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

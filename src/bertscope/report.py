@@ -17,7 +17,6 @@ import base64
 import html
 import json
 import os
-import tempfile
 import zlib
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from .aggregate import attention_rollout
+from .files import write_bytes_atomic
 from .errors import InputError
 from .inspect import group_words
 from .loading import Bert
@@ -158,24 +158,8 @@ def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "") -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and os.replace."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"the folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    """Write ``data`` to ``path`` atomically; the folder must exist."""
+    return write_bytes_atomic(path, data, make_parents=False)
 
 
 @torch.inference_mode()

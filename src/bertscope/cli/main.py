@@ -18,7 +18,7 @@ from typing import Sequence
 from .. import __version__
 from ..errors import BertscopeError
 
-COMMAND_MODULES = ["params", "attend"]
+COMMAND_MODULES = ["params", "attend", "embed"]
 
 DESCRIPTION = """\
 bertscope: BERT's multi-head self-attention, built from scratch, exact on real checkpoints,
@@ -28,6 +28,8 @@ or on any local Hugging Face-format BERT folder given with --model.
 examples:
   bertscope attend "The animal didn't cross the street because it was too tired" --token it
   bertscope params --preset bert-base
+  bertscope embed texts.txt --out texts.emb
+  bertscope bench --json
   bertscope COMMAND --help
 """
 

@@ -18,7 +18,7 @@ from typing import Sequence
 from .. import __version__
 from ..errors import BertscopeError
 
-COMMAND_MODULES = ["params", "attend", "embed"]
+COMMAND_MODULES = ["params", "attend", "embed", "bench"]
 
 DESCRIPTION = """\
 bertscope: BERT's multi-head self-attention, built from scratch, exact on real checkpoints,

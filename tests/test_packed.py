@@ -124,3 +124,28 @@ def test_embed_returns_input_order_and_matches_sentence_transformers(bert, bundl
     # each row equals embedding that text alone: nothing shuffled
     for i in (0, 3, 6):
         assert np.abs(ours[i] - bert.embed([texts[i]])[0]).max() < TOL
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.25, 10.0])
+def test_packed_attention_buckets_any_slack_equal_reference(slack):
+    torch.manual_seed(3)
+    cfg = bertscope.BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=64)
+    model = bertscope.BertModel(cfg).eval()
+    lengths = [60, 59, 59, 40, 33, 33, 33, 7, 2, 1]
+    T = max(lengths)
+    ids = torch.randint(1, cfg.vocab_size, (len(lengths), T))
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    p = pack(ids, mask, None)
+    buckets = p.buckets(slack)
+    assert sum(G for _, G, _ in buckets) == len(lengths)
+    if slack == 0.0:  # exact length groups
+        assert [(G, L) for _, G, L in buckets] == [(1, 60), (2, 59), (1, 40), (3, 33), (1, 7), (1, 2), (1, 1)]
+    if slack == 10.0:  # everything in one padded bucket
+        assert len(buckets) == 1
+    with torch.inference_mode():
+        fast = unpack(packed_encode(model, p, slack=slack), p, len(lengths))
+        model.packed_inference = False
+        ref = model(ids, mask).last_hidden_state
+        model.packed_inference = True
+    assert (fast - ref)[mask.bool()].abs().max() < TOL

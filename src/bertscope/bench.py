@@ -197,6 +197,7 @@ def _onnxruntime(folder: Path, max_len: int, workdir: Path, threads: int) -> Emb
 
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
     model = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    workdir.mkdir(parents=True, exist_ok=True)
     raw, opt = workdir / "model.onnx", workdir / "model.opt.onnx"
     enc = tok(["a sample text", "another"], padding=True, return_tensors="pt")
     dyn = {n: {0: "batch", 1: "tokens"} for n in ("input_ids", "attention_mask", "token_type_ids")}
@@ -394,6 +395,21 @@ def scaling(config: BertConfig, lengths: Sequence[int], threads: int, device: st
         entry: dict = {"time_s": times, "time_exponent": _fit_exponent(lengths, times)}
         if 192 in lengths and 512 in lengths:
             entry["ratio_512_vs_192"] = times[lengths.index(512)] / times[lengths.index(192)]
+        if memory and device != "cpu":  # CUDA: the allocator's own peak, per T
+            mem = []
+            for T in lengths:
+                fn = _scaling_fns(config, kind, T, device)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                fn()
+                torch.cuda.synchronize()
+                mem.append((torch.cuda.max_memory_allocated() - base) / 2 ** 20)
+            entry["peak_mib"] = mem
+            if all(m > 0 for m in mem):
+                entry["memory_exponent"] = _fit_exponent(lengths, mem)
+                if "ratio_512_vs_192" in entry:
+                    entry["memory_ratio_512_vs_192"] = mem[lengths.index(512)] / mem[lengths.index(192)]
         if memory and device == "cpu":
             mem = _peak_memory(config, kind, list(lengths), threads)
             entry["peak_mib"] = mem

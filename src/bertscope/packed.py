@@ -11,12 +11,14 @@ Shape legend:
 How it works (inference only, no dropout):
   1. pack:    drop the PAD positions once: (B, T) ids -> (N,) ids, plus each token's position
               and segment, and ``cu_seqlens`` (B+1,), the offsets where each sequence starts.
-              Sequences are laid out sorted by length, so sequences of equal length sit side by
-              side and form one contiguous (G·L, C) block.
+              Sequences are laid out sorted by length (longest first), so sequences of similar
+              length sit side by side.
   2. layers:  every projection, LayerNorm and feed-forward runs on the (N, C) packed tokens.
               W_Q, W_K and W_V are applied as one (C, 3C) matrix product.
-              Attention runs per length group: a (G·L, 3C) block is a free view as (G, L, 3, H, D),
-              so SDPA sees G sequences of exactly L tokens, with no mask and no padding at all.
+              Attention runs per bucket of neighbouring sequences: where all G have exactly L
+              tokens, their (G·L, 3C) rows are a free view as (G, L, 3, H, D) and SDPA needs no
+              mask; a bucket of nearly equal lengths is gathered into (G, L) with its few PAD
+              keys masked (padding bounded by PAD_SLACK, and seen by attention only).
               On CUDA in fp16/bf16, PyTorch's varlen flash kernel is used instead where present.
   3. unpack:  restore padding once at the end: (N, C) -> (B, T, C), zeros at PAD positions.
 
@@ -26,7 +28,7 @@ exactly 0 there, and here it is simply absent. Tests hold the two within 1e-5 in
 
 from __future__ import annotations
 
-import math
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -34,6 +36,13 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["PackedBatch", "pack", "pack_ids", "packed_encode", "unpack", "mean_pool"]
+
+log = logging.getLogger(__name__)
+
+# Attention buckets may pad sequences up to this fraction of their real tokens (only attention
+# sees that padding, and masks it; every projection and the feed-forward still see none).
+# Fewer, larger SDPA calls are faster than one call per distinct length on CPU.
+PAD_SLACK = 0.25
 
 
 @dataclass(frozen=True)
@@ -63,19 +72,22 @@ class PackedBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def groups(self) -> list[tuple[int, int, int]]:
-        """(start token, number of sequences G, length L) for each run of equal lengths."""
+    def buckets(self, slack: float) -> list[tuple[int, int, int]]:
+        """(first sequence j, number of sequences G, longest length L) for each attention bucket.
+
+        Consecutive sequences (sorted longest first) share a bucket while padding them to the
+        bucket's longest stays within ``slack`` of their real tokens (G·L <= (1 + slack)·real).
+        With slack 0 every bucket holds sequences of exactly equal length.
+        """
         out: list[tuple[int, int, int]] = []
-        start = 0
-        j = 0
-        while j < len(self.lengths):
+        j, n = 0, len(self.lengths)
+        while j < n and self.lengths[j] > 0:
             L = self.lengths[j]
-            k = j
-            while k < len(self.lengths) and self.lengths[k] == L:
+            real, k = L, j + 1
+            while k < n and self.lengths[k] > 0 and L * (k - j + 1) <= (1 + slack) * (real + self.lengths[k]):
+                real += self.lengths[k]
                 k += 1
-            if L > 0:
-                out.append((start, k - j, L))
-            start += (k - j) * L
+            out.append((j, k - j, L))
             j = k
         return out
 
@@ -151,15 +163,25 @@ def _varlen_attention():
     return varlen_attn
 
 
-def _attention(qkv: torch.Tensor, packed: PackedBatch, H: int, impl: str) -> torch.Tensor:
+_varlen_failed = False  # set once if the varlen kernel refuses these inputs; "auto" then uses groups
+
+
+def _attention(qkv: torch.Tensor, packed: PackedBatch, H: int, impl: str,
+               plan: list[tuple] | None = None) -> torch.Tensor:
     """Self-attention of each sequence on its own: packed (N, 3C) -> context (N, C)."""
+    global _varlen_failed
     N, C3 = qkv.shape
     C = C3 // 3
     D = C // H
     if impl == "auto":
-        use_varlen = (qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16)
-                      and _varlen_attention() is not None)
-        impl = "varlen" if use_varlen else "groups"
+        if (qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16)
+                and _varlen_attention() is not None and not _varlen_failed):
+            try:
+                return _attention(qkv, packed, H, "varlen", plan)
+            except (RuntimeError, TypeError, NotImplementedError) as e:
+                _varlen_failed = True
+                log.warning("varlen attention unavailable (%s); using length buckets", e)
+        impl = "groups"
     if impl == "varlen":
         varlen_attn = _varlen_attention()
         if varlen_attn is None:
@@ -167,16 +189,46 @@ def _attention(qkv: torch.Tensor, packed: PackedBatch, H: int, impl: str) -> tor
         q, k, v = qkv.view(N, 3, H, D).unbind(1)  # (N, H, D) each
         cu = packed.cu_seqlens.to(device=qkv.device, dtype=torch.int32)  # (B+1,)
         Lmax = max(packed.lengths, default=0)
-        out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, Lmax, Lmax,
-                          scale=1.0 / math.sqrt(D))  # (N, H, D)
+        out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, Lmax, Lmax)  # (N, H, D), scale 1/sqrt(D)
         return out.reshape(N, C)  # (N, H, D) -> (N, C)
+    plan = plan if plan is not None else attention_plan(packed)
     context = torch.empty(N, C, dtype=qkv.dtype, device=qkv.device)  # (N, C)
-    for start, G, L in packed.groups():
-        block = qkv[start:start + G * L].view(G, L, 3, H, D)  # (G·L, 3C) -> (G, L, 3, H, D)
+    for start, end, G, L, gather, keep, real in plan:
+        if gather is None:  # G sequences of exactly L tokens: a free view of the packed rows
+            block = qkv[start:end].view(G, L, 3, H, D)  # (G·L, 3C) -> (G, L, 3, H, D)
+        else:  # shorter sequences padded to L inside the bucket; PAD keys masked out
+            block = qkv.index_select(0, gather).view(G, L, 3, H, D)  # (G·L, 3C) -> (G, L, 3, H, D)
         q, k, v = block.permute(2, 0, 3, 1, 4).unbind(0)  # (G, H, L, D) each
-        out = F.scaled_dot_product_attention(q, k, v)  # (G, H, L, D)@(G, H, D, L)@(G, H, L, D) -> (G, H, L, D)
-        context[start:start + G * L] = out.transpose(1, 2).reshape(G * L, C)  # (G, L, H, D) -> (G·L, C)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (G, H, L, D)@(G, H, D, L)@(G, H, L, D) -> (G, H, L, D)
+        if gather is None:
+            context[start:end].view(G, L, H, D).copy_(out.transpose(1, 2))  # (G, H, L, D) -> (G, L, H, D)
+        else:
+            grid = out.transpose(1, 2).reshape(G * L, C)  # (G, L, H, D) -> (G·L, C)
+            torch.index_select(grid, 0, real, out=context[start:end])  # drop the padded queries
     return context
+
+
+def attention_plan(packed: PackedBatch, slack: float | None = None) -> list[tuple]:
+    """Built once per batch, used by every layer: per bucket, its packed token range, G, L, and
+    for a padded bucket the gather index (G·L,), key mask (G, 1, 1, L) and real-row index."""
+    slack = PAD_SLACK if slack is None else slack
+    cu = packed.cu_seqlens.tolist()
+    device = packed.input_ids.device
+    plan = []
+    for j, G, L in packed.buckets(slack):
+        start, end = cu[j], cu[j + G]
+        lens = packed.lengths[j:j + G]
+        if all(n == L for n in lens):
+            plan.append((start, end, G, L, None, None, None))
+            continue
+        lens_t = torch.tensor(lens, device=device)  # (G,)
+        pos = torch.arange(L, device=device)  # (L,)
+        keep = pos[None, :] < lens_t[:, None]  # (G, L) True = real token
+        starts = torch.tensor(cu[j:j + G], device=device)  # (G,)
+        gather = torch.where(keep, starts[:, None] + pos[None, :], start).reshape(-1)  # (G·L,) PAD -> any real row
+        real = keep.reshape(-1).nonzero().squeeze(1)  # (n_real,) grid cells holding real tokens
+        plan.append((start, end, G, L, gather, keep[:, None, None, :], real))  # mask (G, 1, 1, L)
+    return plan
 
 
 def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,11 +238,13 @@ def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
     return w, b
 
 
-def packed_encode(model, packed: PackedBatch, attention_impl: str = "auto") -> torch.Tensor:
+def packed_encode(model, packed: PackedBatch, attention_impl: str = "auto",
+                  slack: float | None = None) -> torch.Tensor:
     """Run the encoder (embeddings and every layer, no pooler) on packed tokens: (N,) -> (N, C).
 
     ``model`` is a :class:`bertscope.model.BertModel` in eval mode. ``attention_impl`` is
-    "auto", "groups" (SDPA per length group; any device) or "varlen" (CUDA flash kernel).
+    "auto", "groups" (SDPA per length bucket; any device) or "varlen" (CUDA flash kernel).
+    ``slack`` bounds the padding inside an attention bucket (default PAD_SLACK).
     """
     emb = model.embeddings
     x = (
@@ -200,11 +254,12 @@ def packed_encode(model, packed: PackedBatch, attention_impl: str = "auto") -> t
     )
     x = emb.norm(x)  # (N, C)
     H = model.config.num_attention_heads
+    plan = attention_plan(packed, slack) if attention_impl != "varlen" else None  # once, for every layer
     for layer in model.layers:
         att = layer.attention
         w_qkv, b_qkv = fused_qkv(att)  # (3C, C), (3C,)
         qkv = F.linear(x, w_qkv, b_qkv)  # (N, C)@(C, 3C) -> (N, 3C)
-        context = _attention(qkv, packed, H, attention_impl)  # (N, C)
+        context = _attention(qkv, packed, H, attention_impl, plan)  # (N, C)
         x = layer.attention_norm(x + att.output(context))  # (N, C)
         x = layer.output_norm(x + layer.feed_forward(x))  # (N, C) -> (N, I) -> (N, C)
     return x

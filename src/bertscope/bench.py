@@ -57,7 +57,8 @@ def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
 
 
 def matmul_peak(n: int = 1024, seconds: float = 1.0, device: str = "cpu") -> float:
-    """The machine's measured fp32 matmul rate in GFLOP/s (median of repeated n x n products)."""
+    """The machine's measured fp32 matmul peak in GFLOP/s: repeated n x n products, rated at
+    their 10th-percentile time (load from elsewhere only ever slows a product down)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     times = []
@@ -69,7 +70,7 @@ def matmul_peak(n: int = 1024, seconds: float = 1.0, device: str = "cpu") -> flo
         if device != "cpu":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
+    return 2 * n ** 3 / sorted(times)[len(times) // 10] / 1e9
 
 
 def machine() -> dict:
@@ -344,20 +345,47 @@ def _scaling_fns(config: BertConfig, kind: str, T: int, device: str = "cpu"):
 _scaling_fns.models = {}
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _memory_worker(config: dict, kind: str, lengths: list[int]) -> list[float]:
-    """Run in a fresh process: peak RSS growth (MiB) after each T, in ascending T."""
-    import resource
+    """Run in a fresh process: peak resident memory growth (MiB) while running each T.
+
+    The parent starts this process with MALLOC_MMAP_THRESHOLD_ set low, so every large tensor
+    is mapped on allocation and unmapped on free: resident memory then follows live tensors.
+    A thread samples /proc/self/statm while the measured function runs.
+    """
+    import threading
 
     cfg = BertConfig(**config)
-    fns = [_scaling_fns(cfg, kind, T) for T in lengths[:1]]
-    fns[0]()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = []
     for T in lengths:
         fn = _scaling_fns(cfg, kind, T)
         with torch.inference_mode():
-            fn()
-        out.append((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+            fn()  # warm-up: lazily created buffers are not the peak we want
+        peak = 0
+        for _ in range(3):
+            base = _rss_bytes()
+            samples = [base]
+            stop = threading.Event()
+
+            def sample() -> None:
+                while not stop.is_set():
+                    samples.append(_rss_bytes())
+                    time.sleep(0.0002)
+
+            th = threading.Thread(target=sample)
+            th.start()
+            with torch.inference_mode():
+                res = fn()
+            samples.append(_rss_bytes())
+            stop.set()
+            th.join()
+            del res
+            peak = max(peak, max(samples) - base)
+        out.append(peak / 2 ** 20)
     return out
 
 
@@ -369,7 +397,8 @@ def _memory_main() -> None:  # entry point of the worker process
 
 def _peak_memory(config: BertConfig, kind: str, lengths: list[int], threads: int) -> list[float] | None:
     src = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     spec = json.dumps({"config": config.to_dict(), "kind": kind, "lengths": lengths, "threads": threads})
     try:
         r = subprocess.run([sys.executable, "-c", "from bertscope.bench import _memory_main; _memory_main()", spec],
@@ -436,7 +465,7 @@ def plot_scaling(result: dict, path: Path) -> Path:
         if e.get("peak_mib"):
             axes[1].plot(Ls, e["peak_mib"], "o-", label=label)
     axes[0].set(xlabel="tokens T", ylabel="ms (median)", title="time against length")
-    axes[1].set(xlabel="tokens T", ylabel="peak RSS growth (MiB)", title="peak memory against length")
+    axes[1].set(xlabel="tokens T", ylabel="peak memory growth (MiB)", title="peak memory against length")
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)

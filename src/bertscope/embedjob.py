@@ -151,7 +151,7 @@ def run_embed_job(
     out_dir: str | Path,
     *,
     field_name: str | None = None,
-    batch_tokens: int = 8192,
+    batch_tokens: int | None = None,
     fmt: str = "npy",
     resume: bool = False,
     shard_rows: int = 10_000,
@@ -175,7 +175,7 @@ def run_embed_job(
     if not path.is_file():
         raise InputError(f"input file {path} does not exist" if not path.exists()
                          else f"{path} is not a file")
-    if batch_tokens < 1 or shard_rows < 1:
+    if (batch_tokens is not None and batch_tokens < 1) or shard_rows < 1:
         raise InputError("--batch-tokens and the shard size must be at least 1")
     jsonl = _is_jsonl(path, field_name)
     field_name = field_name or "text"

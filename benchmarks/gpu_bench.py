@@ -31,7 +31,7 @@ log = logging.getLogger("gpu_bench")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def section(results: dict, name: str, fn) -> None:
+def section(results: dict, name: str, fn, save=None) -> None:
     t = time.perf_counter()
     try:
         results[name] = fn()
@@ -39,6 +39,8 @@ def section(results: dict, name: str, fn) -> None:
     except Exception as e:  # record and go on: one broken part must not cost the others
         results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         log.error("%s failed: %s", name, e)
+    if save is not None:
+        save()  # after every section: a run cut short still leaves what it measured
 
 
 def parity(model_dir: Path, device: str) -> dict:
@@ -108,7 +110,8 @@ def throughput(folder: Path, texts: list[str], device: str, rounds: int, work: P
 
 def to_markdown(r: dict) -> str:
     lines = [f"GPU benchmark on {r['machine'].get('gpu', r['device'])} "
-             f"(torch {r['machine']['versions']['torch']}), {r['wall_s']:.0f} s", ""]
+             f"(torch {r['machine']['versions']['torch']}), {r.get('wall_s', 0):.0f} s; matmul peak "
+             f"fp32 {r.get('matmul_peak_gflops')} GFLOP/s, bf16 {r.get('matmul_peak_bf16_gflops')} GFLOP/s", ""]
     par = r.get("parity", {})
     if "error" not in par:
         lines += ["| packed path | max abs diff vs fp32 reference |", "|---|---:|"]
@@ -169,26 +172,35 @@ def main() -> int:
         torch.backends.cudnn.allow_tf32 = False
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     rounds = 1 if a.quick else 5
-    section(r, "matmul_peak_gflops", lambda: bench.matmul_peak(256 if a.quick else 8192, 0.3 if a.quick else 2.0,
-                                                                 device="cuda" if dev.startswith("cuda") else "cpu"))
-    section(r, "parity", lambda: parity(model_dir, dev))
+    def save() -> None:
+        r["wall_s"] = time.perf_counter() - started
+        (out / "gpu_bench.json").write_text(json.dumps(r, indent=1, default=str))
+        try:
+            (out / "gpu_bench.md").write_text(to_markdown(r))
+        except Exception as e:  # a partial result may not render; the JSON still holds it
+            log.error("markdown failed: %s", e)
+
+    mm_dev = "cuda" if dev.startswith("cuda") else "cpu"
+    n_mm = 256 if a.quick else 8192
+    section(r, "matmul_peak_gflops", lambda: bench.matmul_peak(n_mm, 0.3 if a.quick else 1.0, device=mm_dev), save)
+    if dev.startswith("cuda"):
+        section(r, "matmul_peak_bf16_gflops",
+                lambda: bench.matmul_peak(n_mm, 1.0, device=mm_dev, dtype=torch.bfloat16), save)
+    section(r, "parity", lambda: parity(model_dir, dev), save)
     tok = bertscope.load(model_dir).tokenizer
-    n_mix, n_eq = (16, 8) if a.quick else (8192, 2048)
+    n_mix, n_eq = (16, 8) if a.quick else (4096, 1024)
     hi = 64 if a.quick else 256
     mixed = bench.make_texts(tok, bench.mixed_lengths(n_mix, 5, hi), seed=3)
-    section(r, "mixed", lambda: throughput(model_dir, mixed, dev, rounds, work, "mixed"))
+    section(r, "mixed", lambda: throughput(model_dir, mixed, dev, rounds, work, "mixed"), save)
     cfg = (bertscope.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
            if a.quick else bertscope.BertConfig.preset("bert-base"))
     base_dir = bench.save_random_checkpoint(cfg, work / "bert-base", model_dir)
     equal = bench.make_texts(tok, [32 if a.quick else 128] * n_eq, seed=2)
-    section(r, "equal_T128", lambda: throughput(base_dir, equal, dev, rounds, work, "equal"))
+    section(r, "equal_T128", lambda: throughput(base_dir, equal, dev, rounds, work, "equal"), save)
     section(r, "scaling", lambda: bench.scaling(cfg, [16, 32, 64] if a.quick else [64, 128, 192, 256, 384, 512],
-                                                torch.get_num_threads(), dev, memory=True))
-    r["wall_s"] = time.perf_counter() - started
-    (out / "gpu_bench.json").write_text(json.dumps(r, indent=1, default=str))
-    md = to_markdown(r)
-    (out / "gpu_bench.md").write_text(md)
-    print(md)
+                                                torch.get_num_threads(), dev, memory=True), save)
+    save()
+    print((out / "gpu_bench.md").read_text())
     failed = [k for k, v in r.items() if isinstance(v, dict) and "error" in v]
     print(f"gpu_bench: wrote {out}/gpu_bench.json and gpu_bench.md; failed sections: {failed or 'none'}")
     return 0

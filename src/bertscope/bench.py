@@ -56,11 +56,12 @@ def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
     return float(N * (linear + quadratic))
 
 
-def matmul_peak(n: int = 1024, seconds: float = 1.0, device: str = "cpu") -> float:
+def matmul_peak(n: int = 1024, seconds: float = 1.0, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> float:
     """The machine's measured fp32 matmul peak in GFLOP/s: repeated n x n products, rated at
     their 10th-percentile time (load from elsewhere only ever slows a product down)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     times = []
     torch.mm(a, b)
     end = time.perf_counter() + seconds

@@ -149,3 +149,18 @@ def test_packed_attention_buckets_any_slack_equal_reference(slack):
         ref = model(ids, mask).last_hidden_state
         model.packed_inference = True
     assert (fast - ref)[mask.bool()].abs().max() < TOL
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+@pytest.mark.parametrize("onednn", ["1", "0"])
+def test_packed_every_activation_and_gemm_backend(act, onednn, monkeypatch):
+    monkeypatch.setenv("BERTSCOPE_ONEDNN", onednn)
+    torch.manual_seed(4)
+    cfg = bertscope.BertConfig(vocab_size=300, hidden_size=48, num_hidden_layers=2,
+                               num_attention_heads=3, intermediate_size=96, hidden_act=act)
+    model = bertscope.BertModel(cfg).eval()
+    lengths = [9, 1, 30, 30]
+    ids = torch.randint(1, cfg.vocab_size, (4, 30))
+    mask = (torch.arange(30)[None, :] < torch.tensor(lengths)[:, None]).long()
+    fast, ref = _both_paths(model, ids, mask)
+    assert (fast.last_hidden_state - ref.last_hidden_state)[mask.bool()].abs().max() < TOL

@@ -241,50 +241,79 @@ def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
     return w, b
 
 
-class _Linear:
-    """y = x·Wᵀ + b for one weight, through oneDNN on CPU when asked, else F.linear.
+_FUSED_ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+              "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 
-    On CPUs where MKL's SGEMM is not tuned (measured: AMD with AVX-512), oneDNN's fp32 GEMM is
-    about 1.4x faster; it is still IEEE fp32 arithmetic (tests hold it within 1e-5). Its weight
-    is reordered into oneDNN's blocked layout once, when the plan is built.
+
+def _onednn_pointwise_available() -> bool:
+    """oneDNN linear with a dense input and a pre-packed weight (the op torch.compile emits)."""
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), 4)
+        y = torch.ops.mkldnn._linear_pointwise(torch.ones(3, 2), w, torch.zeros(2), "none", [], "")
+        return bool(torch.equal(y, torch.full((3, 2), 2.0)))
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+class _Linear:
+    """y = act(x·Wᵀ + b) for one weight: oneDNN on CPU when asked, else F.linear.
+
+    On CPUs where MKL's SGEMM is not tuned (measured here: AMD with AVX-512) oneDNN's fp32
+    GEMM is 1.3-1.8x faster; it is still IEEE fp32 arithmetic (tests hold it within 1e-5).
+    The weight is reordered once into oneDNN's blocked layout, and the activation (GELU) can
+    run inside the GEMM as a post-op instead of as another pass over (N, I).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, onednn: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, onednn: bool, act: str | None = None) -> None:
         self.onednn = onednn
+        self.act = act
         if onednn:
-            self.weight, self.bias = weight.detach().to_mkldnn(), bias.detach().to_mkldnn()
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_HINT)
+            self.bias = bias.detach()
         else:
             self.weight, self.bias = weight, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:
-            return torch._C._nn.mkldnn_linear(x.to_mkldnn(), self.weight, self.bias).to_dense()  # (N, out)
-        return F.linear(x, self.weight, self.bias)  # (N, in)@(in, out) -> (N, out)
+            attr, algo = _FUSED_ACT[self.act] if self.act else ("none", "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algo)  # (N, in) -> (N, out)
+        y = F.linear(x, self.weight, self.bias)  # (N, in)@(in, out) -> (N, out)
+        return _ACTS[self.act](y) if self.act else y
 
+
+_ACTS = {"gelu": F.gelu, "gelu_new": lambda y: F.gelu(y, approximate="tanh"),
+         "gelu_pytorch_tanh": lambda y: F.gelu(y, approximate="tanh"), "relu": F.relu}
+_PACK_HINT = 2048  # oneDNN's expected row count when it picks the weight's blocked layout
 
 # model -> (parameter versions, per-layer linears): built once, rebuilt if a weight changes.
 _LINEARS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_POINTWISE: list[bool] = []  # probed once
 
 
 def use_onednn(x: torch.Tensor) -> bool:
-    """oneDNN GEMMs for fp32 CPU inference where this torch has oneDNN (BERTSCOPE_ONEDNN=0: off)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
-            and torch.backends.mkldnn.is_available() and os.environ.get("BERTSCOPE_ONEDNN", "1") != "0")
+    """oneDNN GEMMs for fp32 CPU inference where this torch has them (BERTSCOPE_ONEDNN=0: off)."""
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+            and torch.backends.mkldnn.is_available() and os.environ.get("BERTSCOPE_ONEDNN", "1") != "0"):
+        return False
+    if not _POINTWISE:
+        _POINTWISE.append(_onednn_pointwise_available())
+    return _POINTWISE[0]
 
 
 def layer_linears(model, onednn: bool) -> list[tuple[_Linear, _Linear, _Linear, _Linear]]:
-    """Per layer: (fused W_QKV, W_O, W1, W2) as :class:`_Linear` callables, cached per model."""
+    """Per layer: (fused W_QKV, W_O, GELU∘W1, W2) as :class:`_Linear` callables, cached per model."""
     key = (onednn,) + tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
     cached = _LINEARS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
+    act = model.config.hidden_act
     linears = []
     for layer in model.layers:
         att, ff = layer.attention, layer.feed_forward
         linears.append((
             _Linear(*fused_qkv(att), onednn),  # (3C, C)
             _Linear(att.output.weight, att.output.bias, onednn),  # (C, C)
-            _Linear(ff.dense_in.weight, ff.dense_in.bias, onednn),  # (I, C)
+            _Linear(ff.dense_in.weight, ff.dense_in.bias, onednn, act),  # (I, C), then the activation
             _Linear(ff.dense_out.weight, ff.dense_out.bias, onednn),  # (C, I)
         ))
     _LINEARS[model] = (key, linears)
@@ -313,7 +342,7 @@ def packed_encode(model, packed: PackedBatch, attention_impl: str = "auto",
         qkv = w_qkv(x)  # (N, C)@(C, 3C) -> (N, 3C): W_Q, W_K, W_V in one product
         context = _attention(qkv, packed, H, attention_impl, plan)  # (N, C)
         x = layer.attention_norm(x + w_o(context))  # (N, C)@(C, C) -> (N, C)
-        hidden = layer.feed_forward.act(w_1(x))  # (N, C)@(C, I) -> (N, I)
+        hidden = w_1(x)  # GELU((N, C)@(C, I)) -> (N, I)
         x = layer.output_norm(x + w_2(hidden))  # (N, I)@(I, C) -> (N, C)
     return x
 

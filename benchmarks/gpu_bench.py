@@ -93,19 +93,26 @@ def throughput(folder: Path, texts: list[str], device: str, rounds: int, work: P
     flops = bench.useful_flops(ref.config, lengths)
     dtypes = ["fp32", "bf16", "fp16"] if device.startswith("cuda") else ["fp32"]
     for dname in dtypes:
-        dt = DTYPES[dname]
-        bert = bertscope.load(folder, device=device, dtype=None if dname == "fp32" else dt)
-        systems, skipped = bench.build_systems(folder, bert, work / f"{label}-{dname}", torch.get_num_threads(),
-                                               device, None if dname == "fp32" else dt,
-                                               only=["sentence-transformers", "transformers"])
-        r = bench.compare_and_time(systems, texts, sum(lengths), flops, rounds, device)
-        r["max_abs_diff_bertscope_vs_fp32"] = float(np.abs(bert.embed(texts) - ref_vecs).max())
-        r["skipped"] = skipped
-        out[dname] = r
-        del systems, bert
+        try:
+            out[dname] = _throughput_one(folder, texts, device, rounds, work, label, dname, ref_vecs, lengths, flops)
+        except Exception as e:  # one dtype failing must not cost the others
+            out[dname] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log.error("%s %s failed: %s", label, dname, e)
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return out
+
+
+def _throughput_one(folder, texts, device, rounds, work, label, dname, ref_vecs, lengths, flops) -> dict:
+    """One dtype: every system built in it, outputs compared, then timed round-robin."""
+    dt = None if dname == "fp32" else DTYPES[dname]
+    bert = bertscope.load(folder, device=device, dtype=dt)
+    systems, skipped = bench.build_systems(folder, bert, work / f"{label}-{dname}", torch.get_num_threads(),
+                                           device, dt, only=["sentence-transformers", "transformers"])
+    r = bench.compare_and_time(systems, texts, sum(lengths), flops, rounds, device)
+    r["max_abs_diff_bertscope_vs_fp32"] = float(np.abs(bert.embed(texts) - ref_vecs).max())
+    r["skipped"] = skipped
+    return r
 
 
 def to_markdown(r: dict) -> str:
@@ -124,6 +131,9 @@ def to_markdown(r: dict) -> str:
             lines.append(f"{wname}: failed: {w['error']}\n")
             continue
         for dname, d in w.items():
+            if "error" in d:
+                lines.append(f"{wname}, {dname}: failed: {d['error']}\n")
+                continue
             lines += [f"### {wname}, {dname}: {d['texts']} texts, {d['real_tokens']} real tokens", "",
                       "| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
                       "|---|---:|---:|---:|---:|---:|"]

@@ -48,7 +48,8 @@ def test_packed_equals_reference_on_bundled_model_mixed_batch(bert):
     texts = ["a", long_text, "The animal didn't cross the street because it was too tired",
              "hi", "a b c d e f"]
     ids, _ = bert.tokenizer.encode_ids(texts, max_length=512)
-    assert min(len(t) for t in ids) == 3 and max(len(t) for t in ids) == 512
+    ids.insert(2, [bert.tokenizer.cls_id])  # a 1-token sequence in the same padded batch
+    assert min(len(t) for t in ids) == 1 and max(len(t) for t in ids) == 512
     T = 512
     inp = torch.zeros(len(ids), T, dtype=torch.long)
     mask = torch.zeros(len(ids), T, dtype=torch.long)
@@ -57,7 +58,8 @@ def test_packed_equals_reference_on_bundled_model_mixed_batch(bert):
         mask[b, :len(t)] = 1
     fast, ref = _both_paths(bert.model, inp, mask)
     assert (fast.last_hidden_state - ref.last_hidden_state)[mask.bool()].abs().max() < TOL
-    # A single [CLS]-only sequence (1 token) through the packed path alone.
+    assert (fast.pooler_output - ref.pooler_output).abs().max() < TOL
+    # A single [CLS]-only sequence (1 token) as a batch of its own.
     one = torch.tensor([[ids[0][0]]])
     fast1, ref1 = _both_paths(bert.model, one, torch.ones_like(one))
     assert (fast1.last_hidden_state - ref1.last_hidden_state).abs().max() < TOL

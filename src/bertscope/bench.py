@@ -189,8 +189,12 @@ def _sentence_transformers(folder: Path, max_len: int, device: str, dtype) -> Em
     st.max_seq_length = max_len
     if dtype is not None:
         st.to(dtype)
-    return lambda texts: st.encode(list(texts), batch_size=32, convert_to_numpy=True,
-                                   normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
+    def run(texts):
+        out = st.encode(list(texts), batch_size=32, convert_to_tensor=True,
+                        normalize_embeddings=True, show_progress_bar=False)
+        return out.float().cpu().numpy()  # (N, C); via float so bf16 converts too
+
+    return run
 
 
 def _transformers(folder: Path, max_len: int, device: str, dtype) -> Embedder:

@@ -107,7 +107,7 @@ class Bert:
         for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
             packed = pack_ids([ids[i] for i in idx], device=self.device)
             x = packed_encode(self.model, packed)  # (N, C) real tokens only
-            pooled = mean_pool(x, packed)  # (B, C), in packed order
+            pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
             if normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
             rows = [idx[j] for j in packed.order]  # packed order -> input rows

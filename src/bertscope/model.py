@@ -19,6 +19,7 @@ from .attention import AttentionRecord, MultiHeadSelfAttention
 from .config import BertConfig
 from .masks import check_attention_mask
 from .outputs import BertOutput
+from .packed import pack, packed_encode, unpack
 
 __all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForward"]
 
@@ -115,6 +116,9 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.pooler = BertPooler(config)
+        # Inference without probabilities, hidden states or head_mask takes the packed path
+        # (bertscope.packed): no arithmetic on PAD. False forces the padded reference path.
+        self.packed_inference = True
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -147,7 +151,9 @@ class BertModel(nn.Module):
             head_mask: (N, H) multipliers on each head's context before W_O (0 = silence).
 
         Returns:
-            a :class:`bertscope.outputs.BertOutput`.
+            a :class:`bertscope.outputs.BertOutput`. On the packed path (the default in eval
+            mode when no attentions, hidden states or head_mask are asked for) the PAD positions
+            of ``last_hidden_state`` are 0; on the padded path they hold values nobody should use.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
@@ -166,6 +172,12 @@ class BertModel(nn.Module):
                 f"head_mask must be (layers, heads) = ({N}, {self.config.num_attention_heads}), "
                 f"got {tuple(head_mask.shape)}"
             )
+
+        if (self.packed_inference and not self.training and not output_attentions
+                and not output_hidden_states and head_mask is None):
+            packed = pack(input_ids, attention_mask, token_type_ids)  # (N,) real tokens only
+            x = unpack(packed_encode(self, packed), packed, B)  # (N, C) -> (B, T, C)
+            return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x))
 
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
         hidden_states = [x] if output_hidden_states else None

@@ -156,6 +156,21 @@ class BertTokenizer:
             truncated=truncated,
         )
 
+    def encode_ids(self, texts: Sequence[str], max_length: int | None = None,
+                   ) -> tuple[list[list[int]], list[bool]]:
+        """Token ids per text (with [CLS] and [SEP], cut to ``max_length``), unpadded, and
+        whether each text was cut. No warning: the caller reports truncation its own way."""
+        if isinstance(texts, str):
+            raise TypeError("encode_ids takes a list of texts, not one string")
+        limit = max_length or self.max_length
+        with self._lock:
+            self._tok.enable_truncation(limit, strategy="longest_first")
+            try:
+                encs = self._tok.encode_batch(list(texts))
+            finally:
+                self._tok.no_truncation()
+        return [e.ids for e in encs], [bool(e.overflowing) for e in encs]
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text with [CLS] and [SEP], before any truncation."""
         with self._lock:

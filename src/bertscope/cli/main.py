@@ -20,6 +20,7 @@ from ..errors import BertscopeError
 
 COMMAND_MODULES = [
     "params", "attend",  # core
+    "embed", "bench",  # fast
     "view", "plot", "serve",  # see attention
     "trace", "heads", "coref", "ablate", "experiments",  # understand heads
 ]
@@ -32,6 +33,8 @@ or on any local Hugging Face-format BERT folder given with --model.
 examples:
   bertscope attend "The animal didn't cross the street because it was too tired" --token it
   bertscope params --preset bert-base
+  bertscope embed texts.txt --out texts.emb
+  bertscope bench --json
   bertscope COMMAND --help
 """
 

@@ -1,0 +1,47 @@
+"""Reproduce docs/BENCHMARKS.md: the full CPU benchmark, its JSON, markdown tables and S13 plot.
+
+    PYTHONPATH=src python benchmarks/run_bench.py            # writes benchmarks/results/cpu.{json,md}
+                                                             # and docs/s13_cpu.png
+    PYTHONPATH=src python benchmarks/run_bench.py --quick    # a smoke run in seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from bertscope.bench import run_bench, write_markdown  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--preset", default=None)
+    p.add_argument("--corpus", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--plot", default=str(ROOT / "docs" / "s13_cpu.png"))
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    res = run_bench(model=a.model, preset=a.preset, corpus=a.corpus, quick=a.quick, threads=a.threads,
+                    rounds=a.rounds, plot=a.plot)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "cpu-quick" if a.quick else "cpu"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    md = write_markdown(res)
+    (out / f"{name}.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

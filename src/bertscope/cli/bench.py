@@ -1,0 +1,68 @@
+"""bertscope bench: bertscope against sentence-transformers, HF transformers and ONNX Runtime."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = """\
+Measure, in one run with the same texts and the same thread count, the real tokens per second
+of bertscope (packed path), sentence-transformers' encode, HF transformers used naively (sdpa,
+batches of 32 in input order, padded) and ONNX Runtime (the HF model exported and optimised
+with onnxruntime's transformer optimizer), on (a) equal-length texts of T = 128 tokens and
+(b) a mixed-length corpus of 5 to 256 tokens. Every system's output is compared with
+bertscope's (max abs diff of the normalised mean-pooled embeddings) before any time is shown.
+Also: useful GFLOP/s against the machine's measured fp32 matmul peak, and S13 -- time and peak
+memory of attention alone and of the whole model for T = 64 ... 512, with the 512-vs-192 ratio
+set against the seed's 7x claim. A competitor that is not installed is reported and skipped.
+
+By default (a) runs on a BERT-base-size model with random weights and (b) on the bundled
+all-MiniLM-L6-v2; --model or --preset runs both on that model.
+
+examples:
+  bertscope bench
+  bertscope bench --json > bench.json
+  bertscope bench --preset minilm-l6 --corpus my_texts.txt --plot s13.png
+  bertscope bench --quick --json          # a smoke run in seconds, tiny model
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="throughput against sentence-transformers, transformers, onnxruntime; S13",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--preset", metavar="NAME", default=None, help="bert-base, bert-large or minilm-l6 (random weights)")
+    g.add_argument("--model", metavar="PATH", default=None, help="a local checkpoint folder")
+    p.add_argument("--corpus", metavar="FILE", default=None, help="texts for the mixed workload, one per line")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch/ORT threads (default: torch's)")
+    p.add_argument("--rounds", type=int, default=3, metavar="N", help="timed rounds per system (default 3)")
+    p.add_argument("--plot", metavar="PNG", default=None, help="write the S13 plot here")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import run_bench, write_markdown
+    from ..config import BertConfig
+    from ..errors import InputError
+
+    if args.preset:
+        try:
+            BertConfig.preset(args.preset)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+    if args.rounds < 1 or (args.threads is not None and args.threads < 1):
+        raise InputError("--rounds and --threads must be at least 1")
+    res = run_bench(model=args.model, preset=args.preset, corpus=args.corpus, quick=args.quick,
+                    threads=args.threads, rounds=args.rounds, plot=args.plot)
+    for w in res["workloads"].values():
+        for name, why in w["skipped"].items():
+            print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)
+    if args.json:
+        json.dump(res, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(write_markdown(res))
+    return 0

@@ -1,0 +1,148 @@
+"""bertscope embed: rows in input order, bad lines reported, atomic shards, kill and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertscope.cli.main import main
+from bertscope.embedjob import KILL_HOOK_ENV, read_embeddings
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+TEXTS = [
+    "The animal didn't cross the street because it was too tired",
+    "",  # empty
+    None,  # undecodable bytes go here
+    "a short one",
+    "word " * 400,  # longer than the bundled model's 256 tokens
+    "   ",  # whitespace only: empty
+    "the last line, without a newline",
+]
+
+
+def _write_input(path: Path, texts=TEXTS) -> Path:
+    raw = b"\n".join(b"\xff\xfe caf\xe9" if t is None else t.encode() for t in texts)
+    path.write_bytes(raw)
+    return path
+
+
+def _run_cli(args, capsys):
+    code = main(args)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_embed_rows_in_order_with_bad_lines_reported(tmp_path, bert, capsys):
+    inp = _write_input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    code, stdout, err = _run_cli(["embed", str(inp), "--out", str(out), "--shard-rows", "3", "--quiet"], capsys)
+    assert code == 0, err
+    assert "1 undecodable line(s)" in err and "line 3" in err
+    assert "2 empty line(s), zero vectors: line 2, 6" in err
+    assert "truncated: line 5" in err
+    emb, status = read_embeddings(out)
+    assert emb.shape == (len(TEXTS), bert.config.hidden_size)
+    assert status == ["ok", "empty", "undecodable", "ok", "truncated", "empty", "ok"]
+    for i in (1, 2, 5):
+        assert not emb[i].any()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in (0, 3, 4, 6):  # each row is that line's own embedding: nothing shuffled
+            assert np.abs(emb[i] - bert.embed([TEXTS[i]])[0]).max() < 1e-5
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["problems"] == {"truncated": [5], "empty": [2, 6], "undecodable": [3]}
+    assert not list(out.glob(".tmp-*"))
+
+
+def test_embed_parquet_reads_back_equal_to_npy(tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    inp = _write_input(tmp_path / "in.txt")
+    assert _run_cli(["embed", str(inp), "--out", str(tmp_path / "n"), "--quiet"], capsys)[0] == 0
+    assert _run_cli(["embed", str(inp), "--out", str(tmp_path / "p"), "--format", "parquet",
+                     "--shard-rows", "4", "--quiet"], capsys)[0] == 0
+    a, sa = read_embeddings(tmp_path / "n")
+    b, sb = read_embeddings(tmp_path / "p")
+    assert sa == sb and np.array_equal(a, b)
+    table = pq.read_table(tmp_path / "p")  # the folder reads as one dataset
+    assert table.column("line").to_pylist() == list(range(1, len(TEXTS) + 1))
+    assert table.column("status").to_pylist() == sa
+
+
+def test_embed_jsonl_field(tmp_path, capsys):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(json.dumps({"body": t, "id": i}) for i, t in enumerate(["one", "", "two"])))
+    code, _, err = _run_cli(["embed", str(inp), "--field", "body", "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 0, err
+    _, status = read_embeddings(tmp_path / "o")
+    assert status == ["ok", "empty", "ok"]
+
+
+def _subprocess_embed(inp: Path, out: Path, *extra: str, env_extra: dict | None = None):
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(out),
+                           "--shard-rows", "4", "--quiet", *extra],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_killed_run_leaves_no_partial_output_and_resume_completes_it(tmp_path):
+    texts = [f"sentence number {i} " + "and more words " * (i % 9) for i in range(18)]
+    inp = _write_input(tmp_path / "in.txt", texts)
+    whole = _subprocess_embed(inp, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+
+    out = tmp_path / "killed"
+    killed = _subprocess_embed(inp, out, env_extra={KILL_HOOK_ENV: "2"})
+    assert killed.returncode == -signal.SIGKILL  # really killed, mid-write of the third shard
+    finals = sorted(p.name for p in out.glob("part-*"))
+    assert finals == ["part-00000.npy", "part-00001.npy"]  # two whole shards, nothing half-written
+    assert list(out.glob(".tmp-*"))  # the third shard died as a temporary
+    assert not (out / "_manifest.json").exists()
+    for f in finals:
+        assert np.load(out / f).shape == (4, 384)
+    with pytest.raises(Exception):
+        read_embeddings(out)
+
+    again = _subprocess_embed(inp, out)  # without --resume: refused, one line, no traceback
+    assert again.returncode == 2 and "--resume" in again.stderr and "Traceback" not in again.stderr
+
+    mtime0 = (out / "part-00000.npy").stat().st_mtime_ns
+    resumed = _subprocess_embed(inp, out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "2 already done" in resumed.stdout
+    assert (out / "part-00000.npy").stat().st_mtime_ns == mtime0  # not redone
+    assert not list(out.glob(".tmp-*"))
+    a, sa = read_embeddings(tmp_path / "whole")
+    b, sb = read_embeddings(out)
+    assert sa == sb and a.shape == (18, 384)
+    assert np.abs(a - b).max() < 1e-6
+
+
+@pytest.mark.parametrize("make_input, extra, message", [
+    (None, [], "does not exist"),
+    ("ok.txt", ["--format", "csv"], "--format"),
+    ("bad.jsonl", [], "not valid JSON"),
+    ("nofield.jsonl", ["--field", "body"], "no field 'body'"),
+])
+def test_embed_bad_input_is_one_line_error(tmp_path, capsys, make_input, extra, message):
+    files = {"ok.txt": "hello\n", "bad.jsonl": '{"text": "fine"}\n{"text": broken\n',
+             "nofield.jsonl": '{"text": "no body here"}\n'}
+    inp = tmp_path / (make_input or "missing.txt")
+    if make_input:
+        inp.write_text(files[make_input])
+    code, stdout, err = _run_cli(["embed", str(inp), "--out", str(tmp_path / "o"), "--quiet", *extra], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bertscope: error:") and message in lines[0]
+    assert "Traceback" not in err
+    if make_input == "bad.jsonl":
+        assert ":2:" in lines[0]  # names the malformed line

@@ -1,0 +1,168 @@
+"""The packed path against the padded reference path and against HF transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import bertscope
+from bertscope.batching import token_budget_batches
+from bertscope.packed import mean_pool, pack, pack_ids, packed_encode, unpack
+
+TOL = 1e-5
+
+
+def _both_paths(model, ids, mask, types=None):
+    """last_hidden_state and pooler of the packed path and of the padded reference path."""
+    assert model.packed_inference
+    with torch.inference_mode():
+        fast = model(ids, mask, types)
+        model.packed_inference = False
+        try:
+            ref = model(ids, mask, types)
+        finally:
+            model.packed_inference = True
+    return fast, ref
+
+
+def test_packed_equals_reference_with_1_and_512_token_texts():
+    torch.manual_seed(0)
+    cfg = bertscope.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=128)
+    model = bertscope.BertModel(cfg).eval()
+    lengths = [512, 1, 37, 37, 200, 2, 1]
+    B, T = len(lengths), 512
+    ids = torch.randint(1, cfg.vocab_size, (B, T))
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, T)
+    types = torch.randint(0, 2, (B, T)) * mask
+    fast, ref = _both_paths(model, ids, mask, types)
+    real = mask.bool()
+    assert (fast.last_hidden_state - ref.last_hidden_state)[real].abs().max() < TOL
+    assert (fast.pooler_output - ref.pooler_output).abs().max() < TOL
+    assert fast.last_hidden_state[~real].abs().max() == 0  # PAD positions are zeros
+
+
+def test_packed_equals_reference_on_bundled_model_mixed_batch(bert):
+    long_text = " ".join(["word"] * 600)  # cut to 512 tokens (the model's positions)
+    texts = ["a", long_text, "The animal didn't cross the street because it was too tired",
+             "hi", "a b c d e f"]
+    ids, _ = bert.tokenizer.encode_ids(texts, max_length=512)
+    ids.insert(2, [bert.tokenizer.cls_id])  # a 1-token sequence in the same padded batch
+    assert min(len(t) for t in ids) == 1 and max(len(t) for t in ids) == 512
+    T = 512
+    inp = torch.zeros(len(ids), T, dtype=torch.long)
+    mask = torch.zeros(len(ids), T, dtype=torch.long)
+    for b, t in enumerate(ids):
+        inp[b, :len(t)] = torch.tensor(t)
+        mask[b, :len(t)] = 1
+    fast, ref = _both_paths(bert.model, inp, mask)
+    assert (fast.last_hidden_state - ref.last_hidden_state)[mask.bool()].abs().max() < TOL
+    assert (fast.pooler_output - ref.pooler_output).abs().max() < TOL
+    # A single [CLS]-only sequence (1 token) as a batch of its own.
+    one = torch.tensor([[ids[0][0]]])
+    fast1, ref1 = _both_paths(bert.model, one, torch.ones_like(one))
+    assert (fast1.last_hidden_state - ref1.last_hidden_state).abs().max() < TOL
+
+
+def test_packed_matches_hf_transformers(bert, hf_model):
+    texts = ["short", "The animal didn't cross the street because it was too tired", "x " * 40]
+    batch = bert.encode(texts)
+    with torch.inference_mode():
+        ours = bert.model(batch.input_ids, batch.attention_mask).last_hidden_state
+        theirs = hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    real = batch.attention_mask.bool()
+    assert (ours - theirs)[real].abs().max() < TOL
+
+
+def test_attention_probabilities_still_take_the_reference_path(bert):
+    batch = bert.encode(["one text", "and another one here"])
+    with torch.inference_mode():
+        out = bert.model(batch.input_ids, batch.attention_mask, output_attentions=True)
+    assert out.attentions is not None and len(out.attentions) == bert.config.num_hidden_layers
+
+
+def test_pack_unpack_roundtrip_and_order():
+    ids = torch.tensor([[5, 6, 0, 0], [7, 8, 9, 10], [11, 0, 0, 0]])
+    mask = (ids != 0).long()
+    p = pack(ids, mask, None)
+    assert p.lengths == [4, 2, 1] and p.order == [1, 0, 2]
+    assert p.input_ids.tolist() == [7, 8, 9, 10, 5, 6, 11]
+    assert p.position_ids.tolist() == [0, 1, 2, 3, 0, 1, 0]
+    assert p.cu_seqlens.tolist() == [0, 4, 6, 7]
+    back = unpack(p.input_ids[:, None].float(), p, 3)[..., 0]
+    assert torch.equal(back.long(), ids)
+
+
+def test_mean_pool_matches_padded_mean():
+    torch.manual_seed(1)
+    p = pack_ids([[1, 2, 3], [4], [5, 6]])
+    x = torch.randn(p.num_tokens, 8)
+    pooled = mean_pool(x, p)
+    assert torch.allclose(pooled[0], x[0:3].mean(0)) and torch.allclose(pooled[2], x[5:6].mean(0))
+
+
+def test_token_budget_batches_cover_every_index_once():
+    lengths = [5, 300, 1, 17, 17, 600, 2, 9]
+    batches = token_budget_batches(lengths, max_tokens=320)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or sum(lengths[i] for i in b) <= 320
+    assert batches[0] == [5]  # the longest first, alone since it exceeds the budget
+    assert all(len(b) <= 2 for b in token_budget_batches(lengths, 10_000, max_texts=2))
+    with pytest.raises(ValueError):
+        token_budget_batches(lengths, 0)
+
+
+def test_embed_returns_input_order_and_matches_sentence_transformers(bert, bundled_path):
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["the " * n + "end" for n in (50, 1, 120, 7, 7, 0, 30)]
+    ours = bert.embed(texts, batch_tokens=100)  # several batches, reordered inside
+    st = SentenceTransformer(str(bundled_path), device="cpu")
+    theirs = st.encode(texts, batch_size=3, convert_to_numpy=True)
+    assert np.abs(ours - theirs).max() < TOL
+    # each row equals embedding that text alone: nothing shuffled
+    for i in (0, 3, 6):
+        assert np.abs(ours[i] - bert.embed([texts[i]])[0]).max() < TOL
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.25, 10.0])
+def test_packed_attention_buckets_any_slack_equal_reference(slack):
+    torch.manual_seed(3)
+    cfg = bertscope.BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=64)
+    model = bertscope.BertModel(cfg).eval()
+    lengths = [60, 59, 59, 40, 33, 33, 33, 7, 2, 1]
+    T = max(lengths)
+    ids = torch.randint(1, cfg.vocab_size, (len(lengths), T))
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    p = pack(ids, mask, None)
+    buckets = p.buckets(slack)
+    assert sum(G for _, G, _ in buckets) == len(lengths)
+    if slack == 0.0:  # exact length groups
+        assert [(G, L) for _, G, L in buckets] == [(1, 60), (2, 59), (1, 40), (3, 33), (1, 7), (1, 2), (1, 1)]
+    if slack == 10.0:  # everything in one padded bucket
+        assert len(buckets) == 1
+    with torch.inference_mode():
+        fast = unpack(packed_encode(model, p, slack=slack), p, len(lengths))
+        model.packed_inference = False
+        ref = model(ids, mask).last_hidden_state
+        model.packed_inference = True
+    assert (fast - ref)[mask.bool()].abs().max() < TOL
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+@pytest.mark.parametrize("onednn", ["1", "0"])
+def test_packed_every_activation_and_gemm_backend(act, onednn, monkeypatch):
+    monkeypatch.setenv("BERTSCOPE_ONEDNN", onednn)
+    torch.manual_seed(4)
+    cfg = bertscope.BertConfig(vocab_size=300, hidden_size=48, num_hidden_layers=2,
+                               num_attention_heads=3, intermediate_size=96, hidden_act=act)
+    model = bertscope.BertModel(cfg).eval()
+    lengths = [9, 1, 30, 30]
+    ids = torch.randint(1, cfg.vocab_size, (4, 30))
+    mask = (torch.arange(30)[None, :] < torch.tensor(lengths)[:, None]).long()
+    fast, ref = _both_paths(model, ids, mask)
+    assert (fast.last_hidden_state - ref.last_hidden_state)[mask.bool()].abs().max() < TOL

@@ -166,3 +166,27 @@ def test_packed_every_activation_and_gemm_backend(act, onednn, monkeypatch):
     mask = (torch.arange(30)[None, :] < torch.tensor(lengths)[:, None]).long()
     fast, ref = _both_paths(model, ids, mask)
     assert (fast.last_hidden_state - ref.last_hidden_state)[mask.bool()].abs().max() < TOL
+
+
+@pytest.mark.parametrize("make_in_inference_mode", [False, True])
+def test_packed_path_sees_weight_changes(make_in_inference_mode):
+    """The packed path caches fused / pre-packed weights; an in-place weight change must show."""
+    torch.manual_seed(0)
+    cfg = bertscope.BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=128)
+    if make_in_inference_mode:
+        with torch.inference_mode():
+            model = bertscope.BertModel(cfg).eval()
+    else:
+        model = bertscope.BertModel(cfg).eval()
+    ids = torch.randint(1, cfg.vocab_size, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    before, _ = _both_paths(model, ids, mask)
+    with torch.inference_mode() if make_in_inference_mode else torch.no_grad():
+        model.layers[1].attention.value.weight.mul_(-1.5)
+        model.layers[0].feed_forward.dense_in.bias.add_(0.3)
+    fast, ref = _both_paths(model, ids, mask)
+    real = mask.bool()
+    assert (fast.last_hidden_state - before.last_hidden_state)[real].abs().max() > 1e-2
+    assert (fast.last_hidden_state - ref.last_hidden_state)[real].abs().max() < TOL

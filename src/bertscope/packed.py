@@ -302,8 +302,12 @@ def use_onednn(x: torch.Tensor) -> bool:
 
 def layer_linears(model, onednn: bool) -> list[tuple[_Linear, _Linear, _Linear, _Linear]]:
     """Per layer: (fused W_QKV, W_O, GELU∘W1, W2) as :class:`_Linear` callables, cached per model."""
-    key = (onednn,) + tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
-    cached = _LINEARS.get(model)
+    params = list(model.parameters())
+    # Inference tensors (made under torch.inference_mode) keep no version counter, so an in-place
+    # change could not be seen: such a model's linears are rebuilt on every call, never cached.
+    cacheable = not any(p.is_inference() for p in params)
+    key = (onednn,) + tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params) if cacheable else None
+    cached = _LINEARS.get(model) if cacheable else None
     if cached is not None and cached[0] == key:
         return cached[1]
     act = model.config.hidden_act
@@ -316,7 +320,8 @@ def layer_linears(model, onednn: bool) -> list[tuple[_Linear, _Linear, _Linear, 
             _Linear(ff.dense_in.weight, ff.dense_in.bias, onednn, act),  # (I, C), then the activation
             _Linear(ff.dense_out.weight, ff.dense_out.bias, onednn),  # (C, I)
         ))
-    _LINEARS[model] = (key, linears)
+    if cacheable:
+        _LINEARS[model] = (key, linears)
     return linears
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
 
 from bertscope.cli.main import main
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import random
@@ -362,7 +361,7 @@ def _scaling_fns(config: BertConfig, kind: str, T: int, device: str = "cpu"):
     from .model import BertModel
 
     torch.manual_seed(0)
-    H, D, C = config.num_attention_heads, config.head_size, config.hidden_size
+    H, D = config.num_attention_heads, config.head_size
     if kind == "attention":  # the L x L part: scores, softmax, context (reference path)
         q, k, v = (torch.randn(1, H, T, D, device=device) for _ in range(3))  # (1, H, T, D)
         return lambda: attention_reference(q, k, v)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import InputError
 
-__all__ = ["read_lines", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["read_input_bytes", "read_lines", "write_bytes_atomic", "write_text_atomic"]
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
@@ -45,12 +45,7 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
     A line that is not UTF-8 is skipped with a warning naming it; the rest are kept.
     """
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p} does not exist or is not a file")
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InputError(f"{p} cannot be read ({e.strerror})") from None
+    raw = read_input_bytes(p)
     lines: list[tuple[int, str]] = []
     warnings: list[str] = []
     for n, chunk in enumerate(raw.splitlines(), start=1):
@@ -62,3 +57,14 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
         if text:
             lines.append((n, text))
     return lines, warnings
+
+
+def read_input_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of a user's input file; a missing or unreadable file is a one-line InputError."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p} does not exist or is not a file")
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise InputError(f"{p} cannot be read ({e.strerror})") from None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
+from .files import read_input_bytes
 
 __all__ = ["Schema", "parse_wsc", "read_wsc", "twin_groups"]
 
@@ -145,14 +146,7 @@ def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[s
 
 def read_wsc(path: str | Path) -> tuple[list[Schema], list[str]]:
     """Read a WSC XML file from any path; see :func:`parse_wsc`."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p} does not exist or is not a file")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise InputError(f"{p} cannot be read ({e.strerror})") from None
-    return parse_wsc(data, str(p))
+    return parse_wsc(read_input_bytes(path), str(path))
 
 
 def twin_groups(schemas: list[Schema]) -> list[int]:

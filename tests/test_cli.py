@@ -100,3 +100,36 @@ def test_console_script_and_help():
     assert proc.returncode == 0 and "attend" in proc.stdout and "params" in proc.stdout
     proc = run_cli("attend", "--help")
     assert proc.returncode == 0 and "examples:" in proc.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["attend", "x"], "the following arguments are required: --token"),
+    (["nosuchcmd"], "invalid choice: 'nosuchcmd'"),
+    (["params", "--preset", "bert-base", "--model", "/tmp"], "not allowed with argument"),
+    (["attend", "x", "--token", "x", "--top", "abc"], "invalid int value"),
+])
+def test_usage_mistakes_are_one_line_too(args, fragment):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, fragment)
+    assert "--help" in proc.stderr
+
+
+def test_debug_is_accepted_after_the_command():
+    proc = run_cli("attend", "the cat sat", "--token", "dog", "--debug")
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "InputError" in proc.stderr  # --debug shows the traceback
+
+
+def test_multi_line_library_errors_are_collapsed(tmp_path):
+    import shutil
+
+    from conftest import IT_ANIMAL as text
+
+    import bertscope
+
+    folder = tmp_path / "m"
+    shutil.copytree(bertscope.bundled_model_path(), folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "pytorch_model.bin").write_bytes(b"not a pickle\nwith\nmany lines")
+    proc = run_cli("attend", text, "--token", "it", "--model", str(folder))
+    assert_one_line_error(proc, "could not be read as model weights")

@@ -73,3 +73,46 @@ def test_seed_s10_numbers_for_bert_base():
     assert pc.per_layer_total == 2_362_368
     assert pc.attention_total == 12 * 2_362_368 == 28_348_416
     assert pc.model_total == 109_482_240  # BERT-base with pooler, as published for bert-base-uncased
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("num_attention_heads", 0, "must be positive"),
+    ("hidden_size", None, "whole number"),
+    ("hidden_size", [1], "whole number"),
+    ("hidden_size", 384.0, "whole number"),
+    ("hidden_size", "abc", "whole number"),
+    ("vocab_size", True, "whole number"),
+    ("layer_norm_eps", "x", "must be a number"),
+    ("layer_norm_eps", 0, "in (0, 1)"),
+    ("hidden_dropout_prob", 2, "in [0, 1)"),
+    ("attention_probs_dropout_prob", -0.1, "in [0, 1)"),
+    ("max_position_embeddings", 10 ** 11, "beyond what bertscope supports"),
+    ("pad_token_id", 40000, "outside the vocabulary"),
+    ("hidden_act", "swish", "not supported"),
+])
+def test_malformed_config_values_name_the_field(tmp_path, field, value, fragment):
+    data = {**BertConfig().to_dict(), field: value}
+    data.pop("do_lower_case")
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as e:
+        BertConfig.from_json(p)
+    assert field in str(e.value) and fragment in str(e.value)
+    assert isinstance(e.value, bertscope.BertscopeError)  # so the CLI prints one line
+
+
+def test_malformed_config_through_the_cli(tmp_path, bundled_path, capsys):
+    import shutil
+
+    from bertscope.cli import main
+
+    folder = tmp_path / "m"
+    shutil.copytree(bundled_path, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    data = json.loads((folder / "config.json").read_text())
+    data["num_attention_heads"] = 0
+    (folder / "config.json").write_text(json.dumps(data))
+    for args in (["attend", "the cat sat", "--token", "cat", "--model", str(folder)],
+                 ["params", "--model", str(folder)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "num_attention_heads must be positive" in err[0]

@@ -67,3 +67,16 @@ def test_it_attends_to_animal_in_the_heads_the_spec_names(bert, hf_model):
         w = word_attention(ref[layer][0, head], words.token_words)
         assert abs(w[res.index, animal].item() - res.weights[layer, head, animal].item()) < 1e-5
         assert w[res.index, animal].item() > 0.5
+
+
+def test_find_word_explains_split_words_and_empty_texts():
+    words = ["[CLS]", "The", "animal", "didn", "'", "t", "cross", "[SEP]"]
+    with pytest.raises(InputError, match=r"splits \"didn't\" into the words didn ' t; pass one of them, e.g. --token didn"):
+        find_word(words, "didn't")
+    with pytest.raises(InputError, match="the text has no tokens"):
+        find_word(["[CLS]", "[SEP]"], "x")
+
+
+def test_attend_on_a_text_of_control_characters(bert):
+    with pytest.raises(InputError, match="no tokens"):
+        bertscope.attend(bert, "\x01\x02", "x")

@@ -12,10 +12,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .errors import BertscopeError
+
 __all__ = ["BertConfig", "ConfigError", "PRESETS"]
 
+_INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "max_position_embeddings", "type_vocab_size", "pad_token_id")
+# A sanity bound, not a BERT limit: checkpoints in the wild use 512 to 8192 positions; a
+# config asking for far more is a typo that would try to allocate terabytes.
+_MAX_POSITIONS = 1 << 17
 
-class ConfigError(ValueError):
+
+class ConfigError(BertscopeError, ValueError):
     """A config.json that does not describe a BERT encoder bertscope can build."""
 
 
@@ -36,17 +44,35 @@ class BertConfig:
     do_lower_case: bool = True  # not in config.json; read from the tokenizer's files on load
 
     def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be a whole number, got {value!r}")
+            if value <= 0 and name != "pad_token_id":
+                raise ConfigError(f"{name} must be positive, got {value}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{name} must be a number, got {value!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            raise ConfigError(f"layer_norm_eps must be in (0, 1), got {self.layer_norm_eps}")
+        if self.max_position_embeddings > _MAX_POSITIONS:
+            raise ConfigError(f"max_position_embeddings {self.max_position_embeddings} is beyond "
+                              f"what bertscope supports ({_MAX_POSITIONS})")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported")
+        if not isinstance(self.do_lower_case, bool):
+            raise ConfigError(f"do_lower_case must be true or false, got {self.do_lower_case!r}")
 
     @property
     def head_size(self) -> int:

@@ -82,11 +82,31 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
     target = word.strip().lower()
     hits = [i for i, w in enumerate(words) if w.lower() == target]
     if not hits:
-        shown = " ".join(w for w in words if w not in ("[CLS]", "[SEP]"))
-        raise InputError(f"the word {word!r} is not in the text (its words are: {shown})")
+        real = [w for w in words if w not in ("[CLS]", "[SEP]")]
+        if not real:
+            raise InputError("the text has no tokens (it holds only spaces or control characters)")
+        span = _split_span(real, target)
+        if span:
+            raise InputError(
+                f"the tokenizer splits {word!r} into the words {' '.join(span)}; "
+                f"pass one of them, e.g. --token {span[0]}")
+        raise InputError(f"the word {word!r} is not in the text (its words are: {' '.join(real)})")
     if occurrence < 1 or occurrence > len(hits):
         raise InputError(f"the word {word!r} occurs {len(hits)} time(s); occurrence {occurrence} does not exist")
     return hits[occurrence - 1]
+
+
+def _split_span(words: Sequence[str], target: str) -> list[str] | None:
+    """The run of consecutive words that spells ``target`` (e.g. didn ' t for "didn't"), if any."""
+    for i in range(len(words)):
+        joined = ""
+        for j in range(i, min(i + 8, len(words))):
+            joined += words[j].lower()
+            if joined == target:
+                return list(words[i:j + 1]) if j > i else None
+            if not target.startswith(joined):
+                break
+    return None
 
 
 @dataclass(frozen=True)

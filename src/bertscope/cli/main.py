@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 import warnings
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from .. import __version__
 from ..errors import BertscopeError
@@ -43,13 +43,39 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     print(f"bertscope: warning: {message}", file=sys.stderr)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (exit 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        hint = f"{self.prog} --help"
+        self.exit(2, f"bertscope: error: {_one_line(message)} (see {hint})\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """Accept --debug anywhere before a bare '--' (before or after the command)."""
+    out, debug, literal = [], False, False
+    for a in argv:
+        if a == "--":
+            literal = True
+        if a == "--debug" and not literal:
+            debug = True
+            continue
+        out.append(a)
+    return out, debug
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bertscope", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"bertscope {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks and debug logs (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__package__}.{name}").register(sub)
@@ -58,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv, debug = _split_debug(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(argv)
+    args.debug = args.debug or debug
     if args.command is None:
         parser.print_help()
         return 2
@@ -70,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BertscopeError as e:
         if args.debug:
             raise
-        print(f"bertscope: error: {e}", file=sys.stderr)
+        print(f"bertscope: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bertscope: interrupted", file=sys.stderr)
@@ -80,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # an unexpected failure still gets one line, not a traceback
         if args.debug:
             raise
-        msg = str(e).splitlines()[0] if str(e) else ""
+        msg = _one_line(e)[:300]
         print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)",
               file=sys.stderr)
         return 1

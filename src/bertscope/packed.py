@@ -276,7 +276,15 @@ class _Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:
             attr, algo = _FUSED_ACT[self.act] if self.act else ("none", "")
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algo)  # (N, in) -> (N, out)
+            # oneDNN compiles and caches one GEMM per distinct row count N; a streaming job sees
+            # hundreds of N, and resident memory grew by ~2 MiB per new N (measured). Rounding N
+            # up to a multiple of _ROW_BUCKET with zero rows keeps the set of shapes small.
+            n = x.shape[0]
+            padded = -(-n // _ROW_BUCKET) * _ROW_BUCKET
+            if padded != n:
+                x = F.pad(x, (0, 0, 0, padded - n))  # (N, in) -> (N', in), zero rows at the end
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algo)  # (N', in) -> (N', out)
+            return y[:n] if padded != n else y  # (N, out)
         y = F.linear(x, self.weight, self.bias)  # (N, in)@(in, out) -> (N, out)
         return _ACTS[self.act](y) if self.act else y
 
@@ -284,6 +292,7 @@ class _Linear:
 _ACTS = {"gelu": F.gelu, "gelu_new": lambda y: F.gelu(y, approximate="tanh"),
          "gelu_pytorch_tanh": lambda y: F.gelu(y, approximate="tanh"), "relu": F.relu}
 _PACK_HINT = 2048  # oneDNN's expected row count when it picks the weight's blocked layout
+_ROW_BUCKET = 64  # row counts given to oneDNN are multiples of this (see _Linear.__call__)
 
 # model -> (parameter versions, per-layer linears): built once, rebuilt if a weight changes.
 _LINEARS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

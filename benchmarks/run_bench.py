@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bertscope.bench import run_bench, write_markdown  # noqa: E402
+from bertscope.files import write_text_atomic  # noqa: E402
 
 
 def main() -> int:
@@ -33,13 +34,16 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     res = run_bench(model=a.model, preset=a.preset, corpus=a.corpus, quick=a.quick, threads=a.threads,
                     rounds=a.rounds, plot=a.plot)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "cpu-quick" if a.quick else "cpu"
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
     md = write_markdown(res)
-    (out / f"{name}.md").write_text(md)
-    print(md)
+    print(md)  # first: a failure to write below must not lose the run
+    sys.stdout.flush()
+    out = Path(a.out)
+    name = "cpu-quick" if a.quick else "cpu"
+    write_text_atomic(out / f"{name}.json", json.dumps(res, indent=1))
+    write_text_atomic(out / f"{name}.md", md)
+    if res["scaling"].get("plot_error"):
+        print(f"could not write the plot: {res['scaling']['plot_error']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 
 from bertscope.cli.main import main
 
 
 def test_bench_quick_json(tmp_path, capsys):
-    code = main(["bench", "--quick", "--json", "--plot", str(tmp_path / "s13.png")])
-    out = capsys.readouterr().out
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"a first text\n\xff\xfe not utf-8\nthe third line\n\nlast one\n")
+    code = main(["bench", "--quick", "--json", "--corpus", str(corpus), "--plot", str(tmp_path / "s13.png")])
+    cap = capsys.readouterr()
+    out, err = cap.out, cap.err
     assert code == 0
     r = json.loads(out)
     assert {"machine", "matmul_peak_gflops", "workloads", "scaling"} <= set(r)
@@ -26,10 +31,141 @@ def test_bench_quick_json(tmp_path, capsys):
             "bertscope", "sentence-transformers", "transformers", "onnxruntime"}
         for diff in w["max_abs_diff_vs_bertscope"].values():
             assert diff < 1e-5
+    # --quick's equal-length texts are 32 tokens: the label says so (the key stays for consumers)
+    eq = r["workloads"]["equal_T128"]
+    assert eq["length_range"] == [32, 32] and eq["label"] == "equal_T32"
+    # the corpus: the undecodable line is skipped with a warning naming it; the rest are used
+    assert r["workloads"]["mixed"]["texts"] == 3
+    assert f"bertscope: warning: {corpus}: line 2 is not UTF-8 text; skipped" in err
+    assert "Loading weights" not in err and "it/s" not in err  # no transformers progress bars
     s = r["scaling"]
     assert len(s["attention"]["time_s"]) == len(s["lengths"]) == len(s["model"]["time_s"])
     assert "time_exponent" in s["attention"] and "time_exponent" in s["model"]
-    assert (tmp_path / "s13.png").stat().st_size > 0
+    for kind in ("attention", "model"):  # no exponent fitted on (near) zero memory values
+        mem = s[kind].get("peak_mib")
+        if mem and min(mem) <= 0.05:
+            assert s[kind]["memory_exponent"] is None
+    assert (tmp_path / "s13.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert s["plot"] == str(tmp_path / "s13.png")
+    assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
+
+
+def test_memory_exponent_is_na_for_tiny_values():
+    from bertscope.bench import _memory_fit
+
+    e: dict = {}
+    _memory_fit(e, [64, 128, 256], [0.0, 0.0, 0.1])
+    assert e["memory_exponent"] is None and "n/a" in e["memory_exponent_note"]
+    e = {"ratio_512_vs_192": 1.0}
+    _memory_fit(e, [192, 384, 512], [1.0, 4.0, 16 / 9 * 4])
+    assert abs(e["memory_exponent"] - 2.0) < 0.05 and abs(e["memory_ratio_512_vs_192"] - 64 / 9) < 1e-9
+
+
+def test_markdown_labels_the_true_length_and_na_exponent():
+    from bertscope.bench import write_markdown
+
+    r = _fake_result()
+    r["workloads"] = {"equal_T128": {"label": "equal_T32", "texts": 1, "real_tokens": 32, "length_range": [32, 32],
+                                     "model": "m", "systems": {}, "bertscope_speedup": {},
+                                     "max_abs_diff_vs_bertscope": {}, "bertscope_fraction_of_matmul_peak": 0.1,
+                                     "skipped": {}}}
+    md = write_markdown(r)
+    assert "### equal_T32:" in md and "equal_T128" not in md
+    assert "peak memory exponent n/a" in md and "T^-" not in md
+
+
+def _fake_result() -> dict:
+    entry = {"time_s": [0.001, 0.002], "time_exponent": 1.0, "peak_mib": [0.0, 0.0],
+             "memory_exponent": None, "memory_exponent_note": "n/a"}
+    return {"machine": {"cpu": "x", "logical_cpus": 1, "torch_threads": 1, "versions": {}},
+            "device": "cpu", "dtype": "float32", "matmul_peak_gflops": 1.0, "workloads": {},
+            "scaling": {"lengths": [16, 32], "seed_claim_512_vs_192": 7.1,
+                        "config": {"hidden_size": 64, "num_hidden_layers": 2},
+                        "attention": dict(entry), "model": dict(entry)}}
+
+
+def test_bench_bad_plot_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    import bertscope.bench
+
+    def no_run(**kw):
+        raise AssertionError("the benchmark ran before --plot was checked")
+
+    monkeypatch.setattr(bertscope.bench, "run_bench", no_run)
+    (tmp_path / "dir.png").mkdir()
+    for bad, why in ((tmp_path / "nodir" / "s.png", "does not exist"), (tmp_path / "s.jpg", "must end in"),
+                     (tmp_path / "dir.png", "is a folder"), (Path("/proc/s13.png"), "--plot")):
+        assert main(["bench", "--quick", "--plot", str(bad)]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert cap.out == "" and len(lines) == 1 and why in lines[0], cap.err
+        assert lines[0].startswith("bertscope: error:")
+
+
+def test_bench_prints_results_before_a_failed_plot_write(tmp_path, capsys, monkeypatch):
+    import bertscope.bench
+    import bertscope.files
+
+    monkeypatch.setattr(bertscope.bench, "run_bench", lambda **kw: _fake_result())
+
+    def disk_full(path, data, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bertscope.files, "write_bytes_atomic", disk_full)
+    assert main(["bench", "--json", "--plot", str(tmp_path / "s.svg")]) == 2
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["scaling"]["lengths"] == [16, 32]  # the results came out whole
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and "No space left" in lines[0] and "results above are complete" in lines[0]
+    assert not (tmp_path / "s.svg").exists()
+
+
+def test_plot_scaling_is_atomic_and_checks_the_suffix(tmp_path, monkeypatch):
+    import os
+
+    import pytest
+
+    from bertscope.bench import plot_scaling
+    from bertscope.errors import InputError
+
+    r = _fake_result()["scaling"]
+    path = tmp_path / "s.pdf"
+    path.write_bytes(b"old")
+    real_replace = os.replace
+
+    def crash(src, dst):
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        plot_scaling(r, path)
+    assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["s.pdf"]
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert plot_scaling(r, path) == path and path.read_bytes()[:4] == b"%PDF"
+    with pytest.raises(InputError):
+        plot_scaling(r, tmp_path / "s.jpg")
+
+
+def test_bench_corpus_with_no_text_is_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\n\n")
+    assert main(["bench", "--corpus", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no non-empty UTF-8 lines" in err[0]
+
+
+def test_competitor_setup_silences_and_restores_progress_bars():
+    import pytest
+
+    hf_logging = pytest.importorskip("transformers.utils.logging")
+    from bertscope.bench import _quiet_hub_progress
+
+    hf_logging.enable_progress_bar()
+    env_before = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    with _quiet_hub_progress():
+        assert not hf_logging.is_progress_bar_enabled()
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert hf_logging.is_progress_bar_enabled()
+    assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == env_before
 
 
 def test_bench_skips_a_missing_competitor(monkeypatch, tmp_path):

@@ -59,7 +59,8 @@ def test_embed_rows_in_order_with_bad_lines_reported(tmp_path, bert, capsys):
         for i in (0, 3, 4, 6):  # each row is that line's own embedding: nothing shuffled
             assert np.abs(emb[i] - bert.embed([TEXTS[i]])[0]).max() < 1e-5
     manifest = json.loads((out / "_manifest.json").read_text())
-    assert manifest["problems"] == {"truncated": [5], "empty": [2, 6], "undecodable": [3]}
+    assert manifest["problems"] == {"truncated": [5], "empty": [2, 6], "undecodable": [3],
+                                    "bad_json": [], "no_field": [], "not_text": []}
     assert not list(out.glob(".tmp-*"))
 
 
@@ -127,22 +128,95 @@ def test_killed_run_leaves_no_partial_output_and_resume_completes_it(tmp_path):
     assert np.abs(a - b).max() < 1e-6
 
 
+def test_embed_jsonl_bad_lines_are_zero_rows_in_order(tmp_path, bert, capsys):
+    """Issue #3: one bad line never aborts the job; every line gets its row and its status."""
+    lines = ['{"text": "fine"}', '{"text": broken', '{"text": 5}', '{"text": null}', "[1, 2]",
+             '{"body": "no text field"}', "", '{"text": ""}', '"just a string"', '{"text": "last"}']
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o"
+    code, _, err = _run_cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--quiet"], capsys)
+    assert code == 0, err
+    emb, status = read_embeddings(out)
+    assert status == ["ok", "bad_json", "not_text", "not_text", "no_field", "no_field", "empty",
+                      "empty", "no_field", "ok"]
+    assert emb.shape == (len(lines), bert.config.hidden_size)
+    for i, s in enumerate(status):
+        assert bool(emb[i].any()) == (s == "ok")
+    assert np.abs(emb[0] - bert.embed(["fine"])[0]).max() < 1e-5
+    assert np.abs(emb[9] - bert.embed(["last"])[0]).max() < 1e-5
+    assert "1 line(s) not valid JSON, zero vectors: line 2" in err
+    assert "2 line(s) whose field 'text' is not a string, zero vectors: line 3, 4" in err
+    assert "3 line(s) not a JSON object with a field 'text', zero vectors: line 5, 6, 9" in err
+    assert "2 empty line(s), zero vectors: line 7, 8" in err
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["problems"]["bad_json"] == [2]
+    assert manifest["problems"]["not_text"] == [3, 4]
+    assert manifest["problems"]["no_field"] == [5, 6, 9]
+    assert manifest["status_counts"]["no_field"] == 3 and manifest["rows"] == len(lines)
+
+
+def test_embed_json_lines_in_a_json_file(tmp_path, capsys):
+    inp = tmp_path / "in.json"
+    inp.write_text('{"text": "one"}\n{"text": "two"}\n')
+    code, _, err = _run_cli(["embed", str(inp), "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 0, err
+    emb, status = read_embeddings(tmp_path / "o")
+    assert status == ["ok", "ok"]
+    import bertscope
+    ref = bertscope.load().embed(["one", "two"])  # the texts, not the raw JSON lines
+    assert np.abs(emb - ref).max() < 1e-5
+
+
+def test_embed_refuses_bad_out_before_any_work(tmp_path, capsys):
+    inp = tmp_path / "in.txt"
+    inp.write_text("hello\n")
+    (tmp_path / "afile").write_text("x")
+    for out in ("/proc/e7", str(tmp_path / "afile"), str(tmp_path / "afile" / "sub")):
+        code, stdout, err = _run_cli(["embed", str(inp), "--out", out], capsys)  # no --quiet
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("bertscope: error:"), err
+        assert "embed:" not in err and "%" not in err  # no progress bar before the error
+    assert not Path("/proc/e7").exists()
+
+
+def test_embed_bad_input_shows_no_progress_bar(tmp_path, capsys):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"text": "a"}\n')
+    out = tmp_path / "o"
+    assert _run_cli(["embed", str(inp), "--out", str(out), "--quiet"], capsys)[0] == 0
+    code, _, err = _run_cli(["embed", str(inp), "--out", str(out)], capsys)  # already a job there
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and "--resume" in err
+    assert "embed:" not in err
+
+
 @pytest.mark.parametrize("make_input, extra, message", [
     (None, [], "does not exist"),
     ("ok.txt", ["--format", "csv"], "--format"),
-    ("bad.jsonl", [], "not valid JSON"),
-    ("nofield.jsonl", ["--field", "body"], "no field 'body'"),
+    # every line fails the same way: a usage mistake, refused rather than all zero rows
+    ("bad.jsonl", [], "no line is valid JSON (line 1:"),
+    ("nofield.jsonl", ["--field", "body"], "no line holds a text in the field 'body'"),
+    ("nofield.jsonl", ["--field", "body"], "line 1 has 'text'"),
+    ("mixedbad.jsonl", [], "no line holds a text in the field 'text'"),
+    ("nottext.jsonl", [], "2 line(s) where it is not a string"),
+    ("plain.txt", ["--field", "text"], "no line is valid JSON"),
+    ("array.json", [], "one JSON document (an array), not JSON Lines"),
+    ("pretty.json", [], "not JSON Lines"),
 ])
 def test_embed_bad_input_is_one_line_error(tmp_path, capsys, make_input, extra, message):
-    files = {"ok.txt": "hello\n", "bad.jsonl": '{"text": "fine"}\n{"text": broken\n',
-             "nofield.jsonl": '{"text": "no body here"}\n'}
+    files = {"ok.txt": "hello\n", "bad.jsonl": '{"text": broken\nnot json either\n\n',
+             "nofield.jsonl": '{"text": "no body here"}\n',
+             "mixedbad.jsonl": 'oops\n{"body": "x"}\n[1]\n{"text": 3}\n',
+             "nottext.jsonl": '{"text": 1}\n{"text": null}\n',
+             "plain.txt": "a plain text\nanother\n",
+             "array.json": '[{"text": "a"},\n {"text": "b"}]\n',
+             "pretty.json": '{\n  "text": "one document"\n}\n'}
     inp = tmp_path / (make_input or "missing.txt")
     if make_input:
         inp.write_text(files[make_input])
-    code, stdout, err = _run_cli(["embed", str(inp), "--out", str(tmp_path / "o"), "--quiet", *extra], capsys)
+    code, stdout, err = _run_cli(["embed", str(inp), "--out", str(tmp_path / "o"), *extra], capsys)
     assert code == 2
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bertscope: error:") and message in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("bertscope: error:") and message in lines[0], err
     assert "Traceback" not in err
-    if make_input == "bad.jsonl":
-        assert ":2:" in lines[0]  # names the malformed line
+    assert not (tmp_path / "o").exists()  # refused before any output was made

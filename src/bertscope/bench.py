@@ -13,6 +13,8 @@ load from elsewhere on the machine hits all systems alike.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -25,14 +27,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from .config import BertConfig
 
-__all__ = ["matmul_peak", "make_texts", "run_bench", "useful_flops", "scaling", "write_markdown"]
+__all__ = ["matmul_peak", "make_texts", "plot_scaling", "read_corpus", "render_scaling_plot", "run_bench",
+           "useful_flops", "scaling", "write_markdown"]
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +282,32 @@ def _onnxruntime(folder: Path, max_len: int, workdir: Path, threads: int) -> Emb
     return run
 
 
+@contextlib.contextmanager
+def _quiet_hub_progress() -> Iterator[None]:
+    """No "Loading weights" / download progress bars from transformers and huggingface_hub while
+    the competitors are built; the previous settings come back afterwards."""
+    key = "HF_HUB_DISABLE_PROGRESS_BARS"
+    env_before = os.environ.get(key)
+    os.environ[key] = "1"
+    hf_logging = None
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        pass
+    was_on = hf_logging.is_progress_bar_enabled() if hf_logging is not None else False
+    if hf_logging is not None:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if env_before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = env_before
+        if hf_logging is not None and was_on:
+            hf_logging.enable_progress_bar()
+
+
 def build_systems(folder: Path, bert, workdir: Path, threads: int, device: str = "cpu",
                   dtype=None, only: Sequence[str] | None = None) -> tuple[dict[str, Embedder], dict[str, str]]:
     """{name: embed function} for every system that can be built, and {name: why not} for the rest."""
@@ -296,7 +325,8 @@ def build_systems(folder: Path, bert, workdir: Path, threads: int, device: str =
         if only is not None and name not in only:
             continue
         try:
-            systems[name] = build()
+            with _quiet_hub_progress():
+                systems[name] = build()
         except ImportError as e:
             skipped[name] = f"not installed ({e.name or e})"
             log.warning("%s is not installed; skipping it", name)
@@ -442,6 +472,23 @@ def _peak_memory(config: BertConfig, kind: str, lengths: list[int], threads: int
         return None
 
 
+MIN_FIT_MIB = 0.05  # peak-memory values at or below this are noise: no exponent is fitted
+
+
+def _memory_fit(entry: dict, lengths: list[int], mem: list[float] | None) -> None:
+    """Add the memory exponent (and 512-vs-192 ratio) to ``entry`` when every value is large
+    enough to fit; otherwise ``memory_exponent`` is None, with a note saying why."""
+    if not mem:
+        return
+    if min(mem) <= MIN_FIT_MIB:
+        entry["memory_exponent"] = None
+        entry["memory_exponent_note"] = f"n/a: some peaks are at most {MIN_FIT_MIB} MiB, too small to fit"
+        return
+    entry["memory_exponent"] = _fit_exponent(lengths, mem)
+    if "ratio_512_vs_192" in entry:
+        entry["memory_ratio_512_vs_192"] = mem[lengths.index(512)] / mem[lengths.index(192)]
+
+
 def _fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
     lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
     return float(np.polyfit(lx, ly, 1)[0])
@@ -468,23 +515,21 @@ def scaling(config: BertConfig, lengths: Sequence[int], threads: int, device: st
                 torch.cuda.synchronize()
                 mem.append((torch.cuda.max_memory_allocated() - base) / 2 ** 20)
             entry["peak_mib"] = mem
-            if all(m > 0 for m in mem):
-                entry["memory_exponent"] = _fit_exponent(lengths, mem)
-                if "ratio_512_vs_192" in entry:
-                    entry["memory_ratio_512_vs_192"] = mem[lengths.index(512)] / mem[lengths.index(192)]
+            _memory_fit(entry, lengths, mem)
         if memory and device == "cpu":
             mem = _peak_memory(config, kind, list(lengths), threads)
             entry["peak_mib"] = mem
-            if mem and all(m > 0 for m in mem):
-                entry["memory_exponent"] = _fit_exponent(lengths, mem)
-                if "ratio_512_vs_192" in entry:
-                    entry["memory_ratio_512_vs_192"] = mem[lengths.index(512)] / mem[lengths.index(192)]
+            _memory_fit(entry, lengths, mem)
         out[kind] = entry
     _scaling_fns.models.clear()
     return out
 
 
-def plot_scaling(result: dict, path: Path) -> Path:
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def render_scaling_plot(result: dict, fmt: str = "png") -> bytes:
+    """The S13 plot of ``result`` (:func:`scaling`'s dict) as the bytes of a png, svg or pdf."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -492,28 +537,57 @@ def plot_scaling(result: dict, path: Path) -> Path:
 
     Ls = result["lengths"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for kind, label in (("attention", "attention alone (QKᵀ, softmax, ·V)"), ("model", "whole model")):
-        e = result[kind]
-        axes[0].loglog(Ls, [t * 1e3 for t in e["time_s"]], "o-", label=f"{label}: T^{e['time_exponent']:.2f}")
-        if e.get("peak_mib"):
-            axes[1].plot(Ls, e["peak_mib"], "o-", label=label)
-    axes[0].set(xlabel="tokens T", ylabel="ms (median)", title="time against length")
-    axes[1].set(xlabel="tokens T", ylabel="peak memory growth (MiB)", title="peak memory against length")
-    for ax in axes:
-        ax.legend(fontsize=8)
-        ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    try:
+        for kind, label in (("attention", "attention alone (QKᵀ, softmax, ·V)"), ("model", "whole model")):
+            e = result[kind]
+            axes[0].loglog(Ls, [t * 1e3 for t in e["time_s"]], "o-", label=f"{label}: T^{e['time_exponent']:.2f}")
+            if e.get("peak_mib"):
+                axes[1].plot(Ls, e["peak_mib"], "o-", label=label)
+        axes[0].set(xlabel="tokens T", ylabel="ms (median)", title="time against length")
+        axes[1].set(xlabel="tokens T", ylabel="peak memory growth (MiB)", title="peak memory against length")
+        for ax in axes:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+            ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=110)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_scaling(result: dict, path: Path) -> Path:
+    """Write the S13 plot to ``path`` (.png, .svg or .pdf) atomically: rendered in memory, then
+    a temporary file renamed into place."""
+    from .errors import InputError
+    from .files import write_bytes_atomic
+
+    path = Path(path)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"the plot must end in {' or '.join(PLOT_SUFFIXES)}, got {str(path)!r}")
+    return write_bytes_atomic(path, render_scaling_plot(result, path.suffix.lower()[1:]))
+
+
+def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
+    """The non-blank lines of a --corpus file, and warnings for lines skipped (not UTF-8)."""
+    from .errors import InputError
+    from .files import read_lines
+
+    if not Path(path).is_file():
+        raise InputError(f"--corpus {path} does not exist or is not a file")
+    lines, warns = read_lines(path)
+    if not lines:
+        raise InputError(f"--corpus {path} has no non-empty UTF-8 lines")
+    return [text for _, text in lines], warns
 
 
 # ---------------------------------------------------------------------------------------------
 # the whole run
 
 
-def run_bench(*, model: str | None = None, preset: str | None = None, corpus: str | None = None,
+def run_bench(*, model: str | None = None, preset: str | None = None,
+              corpus: str | Path | Sequence[str] | None = None,
               quick: bool = False, threads: int | None = None, rounds: int = 3,
               device: str = "cpu", dtype: torch.dtype | None = None,
               systems: Sequence[str] | None = None, scaling_lengths: Sequence[int] | None = None,
@@ -522,20 +596,38 @@ def run_bench(*, model: str | None = None, preset: str | None = None, corpus: st
 
     Workloads: (a) equal-length texts of T = 128 tokens on a BERT-base-size model (random
     weights) unless ``model``/``preset`` says otherwise; (b) a mixed-length corpus (5 to 256
-    tokens, or the lines of ``corpus``) on the bundled model unless ``model``/``preset`` says
-    otherwise. ``quick`` shrinks everything (for tests and smoke runs).
+    tokens, or ``corpus``: a file's non-blank lines, or a list of texts) on the bundled model
+    unless ``model``/``preset`` says otherwise. ``quick`` shrinks everything (for tests and
+    smoke runs): then the equal-length texts have T = 32 (the workload keeps its key
+    ``equal_T128``; its ``label`` gives the true T). ``plot`` (.png, .svg or .pdf) is written at
+    the end; if that fails, the results still come back, with ``scaling.plot_error``.
+    Arguments and the corpus are checked before any measurement.
     """
     from .errors import InputError
     from .loading import bundled_model_path, load
 
     if model and preset:
         raise InputError("give --model or --preset, not both")
+    if plot and Path(plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"--plot must end in {' or '.join(PLOT_SUFFIXES)}, got {str(plot)!r}")
+    corpus_texts: list[str] | None = None
+    corpus_warnings: list[str] = []
+    if corpus is not None and isinstance(corpus, (str, Path)):
+        corpus_texts, corpus_warnings = read_corpus(corpus)
+        for w in corpus_warnings:
+            log.warning("%s", w)
+    elif corpus is not None:
+        corpus_texts = [t for t in corpus if t.strip()]
+        if not corpus_texts:
+            raise InputError("the corpus has no non-empty texts")
     if threads is not None:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     started = time.perf_counter()
     result: dict = {"machine": machine(), "quick": quick, "device": device,
                     "dtype": str(dtype or torch.float32).replace("torch.", "")}
+    if corpus_warnings:
+        result["warnings"] = corpus_warnings
     work = Path(tempfile.mkdtemp(prefix="bertscope-bench-"))
     try:
         bundled = bundled_model_path() if model is None else Path(model)
@@ -561,17 +653,14 @@ def run_bench(*, model: str | None = None, preset: str | None = None, corpus: st
         for wname, folder in (("equal_T128", eq_folder), ("mixed", mix_folder)):
             bert = load(folder, device=device, dtype=dtype)
             tok = bert.tokenizer
+            label = wname
             if wname == "equal_T128":
                 T = 32 if quick else 128
                 n = 8 if quick else 32
                 texts = make_texts(tok, [T] * n, seed=2)
-            elif corpus:
-                try:
-                    texts = [ln.rstrip("\n") for ln in open(corpus, encoding="utf-8") if ln.strip()]
-                except OSError as e:
-                    raise InputError(f"cannot read --corpus {corpus}: {e.strerror}") from None
-                if not texts:
-                    raise InputError(f"--corpus {corpus} has no non-empty lines")
+                label = f"equal_T{T}"  # the key stays equal_T128 for JSON consumers
+            elif corpus_texts is not None:
+                texts = corpus_texts
             else:
                 hi = min(64 if quick else 256, bert.max_seq_length)
                 texts = make_texts(tok, mixed_lengths(24 if quick else 256, 5, hi), seed=3)
@@ -581,6 +670,7 @@ def run_bench(*, model: str | None = None, preset: str | None = None, corpus: st
             log.info("workload %s: %d texts, %d real tokens; systems %s", wname, len(texts), sum(lengths), list(built))
             entry = compare_and_time(built, texts, sum(lengths), useful_flops(bert.config, lengths),
                                      1 if quick else rounds, device)
+            entry["label"] = label
             entry["model"] = str(folder if folder == bundled else f"random weights, {bert.config.hidden_size}"
                                  f"/{bert.config.num_hidden_layers} layers/{bert.config.num_attention_heads} heads")
             entry["config"] = bert.config.to_dict()
@@ -596,7 +686,11 @@ def run_bench(*, model: str | None = None, preset: str | None = None, corpus: st
         result["scaling"] = scaling(s_cfg, Ls, threads, device, memory=memory)
         result["scaling"]["config"] = s_cfg.to_dict()
         if plot:
-            result["scaling"]["plot"] = str(plot_scaling(result["scaling"], Path(plot)))
+            try:
+                result["scaling"]["plot"] = str(plot_scaling(result["scaling"], Path(plot)))
+            except Exception as e:  # the measurements are worth more than the figure
+                result["scaling"]["plot_error"] = f"{type(e).__name__}: {e}"
+                log.warning("could not write the plot %s: %s", plot, e)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["wall_s"] = time.perf_counter() - started
@@ -613,7 +707,7 @@ def write_markdown(r: dict) -> str:
              + (f"; through oneDNN: **{r['matmul_peak_onednn_gflops']:.1f} GFLOP/s**"
                 if r.get("matmul_peak_onednn_gflops") else "") + ".", ""]
     for wname, w in r["workloads"].items():
-        lines += [f"### {wname}: {w['texts']} texts, {w['real_tokens']} real tokens "
+        lines += [f"### {w.get('label', wname)}: {w['texts']} texts, {w['real_tokens']} real tokens "
                   f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}", "",
                   "| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
                   "|---|---:|---:|---:|---:|---:|"]
@@ -639,8 +733,10 @@ def write_markdown(r: dict) -> str:
     for kind in ("attention", "model"):
         e = s[kind]
         txt = f"- {kind}: time grows as T^{e['time_exponent']:.2f}"
-        if "memory_exponent" in e:
+        if e.get("memory_exponent") is not None:
             txt += f", peak memory as T^{e['memory_exponent']:.2f}"
+        elif "memory_exponent" in e:
+            txt += f", peak memory exponent n/a (some peaks ≤ {MIN_FIT_MIB} MiB, too small to fit)"
         if "ratio_512_vs_192" in e:
             txt += f"; 512 vs 192 tokens: **{e['ratio_512_vs_192']:.1f}×** the time (seed claims {s['seed_claim_512_vs_192']:.1f}×)"
         if "memory_ratio_512_vs_192" in e:

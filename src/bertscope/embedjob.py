@@ -1,4 +1,9 @@
-"""A resumable, streaming batch-embedding job: a text or JSONL file in, a folder of shards out.
+"""A resumable, streaming batch-embedding job: a text or JSON Lines file in, a folder of shards out.
+
+Input: a text file (one text per line), or JSON Lines (one JSON object per line, the text in
+field ``text`` or the one ``field_name`` names) when the name ends in .jsonl, .ndjson or .json,
+or when ``field_name`` is given. A .json file must be JSON Lines: one that holds a single JSON
+document (it starts with ``[``, or its first line is not a whole JSON object) is refused.
 
 Output layout (OUTPUT is a folder):
 
@@ -14,12 +19,18 @@ One row per input line, in input order; line numbers are 1-based. A row's status
     truncated    longer than the model's max_seq_length: the embedding of its first tokens
     empty        an empty or whitespace-only line (or JSON field): a zero vector
     undecodable  bytes that are not UTF-8: a zero vector
+    bad_json     (JSON Lines) a line that is not valid JSON: a zero vector
+    no_field     (JSON Lines) valid JSON, but not an object with the field: a zero vector
+    not_text     (JSON Lines) the field holds no string (a number, null, a list...): a zero vector
 
 Zero vectors are easy to spot (a real embedding has norm 1 when normalised), and the manifest
-lists the line numbers of every row that is not ``ok``. Read it all back with
-:func:`read_embeddings`, or per shard with ``numpy.load``; a parquet OUTPUT is a dataset that
-``pyarrow.parquet.read_table(OUTPUT)`` or ``pandas.read_parquet(OUTPUT)`` reads directly
-(files starting with ``_`` or ``.`` are skipped by both).
+lists the line numbers of every row that is not ``ok``. One bad line never stops the job; but
+if NO line holds a text (every line fails as not UTF-8, not JSON, without the field or not a
+string; blank lines aside), the input is refused before any work, as a usage mistake (the wrong
+``--field``, or a file that is not JSON Lines). Read it all back with :func:`read_embeddings`,
+or per shard with ``numpy.load``; a parquet OUTPUT is a dataset that
+``pyarrow.parquet.read_table(OUTPUT)`` reads directly (files starting with ``_`` or ``.`` are
+skipped).
 
 Every file is written to a temporary ``.tmp-*`` name in OUTPUT and renamed into place, so a
 crash never leaves a half-written shard; :func:`run_embed_job` with ``resume=True`` removes
@@ -44,8 +55,9 @@ __all__ = ["EmbedJobResult", "read_embeddings", "run_embed_job", "STATUSES"]
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "truncated", "empty", "undecodable")
-_PROBLEMS = ("truncated", "empty", "undecodable")
+STATUSES = ("ok", "truncated", "empty", "undecodable", "bad_json", "no_field", "not_text")
+_PROBLEMS = STATUSES[1:]
+_FAILED = ("undecodable", "bad_json", "no_field", "not_text")  # lines that hold no text at all
 JOB_FILE, MANIFEST_FILE = "_job.json", "_manifest.json"
 # Test hook: SIGKILL this process while the shard after the first N is half written.
 KILL_HOOK_ENV = "BERTSCOPE_EMBED_KILL_AFTER_SHARDS"
@@ -65,7 +77,34 @@ class EmbedJobResult:
 
 
 def _is_jsonl(path: Path, field_name: str | None) -> bool:
-    return field_name is not None or path.suffix.lower() in (".jsonl", ".ndjson")
+    """Whether ``path`` is read as JSON Lines; a .json file holding one JSON document is refused."""
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        _check_json_lines(path)
+    return field_name is not None or suffix in (".jsonl", ".ndjson", ".json")
+
+
+def _check_json_lines(path: Path) -> None:
+    """Refuse a .json file that is one JSON document rather than one JSON object per line."""
+    first = b""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                first = raw.strip()
+                break
+    if not first:
+        return  # empty: nothing to embed, nothing to refuse
+    hint = "embed reads JSON Lines, one JSON object per line"
+    if first.startswith((b"[", b"\xef\xbb\xbf[")):
+        raise InputError(f"{path} is one JSON document (an array), not JSON Lines; {hint} "
+                         f"(convert with: jq -c '.[]' {path})")
+    try:
+        record = json.loads(first.decode("utf-8").lstrip("\ufeff"))
+    except (UnicodeDecodeError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        raise InputError(f"{path} is not JSON Lines (its first line is not a whole JSON object); {hint} "
+                         f"(convert with: jq -c . {path})")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -75,8 +114,8 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
             yield n, raw.rstrip(b"\r\n") if raw.endswith(b"\n") else raw
 
 
-def _decode(n: int, raw: bytes, jsonl: bool, field_name: str, path: Path) -> tuple[str, str]:
-    """(text, status) for one line; raises InputError for malformed JSONL."""
+def _decode(raw: bytes, jsonl: bool, field_name: str) -> tuple[str, str]:
+    """(text, status) for one line: a status of STATUSES, never an exception."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -85,27 +124,73 @@ def _decode(n: int, raw: bytes, jsonl: bool, field_name: str, path: Path) -> tup
         if not line.strip():
             return "", "empty"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            record = json.loads(line.lstrip("\ufeff"))  # a byte-order mark may open line 1
+        except ValueError:  # JSONDecodeError, and the odd number too large to parse
+            return "", "bad_json"
         if not isinstance(record, dict) or field_name not in record:
-            raise InputError(f"{path}:{n}: no field {field_name!r} (choose one with --field)")
+            return "", "no_field"
         line = record[field_name]
         if not isinstance(line, str):
-            raise InputError(f"{path}:{n}: field {field_name!r} is not a string")
+            return "", "not_text"
     if not line.strip():
         return "", "empty"
     return line, "ok"
 
 
 def _scan(path: Path, jsonl: bool, field_name: str) -> int:
-    """Count lines and check every JSONL line before any work starts (fail early, not mid-job)."""
-    count = 0
+    """Count the lines, and refuse an input in which no line at all holds a text (see the
+    module doc) before any work starts. Lines are decoded only until the first one with a text."""
+    count, found = 0, False
+    failed: dict[str, list[int]] = {s: [] for s in _FAILED}
     for n, raw in _lines(path):
-        if jsonl:
-            _decode(n, raw, jsonl, field_name, path)
         count = n
-    return count
+        if not found:
+            _, status = _decode(raw, jsonl, field_name)
+            if status in failed:
+                failed[status].append(n)
+            else:
+                found = status == "ok" or (jsonl and raw.strip() != b"")  # a (maybe empty) string field
+    if found or not any(failed.values()):
+        return count
+    if not jsonl:
+        raise InputError(f"{path}: no line is UTF-8 text (line {failed['undecodable'][0]} is the first)")
+    if not any(failed[s] for s in ("no_field", "not_text")) and failed["bad_json"]:
+        n = failed["bad_json"][0]
+        raw = next(r for m, r in _lines(path) if m == n)
+        try:
+            json.loads(raw.decode("utf-8").lstrip("\ufeff"))
+            why = ""
+        except ValueError as e:
+            why = f" (line {n}: {getattr(e, 'msg', e)})"
+        raise InputError(f"{path}: no line is valid JSON{why}; is it JSON Lines, one object per line?")
+    reasons = []
+    for status, what in (("no_field", "without it"), ("not_text", "where it is not a string"),
+                         ("bad_json", "not valid JSON"), ("undecodable", "not UTF-8")):
+        if failed[status]:
+            reasons.append(f"{len(failed[status])} line(s) {what} (first: line {failed[status][0]})")
+    keys = ""
+    if failed["no_field"]:
+        n = failed["no_field"][0]
+        record = json.loads(next(r for m, r in _lines(path) if m == n).decode("utf-8").lstrip("\ufeff"))
+        if isinstance(record, dict) and record:
+            shown = ", ".join(repr(k) for k in list(record)[:6])
+            keys = f"; line {n} has {shown}{', ...' if len(record) > 6 else ''}"
+    hint = " (choose the field with --field)" if failed["no_field"] else ""
+    raise InputError(f"{path}: no line holds a text in the field {field_name!r}: {'; '.join(reasons)}"
+                     f"{keys}{hint}")
+
+
+def _check_out_dir(out: Path, resume: bool) -> bool:
+    """Refuse an OUTPUT that cannot hold this job, before any work; True if it holds a job."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / JOB_FILE).is_file():
+            raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")
+        if not resume:
+            raise InputError(f"{out} already holds a job; pass --resume to finish it, or choose a new --out")
+        return True
+    return False
 
 
 def _atomic_write(path: Path, write: Callable[[object], None], kill_now: bool = False) -> None:
@@ -160,8 +245,11 @@ def run_embed_job(
 ) -> EmbedJobResult:
     """Embed every line of ``input_path`` into shards under ``out_dir`` (see the module doc).
 
-    ``progress(n)`` is called after each batch of n rows; ``on_total(total, done)`` once the
-    input is counted (done = rows already in finished shards when resuming).
+    ``bert`` is a loaded :class:`~bertscope.loading.Bert`, or a function that returns one: it
+    is then called only once the arguments, the input and ``out_dir`` have been checked, so a
+    bad one fails in moments, not after loading the model. ``progress(n)`` is called after each
+    batch of n rows; ``on_total(total, done)`` once the input is counted and checked (done =
+    rows already in finished shards when resuming). Bad input raises InputError, before work.
     """
     path, out = Path(input_path), Path(out_dir)
     if fmt not in ("npy", "parquet"):
@@ -177,21 +265,22 @@ def run_embed_job(
                          else f"{path} is not a file")
     if (batch_tokens is not None and batch_tokens < 1) or shard_rows < 1:
         raise InputError("--batch-tokens and the shard size must be at least 1")
+    has_job = _check_out_dir(out, resume)
     jsonl = _is_jsonl(path, field_name)
     field_name = field_name or "text"
     total = _scan(path, jsonl, field_name)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the folder {out} ({e.strerror or e})") from None
+    if not hasattr(bert, "config") and callable(bert):
+        bert = bert()
 
     job = {"input": _fingerprint(path), "format": fmt, "field": field_name if jsonl else None,
            "jsonl": jsonl, "shard_rows": shard_rows, "model": str(bert.path or bert.name),
            "dim": bert.config.hidden_size, "max_seq_length": bert.max_seq_length, "rows": total}
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} exists and is not a folder")
     existing = out / JOB_FILE
-    if out.exists() and any(out.iterdir()):
-        if not existing.is_file():
-            raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")
-        if not resume:
-            raise InputError(f"{out} already holds a job; pass --resume to finish it, or choose a new --out")
+    if has_job:
         try:
             before = json.loads(existing.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -202,8 +291,10 @@ def run_embed_job(
         for tmp in out.glob(".tmp-*"):
             tmp.unlink()
     else:
-        out.mkdir(parents=True, exist_ok=True)
-        _write_json(existing, job)
+        try:
+            _write_json(existing, job)
+        except OSError as e:
+            raise InputError(f"cannot write in {out} ({e.strerror or e})") from None
 
     n_shards = (total + shard_rows - 1) // shard_rows
     names = [f"part-{k:05d}" for k in range(n_shards)]
@@ -250,7 +341,7 @@ def run_embed_job(
             k = (n - 1) // shard_rows
             if k in done:
                 continue
-            text, status = _decode(n, raw, jsonl, field_name, path)
+            text, status = _decode(raw, jsonl, field_name)
             lines.append(n)
             texts.append(text)
             statuses.append(status)
@@ -264,14 +355,15 @@ def run_embed_job(
         part = json.loads((out / f"_{names[k]}.json").read_text(encoding="utf-8"))
         shards.append({"file": part["file"], "first_line": part["first_line"], "rows": part["rows"]})
         for p in _PROBLEMS:
-            problems[p].extend(part["problems"][p])
+            problems[p].extend(part["problems"].get(p, []))
     manifest = {
         "rows": total, "dim": bert.config.hidden_size, "format": fmt, "model": job["model"],
         "input": job["input"]["path"], "shards": shards,
         "status_counts": {p: len(v) for p, v in problems.items()},
         "problems": problems,
-        "rows_note": "one row per input line, in order; empty and undecodable lines are zero "
-                     "vectors; truncated lines embed their first max_seq_length tokens",
+        "rows_note": "one row per input line, in order; empty, undecodable, bad_json, no_field and "
+                     "not_text lines are zero vectors; truncated lines embed their first "
+                     "max_seq_length tokens",
     }
     _write_json(out / MANIFEST_FILE, manifest)
     return EmbedJobResult(out_dir=out, rows=total, dim=bert.config.hidden_size, shards=n_shards,

@@ -20,6 +20,11 @@ set against the seed's 7x claim. A competitor that is not installed is reported 
 By default (a) runs on a BERT-base-size model with random weights and (b) on the bundled
 all-MiniLM-L6-v2; --model or --preset runs both on that model.
 
+--quick uses T = 32 for (a) (its JSON key stays "equal_T128"; "label" says "equal_T32") and
+a tiny model whose peak-memory values are too small for an exponent (shown as n/a).
+--corpus lines that are not UTF-8 are skipped with a warning naming them. --plot (.png, .svg or
+.pdf) is checked before the run and written, atomically, after the results are printed.
+
 examples:
   bertscope bench
   bertscope bench --json > bench.json
@@ -37,16 +42,18 @@ def register(sub) -> None:
     p.add_argument("--corpus", metavar="FILE", default=None, help="texts for the mixed workload, one per line")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch/ORT threads (default: torch's)")
     p.add_argument("--rounds", type=int, default=3, metavar="N", help="timed rounds per system (default 3)")
-    p.add_argument("--plot", metavar="PNG", default=None, help="write the S13 plot here")
+    p.add_argument("--plot", metavar="FILE", default=None, help="write the S13 plot here (.png, .svg or .pdf)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import run_bench, write_markdown
+    from ..bench import PLOT_SUFFIXES, read_corpus, render_scaling_plot, run_bench, write_markdown
     from ..config import BertConfig
     from ..errors import InputError
+    from ..files import write_bytes_atomic
+    from .common import check_output_file
 
     if args.preset:
         try:
@@ -55,14 +62,51 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(str(e)) from None
     if args.rounds < 1 or (args.threads is not None and args.threads < 1):
         raise InputError("--rounds and --threads must be at least 1")
-    res = run_bench(model=args.model, preset=args.preset, corpus=args.corpus, quick=args.quick,
-                    threads=args.threads, rounds=args.rounds, plot=args.plot)
+    plot = None
+    if args.plot:  # checked now: a bad path must not cost a finished run
+        plot = check_output_file(args.plot, flag="--plot", suffixes=PLOT_SUFFIXES)
+        import tempfile
+
+        try:  # a real write, for what permission bits do not tell (root, /proc, a full disk)
+            with tempfile.TemporaryFile(dir=plot.parent if str(plot.parent) else "."):
+                pass
+        except OSError as e:
+            raise InputError(f"--plot: cannot write in {str(plot.parent)!r} ({e.strerror or e})") from None
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise InputError("--plot needs matplotlib: pip install 'bertscope[plot]'")
+    corpus = None
+    if args.corpus:
+        corpus, warns = read_corpus(args.corpus)
+        for w in warns:
+            print(f"bertscope: warning: {w}", file=sys.stderr)
+    res = run_bench(model=args.model, preset=args.preset, corpus=corpus, quick=args.quick,
+                    threads=args.threads, rounds=args.rounds, plot=None)
+    if args.corpus:
+        res["corpus"] = args.corpus
+    figure, failed = None, None
+    if plot is not None:
+        try:
+            figure = render_scaling_plot(res["scaling"], plot.suffix.lower()[1:])
+            res["scaling"]["plot"] = str(plot)
+        except Exception as e:  # reported after the results, which come first
+            failed = f"could not draw --plot {plot} ({type(e).__name__}: {e})"
     for w in res["workloads"].values():
         for name, why in w["skipped"].items():
             print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)
-    if args.json:
+    if args.json:  # the results first: a failure to write the plot must not lose them
         json.dump(res, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(write_markdown(res))
+    sys.stdout.flush()
+    if failed:
+        raise InputError(f"{failed}; the results above are complete")
+    if figure is not None:
+        try:
+            write_bytes_atomic(plot, figure, make_parents=False)
+        except OSError as e:
+            raise InputError(f"could not write --plot {plot} ({e.strerror or e}); "
+                             "the results above are complete") from None
     return 0

@@ -8,17 +8,26 @@ import sys
 from .common import add_model_arg, load_model
 
 HELP = """\
-Embed every line of INPUT (a text file, one text per line, or JSONL with --field) with the
-packed, length-batched fast path, and write OUTPUT as a folder of shards plus _manifest.json.
-One row per input line, in input order. Empty lines and undecodable bytes get a zero vector;
-over-long texts are cut to the model's max_seq_length; all three are reported with their
-line numbers (here and in the manifest). Each shard is written to a temporary file and renamed,
-so a crash never leaves a half-written file; --resume finishes a job without redoing shards.
+Embed every line of INPUT with the packed, length-batched fast path, and write OUTPUT as a
+folder of shards plus _manifest.json. One row per input line, in input order.
+
+INPUT is a text file (one text per line), or JSON Lines (one JSON object per line, the text in
+field "text" or the one --field names) if its name ends in .jsonl, .ndjson or .json, or if
+--field is given. A .json file must be JSON Lines: a single JSON document (one that starts with
+"[", or whose first line is not a whole JSON object) is refused.
+
+A bad line never stops the job: it gets a zero vector and a status -- empty, undecodable (not
+UTF-8), bad_json (not valid JSON), no_field (not an object with the field), not_text (the field
+is not a string) -- and over-long texts are cut to the model's max_seq_length (truncated); each
+is reported with its line numbers, here and in the manifest. But if NO line holds a text (every
+non-blank line fails), the input is refused at once: that is the wrong --field or file.
+Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
+file; --resume finishes a job without redoing shards.
 
 Read the result back in Python:
   from bertscope.embedjob import read_embeddings
   emb, status = read_embeddings("OUTPUT")      # (rows, C) float32, and "ok"/"empty"/... per row
-or, for --format parquet:  pandas.read_parquet("OUTPUT")  (columns line, status, embedding)
+or, for --format parquet:  pyarrow.parquet.read_table("OUTPUT")  (columns line, status, embedding)
 
 examples:
   bertscope embed texts.txt --out texts.emb
@@ -30,11 +39,11 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser("embed", help="embed every line of a file into resumable shards",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input", metavar="INPUT", help="text file (one text per line) or .jsonl/.ndjson")
+    p.add_argument("input", metavar="INPUT", help="text file (one text per line), or JSON Lines: .jsonl/.ndjson/.json")
     p.add_argument("--out", metavar="OUTPUT", required=True, help="output folder (created)")
     add_model_arg(p)
     p.add_argument("--field", metavar="NAME", default=None,
-                   help='JSONL field holding the text (default "text"; implies JSONL input)')
+                   help='JSON Lines field holding the text (default "text"; implies JSON Lines input)')
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default 2048 on CPU, 16384 on CUDA)")
     p.add_argument("--format", default="npy", metavar="npy|parquet",
@@ -54,6 +63,7 @@ def _lines(nums: list[int], k: int = 10) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..embedjob import run_embed_job
     from ..errors import InputError
+    from .common import check_output_dir
 
     if args.format not in ("npy", "parquet"):
         raise InputError(f"--format must be npy or parquet, not {args.format!r}")
@@ -64,27 +74,42 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.input).is_file():
         raise InputError(f"input file {args.input} does not exist" if not Path(args.input).exists()
                          else f"{args.input} is not a file")
-    bert = load_model(args)
+    check_output_dir(args.out)
     from tqdm import tqdm
 
-    bar = tqdm(total=0, unit="text", file=sys.stderr, disable=args.quiet, dynamic_ncols=True,
-               desc="embed")
+    bar = None
+    loaded = []
 
-    def on_total(total: int, done: int) -> None:
-        bar.reset(total=total)
-        bar.update(done)
+    def load():  # called by the job only once INPUT and OUTPUT have been checked
+        loaded.append(load_model(args))
+        return loaded[0]
+
+    def on_total(total: int, done: int) -> None:  # the bar starts once everything is checked
+        nonlocal bar
+        bar = tqdm(total=total, initial=done, unit="text", file=sys.stderr, disable=args.quiet,
+                   dynamic_ncols=True, desc="embed")
+
+    def progress(n: int) -> None:
+        if bar is not None:
+            bar.update(n)
 
     try:
-        res = run_embed_job(bert, args.input, args.out, field_name=args.field,
+        res = run_embed_job(load, args.input, args.out, field_name=args.field,
                             batch_tokens=args.batch_tokens, fmt=args.format, resume=args.resume,
-                            shard_rows=args.shard_rows, progress=bar.update, on_total=on_total)
+                            shard_rows=args.shard_rows, progress=progress, on_total=on_total)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     skipped = f" ({res.shards_skipped} already done)" if res.shards_skipped else ""
     print(f"wrote {res.rows} rows x {res.dim} to {res.out_dir} in {res.shards} shard(s){skipped}")
-    for kind, what in (("empty", "empty line(s), zero vectors"),
+    field = args.field or "text"
+    max_len = loaded[0].max_seq_length if loaded else "max_seq_length"
+    for kind, what in (("bad_json", "line(s) not valid JSON, zero vectors"),
+                       ("no_field", f"line(s) not a JSON object with a field {field!r}, zero vectors"),
+                       ("not_text", f"line(s) whose field {field!r} is not a string, zero vectors"),
+                       ("empty", "empty line(s), zero vectors"),
                        ("undecodable", "undecodable line(s) (not UTF-8), zero vectors"),
-                       ("truncated", f"line(s) longer than {bert.max_seq_length} tokens, truncated")):
+                       ("truncated", f"line(s) longer than {max_len} tokens, truncated")):
         nums = res.problems.get(kind, [])
         if nums:
             print(f"  {len(nums)} {what}: line {_lines(nums)}", file=sys.stderr)

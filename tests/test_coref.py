@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import bertscope
 from bertscope.cli.main import main
-from bertscope.coref import evaluate, held_out_heads, hit, mas
+from bertscope.coref import evaluate, held_out_heads, hit, mas, rank_heads
 from bertscope.errors import InputError
 from bertscope.wsc import parse_wsc, read_wsc, twin_groups
 
@@ -125,10 +126,68 @@ def test_coref_cli(tmp_path, capsys):
                    + "<schema><answers></schema>" + "</collection>")
     assert main(["coref", str(bad), "--json"]) == 0
     cap = capsys.readouterr()
-    assert json.loads(cap.out)["schemas_scored"] == 1
+    assert _strict_loads(cap.out)["schemas_scored"] == 1
     assert "schema 2 (line" in cap.err and "'The cow'" in cap.err and "schema 3" in cap.err
     notxml = tmp_path / "n.xml"
     notxml.write_text("hello")
     assert main(["coref", str(notxml)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "no <schema>" in err
+
+
+def _strict_loads(text: str):
+    """json.loads that rejects NaN and Infinity (Python's json accepts them; JSON does not)."""
+    def refuse(const):
+        raise ValueError(f"{const} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_one_twin_group_gives_null_held_out_not_nan(capsys):
+    # the shipped set's first two schemas are twins: one group, so no other half to choose a head on
+    assert main(["coref", str(PRONOUNS), "--limit", "2", "--json"]) == 0
+    held = _strict_loads(capsys.readouterr().out)["held_out"]
+    assert held["accuracy"] is None and held["folds"] == [] and "two twin groups" in held["note"]
+    assert main(["coref", str(PRONOUNS), "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower() and "needs at least two twin groups" in out
+
+
+def test_coref_json_is_strict(capsys):
+    assert main(["coref", str(PRONOUNS), "--json"]) == 0
+    d = _strict_loads(capsys.readouterr().out)
+    assert 0.0 <= d["held_out"]["accuracy"] <= 1.0 and "note" not in d["held_out"]
+
+
+def test_strict_json_refuses_nan():
+    from bertscope.cli.guard import dumps_strict
+
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError):
+            dumps_strict({"accuracy": bad})
+
+
+def test_coref_top_zero_is_refused(capsys):
+    assert main(["coref", str(PRONOUNS), "--top", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--top must be at least 1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_rank_heads_breaks_ties_by_position():
+    acc = torch.tensor([[0.25, 0.75, 0.5], [0.75, 0.0, 0.75]])
+    assert [(l, h) for l, h, _ in rank_heads(acc)] == [(0, 1), (1, 0), (1, 2), (0, 2), (0, 0), (1, 1)]
+    assert rank_heads(torch.zeros(2, 3))[0][:2] == (0, 0)
+
+
+def test_best_head_is_the_first_head_listed(capsys):
+    # one schema: every head scores 0, 1/2 or 1, so there are many ties at the top
+    assert main(["coref", str(PRONOUNS), "--limit", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    best = re.search(r"best head in sample.*?(L\d+ H\d+), chosen", out).group(1)
+    listed = out.split("in sample; ties")[1].splitlines()[1].split()
+    assert f"{listed[0]} {listed[1]}" == best
+    assert main(["coref", str(PRONOUNS), "--limit", "1", "--json"]) == 0
+    d = _strict_loads(capsys.readouterr().out)
+    acc = torch.tensor(d["head_accuracy"])
+    b = d["best_head_in_sample"]
+    assert (b["layer"], b["head"]) == rank_heads(acc)[0][:2]
+    assert b["accuracy"] == pytest.approx(float(acc.max()))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
+
+import bertscope
 
 from bertscope.cli.main import main
 from bertscope.config import BertConfig
@@ -76,3 +80,49 @@ def test_experiments_cli(tmp_path, capsys):
     for section in ("S1", "S3", "S4", "S11", "S12", "Errata", "Not run"):
         assert section in md
     assert (out / "experiments" / "results.json").is_file()
+
+
+PRONOUNS = Path(bertscope.__file__).parent / "data" / "pronouns.xml"
+
+
+def test_experiments_records_the_real_command_and_limit(tmp_path, capsys):
+    out = tmp_path / "docs"
+    assert main(["experiments", "--out", str(out), "--wsc", str(PRONOUNS), "--wsc-limit", "4", "--no-plots"]) == 0
+    md = (out / "EXPERIMENTS.md").read_text()
+    header = md.splitlines()[2]
+    assert f"`bertscope experiments --out {out} --wsc {PRONOUNS} --wsc-limit 4 --no-plots`" in header
+    assert "WSC273" not in md.split("## Errata")[0].split("## Pronoun resolution")[1].splitlines()[0]
+    assert f"`bertscope coref {PRONOUNS} --limit 4`: 4 schemas scored" in md
+    assert "--limit 273" not in md
+    assert "![" not in md  # --no-plots: no link to an image that was never written
+    assert not list((out / "experiments").glob("*.png"))
+    res = json.loads((out / "experiments" / "results.json").read_text(),
+                     parse_constant=lambda c: pytest.fail(f"{c} in results.json"))
+    assert res["wsc"]["limit"] == 4 and res["wsc"]["schemas_scored"] == 4
+
+
+def test_experiments_bad_arguments_fail_before_work(tmp_path, capsys):
+    assert main(["experiments", "--out", str(tmp_path), "--wsc-limit", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "--wsc-limit needs --wsc" in err and len(err.strip().splitlines()) == 1
+    f = tmp_path / "in.txt"
+    f.write_text("x")
+    assert main(["experiments", "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and len(err.strip().splitlines()) == 1
+    assert main(["experiments", "--out", str(tmp_path / "d"), "--wsc", str(tmp_path / "none.xml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_wsc273_only_when_exactly_the_first_273_were_scored():
+    from types import SimpleNamespace
+
+    from bertscope.experiments_report import is_wsc273, wsc_name
+
+    r = SimpleNamespace(wsc=SimpleNamespace(numbers=list(range(1, 274))), wsc_limit=273)
+    assert is_wsc273(r) and wsc_name(r) == "WSC273"
+    r = SimpleNamespace(wsc=SimpleNamespace(numbers=[n for n in range(1, 274) if n != 7]), wsc_limit=273)
+    assert not is_wsc273(r) and wsc_name(r) == "272 WSC schemas"
+    r = SimpleNamespace(wsc=SimpleNamespace(numbers=list(range(1, 11))), wsc_limit=10)
+    assert not is_wsc273(r)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -26,3 +27,54 @@ def test_help_has_examples(cmd, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and f"bertscope {cmd}" in out
+
+
+def _strict_loads(text: str):
+    def refuse(const):
+        raise ValueError(f"{const} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_outputs_are_strict_json(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat.\nIt was tired, so it slept.\n")
+    for args in (["heads", str(corpus), "--json"],
+                 ["trace", "The cat sat", "--token", "cat", "--pad", "2", "--json"],
+                 ["ablate", "The cat sat.", "--layer", "0", "--head", "1", "--token", "cat", "--json"],
+                 ["ablate", "The cat sat.", "--sweep", "--json"]):
+        assert main(args) == 0, args
+        _strict_loads(capsys.readouterr().out)
+
+
+def test_heads_truncation_is_warned_once(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat.\n" + "word " * 600 + "\n")
+    assert main(["heads", str(corpus), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("truncat") == 1 and "line 2" in err
+
+
+def test_heads_out_must_be_a_folder(tmp_path, capsys):
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("The cat sat.\n")
+    assert main(["heads", str(corpus), "--out", str(corpus)]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a folder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ablate_names_each_head_once(capsys):
+    args = ["ablate", "The cat sat.", "--layer", "3", "--head", "1", "--layer", "0", "--head", "2",
+            "--layer", "3", "--head", "1"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "Silenced L3 H1, L0 H2"
+    assert main(args + ["--json"]) == 0
+    assert _strict_loads(capsys.readouterr().out)["heads"] == [[3, 1], [0, 2]]
+
+
+def test_trace_counts_weights_of_w_o_not_rows(capsys):
+    assert main(["trace", "The cat sat", "--token", "cat"]) == 0
+    out = capsys.readouterr().out
+    assert "rows of W_O" not in out
+    assert "12,288 weights of W_O (its 32 input rows x 384)" in out  # all-MiniLM-L6-v2: D = 32, C = 384
+    assert main(["trace", "The cat sat", "--token", "cat", "--json"]) == 0
+    assert _strict_loads(capsys.readouterr().out)["params"]["one_head_wo"] == 32 * 384

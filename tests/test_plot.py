@@ -63,3 +63,12 @@ def test_figure_shows_the_models_attention(bert, hf_model):
     np.testing.assert_allclose(np.asarray(shown), ref_w, atol=1e-5)
     assert [t.get_text() for t in ax.get_xticklabels()] == labels
     assert len(grid_figure(rt).axes) == 6 * 12
+
+
+def test_plot_bad_output_paths(tmp_path):
+    folder = tmp_path / "d.png"
+    folder.mkdir()
+    r = _cli("T", "--out", str(folder))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a folder" in r.stderr
+    r = _cli("T", "--out", str(tmp_path / "missing" / "x.png"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr

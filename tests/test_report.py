@@ -137,3 +137,14 @@ def test_cli_view_user_errors(tmp_path):
     assert r.returncode == 2 and ".html" in r.stderr
     r = _cli("view", "text", "--out", str(tmp_path / "missing" / "x.html"))
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_cli_view_bad_output_paths(tmp_path):
+    folder = tmp_path / "d.html"
+    folder.mkdir()
+    r = _cli("view", "text", "--out", str(folder))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a folder" in r.stderr
+    if Path("/proc/self").is_dir():  # a folder the permission bits call writable (as root) but is not
+        r = _cli("view", "text", "--out", "/proc/x.html")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("bertscope: error: --out") and ".tmp" not in r.stderr

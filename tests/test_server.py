@@ -113,3 +113,88 @@ def test_only_the_requested_heads_travel(server):
     assert status == 200 and sorted(m["head"] for m in body["matrices"]) == [4, 9]
     status, body = request(server, "POST", "/api/attention", {"text": IT_ANIMAL, "layer": 2, "kind": "rollout"})
     assert status == 200 and [m["head"] for m in body["matrices"]] == [-1]
+
+
+def _chunked_post(base: str, path: str, total: int, chunk: int = 65536) -> tuple[int, bytes]:
+    """POST ``total`` bytes with Transfer-Encoding: chunked (no Content-Length), sending from a
+    thread while this one reads the answer (a server that stops reading must still answer)."""
+    import socket
+    import threading
+
+    u = urllib.parse.urlsplit(base)
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    head = (f"POST {path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    # a short text and a long ignored field: only the byte count can refuse it, not the text check
+    body = b'{"text": "ok", "pad": "' + b"x" * (total - 25) + b'"}'
+
+    def send():
+        try:
+            sock.sendall(head)
+            for i in range(0, len(body), chunk):
+                part = body[i:i + chunk]
+                sock.sendall(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass  # the server answered and closed before the rest arrived: fine
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        t.join(timeout=60)
+        sock.close()
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0
+    return status, data
+
+
+def test_chunked_oversize_body_gets_413(server):
+    status, data = _chunked_post(server, "/api/analyze", 5_000_000)
+    assert status == 413, data[:200]
+    # a small chunked body is still read and answered
+    status, data = _chunked_post(server, "/api/analyze", 1000)
+    assert status == 200, data[:200]
+    assert request(server, "GET", "/api/health")[0] == 200
+
+
+def test_analyzer_cache_is_bounded_by_bytes(bert):
+    from bertscope.server import CACHE_BYTES, Analyzer
+
+    assert CACHE_BYTES == 256 * 2**20
+    texts = [f"{IT_ANIMAL} ({k} times)" for k in range(6)]
+    one = sum(rt.attentions.nbytes + rt.rollout.nbytes for rt in Analyzer(bert, max_bytes=0)([texts[0]]))
+    a = Analyzer(bert, size=16, max_bytes=int(2.5 * one))
+    for t in texts:
+        a([t])
+        held = sum(rt.attentions.nbytes + rt.rollout.nbytes for v in a._cache.values() for rt in v)
+        assert held == a.nbytes <= a.max_bytes
+    assert len(a) == 2  # only the last two fit in 2.5 texts' worth
+    assert list(a._cache) == [(texts[4],), (texts[5],)]
+    assert a([texts[5]]) is a([texts[5]])  # a hit returns the cached analysis
+    tiny = Analyzer(bert, max_bytes=one - 1)  # an analysis larger than the bound is not kept
+    tiny([texts[0]])
+    assert len(tiny) == 0 and tiny.nbytes == 0
+
+
+def test_port_in_use_and_bad_host_are_one_line_errors(capsys):
+    import socket
+
+    from bertscope.cli.main import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"bertscope: error: cannot listen on 127.0.0.1:{port} (Address already in use)\n"
+    assert main(["serve", "--host", "999.1.1.1", "--port", "0"]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.startswith("bertscope: error: cannot listen on 999.1.1.1:0 (") and cap.err.count("\n") == 1
+    assert "serving" not in cap.err + cap.out

@@ -110,6 +110,7 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
     """Silence ``heads`` ((layer, head) pairs) on ``text`` and compare with the intact model."""
     if not text.strip():
         raise InputError("the text is empty")
+    heads = list(dict.fromkeys((int(l), int(h)) for l, h in heads))  # each head once, in order
     if not heads:
         raise InputError("name at least one head to silence (--layer L --head H), or use --sweep")
     _check_heads(bert, heads)

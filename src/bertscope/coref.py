@@ -46,7 +46,7 @@ from .loading import Bert
 from .wsc import Schema, twin_groups
 
 __all__ = ["CorefResult", "HeldOut", "SchemaScores", "evaluate", "held_out_heads", "hit", "mas",
-           "score_schema"]
+           "rank_heads", "score_schema"]
 
 DETERMINERS = frozenset({"the", "a", "an"})
 
@@ -60,6 +60,19 @@ def hit(scores: torch.Tensor, correct: int) -> torch.Tensor:
     at_top = (scores == top[..., None])  # (..., K)
     n_top = at_top.sum(-1).to(torch.float32)  # (...)
     return at_top[..., correct].to(torch.float32) / n_top
+
+
+def rank_heads(acc: torch.Tensor) -> list[tuple[int, int, float]]:
+    """Every head of an (N, H) score table as (layer, head, score), best first.
+
+    Ties are broken by position: the lower layer, then the lower head, comes first. The one
+    ranking every "best head" in this module uses, so the best head named and the first head
+    listed are always the same.
+    """
+    H = acc.shape[1]
+    flat = acc.flatten()
+    order = torch.sort(flat, descending=True, stable=True).indices.tolist()
+    return [(i // H, i % H, float(flat[i])) for i in order]
 
 
 def mas(a: torch.Tensor) -> torch.Tensor:
@@ -173,9 +186,7 @@ def held_out_heads(hits: torch.Tensor, folds: list[int], numbers: list[int]) -> 
         if not bool(train.any()):
             continue
         train_acc = hits[train].mean(0)  # (N, H)
-        H = train_acc.shape[1]
-        best = int(train_acc.flatten().argmax())
-        layer, head = best // H, best % H
+        layer, head, _ = rank_heads(train_acc)[0]
         out.append(HeldOut(
             layer=layer, head=head,
             chosen_on=tuple(n for n, t in zip(numbers, train.tolist()) if t),
@@ -194,7 +205,9 @@ class CorefResult:
     numbers: list[int]
     head_accuracy: torch.Tensor  # (N, H) in-sample accuracy of every head
     held_out: list[HeldOut]
-    held_out_accuracy: float  # every schema scored once, by a head chosen on the other half
+    # every schema scored once, by a head chosen on the other half; None when the schemas form
+    # fewer than two twin groups (there is no other half to choose a head on)
+    held_out_accuracy: float | None
     mas_accuracy: float  # candidate -> pronoun, as Klein & Nabi's code
     mas_pronoun_accuracy: float  # pronoun -> candidate variant
     first_accuracy: float
@@ -204,20 +217,27 @@ class CorefResult:
     per_schema: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    HELD_OUT_NOTE = "not available: a held-out head needs at least two twin groups of schemas"
+
+    def ranked_heads(self) -> list[tuple[int, int, float]]:
+        """Every head by in-sample accuracy, best first (ties: lower layer, then lower head)."""
+        return rank_heads(self.head_accuracy)
+
     @property
     def best_in_sample(self) -> tuple[int, int, float]:
-        H = self.head_accuracy.shape[1]
-        i = int(self.head_accuracy.flatten().argmax())
-        return i // H, i % H, float(self.head_accuracy.flatten()[i])
+        return self.ranked_heads()[0]
 
     def to_json(self) -> dict:
         l, h, a = self.best_in_sample
+        held: dict = {"accuracy": self.held_out_accuracy}
+        if self.held_out_accuracy is None:
+            held["note"] = self.HELD_OUT_NOTE
         return {
             "model": self.model, "schemas_scored": len(self.numbers), "warnings": self.warnings,
             "baselines": {"first": self.first_accuracy, "nearest": self.nearest_accuracy, "chance": self.chance,
                           "noise_95": self.noise_95},
             "mas": {"candidate_to_pronoun": self.mas_accuracy, "pronoun_to_candidate": self.mas_pronoun_accuracy},
-            "held_out": {"accuracy": self.held_out_accuracy, "folds": [
+            "held_out": {**held, "folds": [
                 {"layer": f.layer, "head": f.head, "chosen_on": list(f.chosen_on), "scored_on": list(f.scored_on),
                  "choice_accuracy": f.choice_accuracy, "test_accuracy": f.test_accuracy} for f in self.held_out]},
             "best_head_in_sample": {"layer": l, "head": h, "accuracy": a, "note": "chosen and scored on the same schemas"},
@@ -268,7 +288,8 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     return CorefResult(
         model=bert.name, numbers=numbers, head_accuracy=hits.mean(0), held_out=held,
-        held_out_accuracy=mean(held_hits), mas_accuracy=mean(mas_hits), mas_pronoun_accuracy=mean(masp_hits),
+        held_out_accuracy=mean(held_hits) if held_hits else None,
+        mas_accuracy=mean(mas_hits), mas_pronoun_accuracy=mean(masp_hits),
         first_accuracy=mean(first_hits), nearest_accuracy=mean(near_hits), chance=1.0 / K,
         noise_95=1.96 * math.sqrt(0.25 / S), per_schema=per, warnings=warns,
     )

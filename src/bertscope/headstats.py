@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import math
 import unicodedata
+import warnings as pywarnings
 from dataclasses import dataclass, field
 
 import torch
 
 from .errors import InputError
 from .loading import Bert
+from .tokenizer import TruncationWarning
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
            "TokenKinds", "classify", "head_stats", "map_stats", "pattern_features", "token_kinds"]
@@ -220,7 +222,9 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     rows_nb = 0  # rows that have a previous (or next) neighbour
     dev = bert.device
     for n, text in items:
-        batch = bert.encode([text])
+        with pywarnings.catch_warnings():  # said once, below, with the line number
+            pywarnings.simplefilter("ignore", TruncationWarning)
+            batch = bert.encode([text])
         if batch.truncated[0]:
             warns.append(f"line {n} is longer than {bert.tokenizer.max_length} tokens and was truncated")
         out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),

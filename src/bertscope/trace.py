@@ -178,7 +178,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
               "layer_weights": sum(lin.weight.numel() for lin in (attn.query, attn.key, attn.value, attn.output)),
               "layer_total": sum(per.values()),
               # a head owns D output columns of W_Q, W_K, W_V (and their biases) and D input rows of W_O
-              "one_head_qkv": 3 * (C * D + D), "one_head_wo_rows": D * C}
+              "one_head_qkv": 3 * (C * D + D), "one_head_wo": D * C}
     return Trace(
         text=text, layer=layer, head=head, num_layers=cfg.num_hidden_layers,
         num_heads=cfg.num_attention_heads, head_size=D, hidden_size=C,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, load_model, print_json
+from .common import add_model_arg, load_model
+from .guard import print_json_strict
 
 HELP = """\
 Silence attention heads (their output is zeroed before W_O, through the model's head_mask) and
@@ -54,19 +55,19 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         eff = sweep(bert, args.text)
         if args.json:
-            print_json(eff.to_json())
+            print_json_strict(eff.to_json())
             return 0
         print("Every head silenced alone; effect = 1 - cosine with the intact output")
         print(f"  {'head':<9}{'tokens':>10}{'embedding':>12}")
         for l, h, t, e in eff.ranking(args.top):
             print(f"  L{l:<2} H{h:<4}{t:>10.4f}{e:>12.4f}")
         return 0
-    heads = list(zip(args.layer, args.head))
+    heads = list(dict.fromkeys(zip(args.layer, args.head)))  # a head named twice is silenced once
     res = ablate(bert, args.text, heads, args.token)
     if args.json:
-        print_json(res.to_json())
+        print_json_strict(res.to_json())
         return 0
-    names = ", ".join(f"L{l} H{h}" for l, h in heads)
+    names = ", ".join(f"L{l} H{h}" for l, h in res.heads)
     print(f"Silenced {names}")
     print(f"  sentence embedding cosine (intact vs silenced): {res.embedding_cosine:.4f}")
     print(f"  mean token cosine: {float(res.token_cosine.mean()):.4f}; per token:")

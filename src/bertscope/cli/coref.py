@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, load_model, print_json
+from .common import add_model_arg, load_model
+from .guard import print_json_strict
 
 HELP = """\
 Read a file in the Winograd Schema Challenge XML format and ask the attention, with no
@@ -49,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")
+    if args.top < 1:
+        raise InputError("--top must be at least 1")
     schemas, warns = read_wsc(args.file)
     if not schemas:
         for w in warns:
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     for w in res.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     if args.json:
-        print_json(res.to_json())
+        print_json_strict(res.to_json())
         return 0
     S = len(res.numbers)
     pct = lambda x: f"{100 * x:5.1f}%"  # noqa: E731
@@ -70,16 +73,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"  nearest candidate                   {pct(res.nearest_accuracy)}")
     print(f"  MAS, candidate -> pronoun (K&N)     {pct(res.mas_accuracy)}")
     print(f"  MAS, pronoun -> candidate           {pct(res.mas_pronoun_accuracy)}")
-    print(f"  best head, held out                 {pct(res.held_out_accuracy)}")
+    if res.held_out_accuracy is None:
+        print("  best head, held out                 n/a    (needs at least two twin groups of schemas)")
+    else:
+        print(f"  best head, held out                 {pct(res.held_out_accuracy)}")
     for f in res.held_out:
         print(f"      L{f.layer} H{f.head}: chosen on {len(f.chosen_on)} schemas ({pct(f.choice_accuracy)}), "
               f"scored on the other {len(f.scored_on)}: {pct(f.test_accuracy)}")
     l, h, a = res.best_in_sample
     print(f"  best head in sample (optimistic)    {pct(a)}   L{l} H{h}, chosen and scored on the same schemas")
     print()
-    acc = res.head_accuracy
-    H = acc.shape[1]
-    order = acc.flatten().argsort(descending=True).tolist()[: args.top]
-    print("heads where the pronoun attends more to the correct candidate (in sample):")
-    print("  " + "  ".join(f"L{i // H} H{i % H} {pct(float(acc.flatten()[i]))}" for i in order))
+    ranked = res.ranked_heads()[: args.top]  # the same ranking that names the best head above
+    print("heads where the pronoun attends more to the correct candidate (in sample; ties: lower layer, head first):")
+    print("  " + "  ".join(f"L{l} H{h} {pct(a)}" for l, h, a in ranked))
     return 0

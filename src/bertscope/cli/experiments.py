@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, load_model
+from .common import add_model_arg, check_output_dir, load_model
 
 HELP = """\
 Run every experiment on the seed's claims and write OUT/EXPERIMENTS.md, with plots and a
@@ -29,10 +29,27 @@ def register(sub) -> None:
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", metavar="DIR", required=True, help="folder for EXPERIMENTS.md (e.g. docs/)")
     p.add_argument("--wsc", metavar="FILE", help="a WSC XML file; its first --wsc-limit schemas are scored")
-    p.add_argument("--wsc-limit", type=int, default=273, metavar="K", help="schemas to score (default 273: WSC273)")
+    p.add_argument("--wsc-limit", type=int, default=None, metavar="K",
+                   help="with --wsc: score the first K schemas (default 273: WSC273)")
     p.add_argument("--no-plots", action="store_true", help="write the Markdown and JSON only")
     add_model_arg(p)
     p.set_defaults(func=run)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as run, in canonical form, for the header of EXPERIMENTS.md."""
+    import shlex
+
+    parts = ["bertscope", "experiments", "--out", args.out]
+    if args.wsc is not None:
+        parts += ["--wsc", args.wsc]
+    if args.wsc_limit is not None:
+        parts += ["--wsc-limit", str(args.wsc_limit)]
+    if args.no_plots:
+        parts.append("--no-plots")
+    if getattr(args, "model", None):
+        parts += ["--model", args.model]
+    return shlex.join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,12 +59,17 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..experiments_report import run_all, write_report
 
-    if args.wsc_limit < 1:
+    if args.wsc_limit is not None and args.wsc is None:
+        raise InputError("--wsc-limit needs --wsc FILE (the WSC schemas to score)")
+    if args.wsc_limit is not None and args.wsc_limit < 1:
         raise InputError("--wsc-limit must be at least 1")
+    if args.wsc is not None and not Path(args.wsc).is_file():
+        raise InputError(f"--wsc: {args.wsc} does not exist or is not a file")
+    out = check_output_dir(args.out)
     bert = load_model(args)
-    report = run_all(bert, args.wsc, args.wsc_limit)
+    report = run_all(bert, args.wsc, 273 if args.wsc_limit is None else args.wsc_limit)
     for w in report.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
-    for p in write_report(report, Path(args.out), plots=not args.no_plots):
+    for p in write_report(report, out, plots=not args.no_plots, command=command_line(args)):
         print(f"wrote {p}")
     return 0

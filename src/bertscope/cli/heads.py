@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from .common import add_model_arg, load_model, print_json
+from .common import add_model_arg, check_output_dir, load_model
+from .guard import check_writable, dumps_strict, print_json_strict, writing
 
 HELP = """\
 For every layer and head, over a corpus (a UTF-8 text file, one text per line, blank lines
@@ -43,13 +43,28 @@ def _table(title: str, values, fmt: str = "{:5.2f}") -> list[str]:
     return lines
 
 
+def _write_maps(out, hs) -> list:
+    from ..files import write_text_atomic
+    from ..headmaps import save_class_map, save_heatmap
+    from ..headstats import CLASSES, STAT_LABELS, STATS
+
+    written = []
+    for k in STATS:
+        written.append(save_heatmap(out / f"heads_{k}.png", hs.stats[k],
+                                    f"{hs.model}: {STAT_LABELS[k]} ({hs.num_texts} texts)"))
+    written.append(save_class_map(out / "heads_class.png", hs.classes, CLASSES, f"{hs.model}: pattern class"))
+    written.append(write_text_atomic(out / "heads.json", dumps_strict(hs.to_json())))
+    return written
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..files import read_lines, write_text_atomic
+    from ..files import read_lines
     from ..headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
+    out = check_writable(check_output_dir(args.out), folder=True) if args.out else None
     lines, warns = read_lines(args.corpus)
     for w in warns:
         print(f"bertscope: warning: {w}", file=sys.stderr)
@@ -62,18 +77,11 @@ def run(args: argparse.Namespace) -> int:
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     written: list[Path] = []
-    if args.out:
-        from ..headmaps import save_class_map, save_heatmap
-
-        out = Path(args.out)
-        for k in STATS:
-            written.append(save_heatmap(out / f"heads_{k}.png", hs.stats[k],
-                                        f"{hs.model}: {STAT_LABELS[k]} ({hs.num_texts} texts)"))
-        written.append(save_class_map(out / "heads_class.png", hs.classes, CLASSES,
-                                      f"{hs.model}: pattern class"))
-        written.append(write_text_atomic(out / "heads.json", json.dumps(hs.to_json(), ensure_ascii=False)))
+    if out is not None:
+        with writing(out):
+            written += _write_maps(out, hs)
     if args.json:
-        print_json(hs.to_json())
+        print_json_strict(hs.to_json())
         return 0
     N, H = hs.shape
     print(f"{hs.model}: {N} layers x {H} heads over {hs.num_texts} texts ({hs.num_tokens} tokens)")

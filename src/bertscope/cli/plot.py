@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, load_model
+from .common import add_model_arg, check_output_file, load_model
+from .guard import check_writable, writing
 
 HELP = """\
 Draw the attention of one head as a heatmap with the words (or sub-tokens) as row and column
@@ -34,16 +35,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..errors import InputError
     from ..plot import FORMATS, grid_figure, head_figure, save_figure
     from ..report import analyze
 
     if not args.text.strip():
         raise InputError("the text is empty")
-    if Path(args.out).suffix.lower().lstrip(".") not in FORMATS:
-        raise InputError(f"--out must end in .png, .svg or .pdf, got {args.out!r}")
+    out = check_writable(check_output_file(args.out, "--out", tuple(f".{f}" for f in FORMATS)))
     if not 20 <= args.dpi <= 1200:
         raise InputError("--dpi must be between 20 and 1200")
     bert = load_model(args)
@@ -56,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     [rt] = analyze(bert, [args.text])
     words = not args.tokens
     fig = grid_figure(rt, words=words) if args.grid else head_figure(rt, args.layer, args.head, words=words)
-    path = save_figure(fig, args.out, dpi=args.dpi)
+    with writing(out):
+        path = save_figure(fig, out, dpi=args.dpi)
     print(f"wrote {path}")
     return 0

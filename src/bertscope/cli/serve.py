@@ -9,7 +9,9 @@ from .common import add_model_arg, load_model
 HELP = """\
 Serve the attention explorer on this machine: a text box and the same head, model and matrix
 views as `bertscope view`, computed on demand (only the layer and heads you look at travel).
-Binds to 127.0.0.1 unless --host says otherwise; texts longer than --max-chars get HTTP 413.
+Binds to 127.0.0.1 unless --host says otherwise; an address in use or not this machine's is a
+one-line error. Texts longer than --max-chars get HTTP 413. The last analyses are kept in memory
+(at most 16, and at most 256 MiB of attention arrays).
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C.
 
 examples:
@@ -34,14 +36,21 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..errors import InputError
+    from ..server import bind
     from ..server import run as serve
 
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be 0..65535, got {args.port}")
     if args.max_chars < 1:
         raise InputError("--max-chars must be at least 1")
-    bert = load_model(args)
-    print(f"bertscope: serving {bert.name} on http://{args.host}:{args.port}/ (Ctrl-C stops)",
-          file=sys.stderr, flush=True)
-    serve(bert, host=args.host, port=args.port, max_chars=args.max_chars)
+    sock = bind(args.host, args.port)  # before the model loads: a port in use is a one-line error
+    try:
+        bert = load_model(args)
+        port = sock.getsockname()[1]  # the real one when --port 0 let the system choose
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"bertscope: serving {bert.name} on http://{host}:{port}/ (Ctrl-C stops)",
+              file=sys.stderr, flush=True)
+        serve(bert, max_chars=args.max_chars, sock=sock)
+    finally:
+        sock.close()
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from .common import add_model_arg, load_model, print_json
+from .common import add_model_arg, load_model
+from .guard import print_json_strict
 
 HELP = """\
 Walk through one layer's self-attention on real numbers, the way the seed explains it:
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     tr = trace(bert, args.text, args.token, args.layer, args.head,
                occurrence=args.occurrence, pad=args.pad, seed=args.seed)
     if args.json:
-        print_json(tr.to_json())
+        print_json_strict(tr.to_json())
         return 0
     H, D, C = tr.num_heads, tr.head_size, tr.hidden_size
     tok = tr.tokens[tr.token_index]
@@ -94,5 +95,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"parameters of this layer's attention: W_Q {pr['W_Q']:,}  W_K {pr['W_K']:,}  "
           f"W_V {pr['W_V']:,}  W_O {pr['W_O']:,}  ({C} x {C} + {C} each)")
     print(f"  {pr['layer_weights']:,} weights, {pr['layer_total']:,} with biases; head {tr.head}'s share: "
-          f"{pr['one_head_qkv']:,} in W_Q/W_K/W_V and {pr['one_head_wo_rows']:,} rows of W_O")
+          f"{pr['one_head_qkv']:,} weights and biases in W_Q/W_K/W_V and {pr['one_head_wo']:,} weights "
+          f"of W_O (its {D} input rows x {C})")
     return 0

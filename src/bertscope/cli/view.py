@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, load_model
+from .common import add_model_arg, check_output_file, load_model
+from .guard import check_writable, writing
 
 HELP = """\
 Write one HTML file that shows the attention of TEXT (and TEXT_B, side by side with the
@@ -34,8 +35,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..errors import InputError
     from ..report import build_report
 
@@ -43,14 +42,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.text_b is not None and not args.text_b.strip():
         raise InputError("the second text is empty")
-    out = Path(args.out)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise InputError(f"--out must end in .html, got {args.out!r}")
-    if out.is_dir():
-        raise InputError(f"--out {args.out!r} is a folder; give a file name")
+    out = check_writable(check_output_file(args.out, "--out", (".html", ".htm")))
     bert = load_model(args)
     report = build_report(bert, args.text, args.text_b)
-    path = report.save(out).resolve()
+    with writing(out):
+        path = report.save(out).resolve()
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB); open {path.as_uri()} in a browser")
     return 0

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,10 @@ def load_model(args: argparse.Namespace):
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, ensure_ascii=False)
-    sys.stdout.write("\n")
+    """Strict JSON on stdout (NaN/Infinity are refused before anything is written)."""
+    from .guard import print_json_strict
+
+    print_json_strict(obj)
 
 
 def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...] = ()) -> Path:
@@ -44,7 +44,9 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
         raise InputError(f"{flag}: the folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{flag}: the folder {str(folder)!r} is not writable")
-    return path
+    from .guard import check_writable
+
+    return check_writable(path, flag)  # as root, permission bits say yes even in /proc
 
 
 def check_output_dir(value: str, flag: str = "--out") -> Path:
@@ -64,4 +66,6 @@ def check_output_dir(value: str, flag: str = "--out") -> Path:
         raise InputError(f"{flag}: {str(existing)!r} is a file, so {value!r} cannot be a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise InputError(f"{flag}: {str(existing)!r} is not writable")
-    return path
+    from .guard import check_writable
+
+    return check_writable(path, flag, folder=True)

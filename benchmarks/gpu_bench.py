@@ -134,14 +134,8 @@ def to_markdown(r: dict) -> str:
             if "error" in d:
                 lines.append(f"{wname}, {dname}: failed: {d['error']}\n")
                 continue
-            lines += [f"### {wname}, {dname}: {d['texts']} texts, {d['real_tokens']} real tokens", "",
-                      "| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
-                      "|---|---:|---:|---:|---:|---:|"]
-            for name, s in d["systems"].items():
-                sp = d["bertscope_speedup"].get(name)
-                diff = d["max_abs_diff_vs_bertscope"].get(name)
-                lines.append(f"| {name} | {s['median_s']:.4f} | {s['tokens_per_s']:,.0f} | {s['useful_gflops']:.0f} | "
-                             f"{'—' if sp is None else f'{sp:.2f}×'} | {'—' if diff is None else f'{diff:.1e}'} |")
+            lines += [f"### {wname}, {dname}: {d['texts']} texts, {d['real_tokens']} real tokens", ""]
+            lines += bench.systems_table(d, seconds=".4f", gflops=".0f")
             lines.append(f"\nbertscope {dname} vs bertscope fp32: max abs diff {d['max_abs_diff_bertscope_vs_fp32']:.1e}\n")
     s = r.get("scaling", {})
     if "error" not in s and s:

@@ -697,6 +697,18 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
     return result
 
 
+def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[str]:
+    """Markdown rows comparing the systems of one timed workload (as compare_and_time returns it)."""
+    lines = ["| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, s in w["systems"].items():
+        sp = w["bertscope_speedup"].get(name)
+        diff = w["max_abs_diff_vs_bertscope"].get(name)
+        lines.append(f"| {name} | {s['median_s']:{seconds}} | {s['tokens_per_s']:,.0f} | {s['useful_gflops']:{gflops}} | "
+                     f"{'—' if sp is None else f'{sp:.2f}×'} | {'—' if diff is None else f'{diff:.1e}'} |")
+    return lines
+
+
 def write_markdown(r: dict) -> str:
     """The results as markdown tables (for docs/BENCHMARKS.md)."""
     m = r["machine"]
@@ -709,13 +721,7 @@ def write_markdown(r: dict) -> str:
     for wname, w in r["workloads"].items():
         lines += [f"### {w.get('label', wname)}: {w['texts']} texts, {w['real_tokens']} real tokens "
                   f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}", "",
-                  "| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for name, s in w["systems"].items():
-            sp = w["bertscope_speedup"].get(name)
-            diff = w["max_abs_diff_vs_bertscope"].get(name)
-            lines.append(f"| {name} | {s['median_s']:.3f} | {s['tokens_per_s']:,.0f} | {s['useful_gflops']:.1f} | "
-                         f"{'—' if sp is None else f'{sp:.2f}×'} | {'—' if diff is None else f'{diff:.1e}'} |")
+                  ] + systems_table(w)
         lines.append(f"\nbertscope's useful GFLOP/s are {100 * w['bertscope_fraction_of_matmul_peak']:.0f}% of the "
                      "higher measured matmul peak.")
         for name, why in w["skipped"].items():

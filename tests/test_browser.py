@@ -133,11 +133,7 @@ def explore(page, ref: dict, words: list[str]) -> None:
     # matrix view: the exact value under the cursor
     page.click(".bs-tab[data-view='matrix']")
     settle(page)
-    canvas = page.locator("#bs-matrix-view .bs-panel[data-panel='0'] canvas")
-    box = canvas.bounding_box()
-    canvas.hover(position={"x": box["width"] * 0.7, "y": box["height"] * 0.7})
-    out = page.locator("#bs-matrix-view .bs-panel[data-panel='0'] .bs-mreadout")
-    frm, to, val = (float(out.get_attribute(k)) for k in ("data-from", "data-to", "data-value"))
+    frm, to, val = matrix_readout(page, "0", 0.7, 0.7)
     assert abs(val - ref["words"][3, 1, int(frm), int(to)]) <= TOL
 
     # model view: every layer x head; clicking one opens it in the head view
@@ -150,6 +146,16 @@ def explore(page, ref: dict, words: list[str]) -> None:
     assert page.get_attribute("#bs-head-view .bs-panel[data-panel='0']", "data-heads") == "11"
     click_token(page, it)
     check_values(shown_values(page), ref["words"][5, 11, it], "11")
+
+
+def matrix_readout(page, panel: str, fx: float, fy: float) -> tuple[float, float, float]:
+    """Hover the matrix view's heatmap of ``panel`` at a fraction of its size; read (from, to, value)."""
+    canvas = page.locator(f"#bs-matrix-view .bs-panel[data-panel='{panel}'] canvas")
+    box = canvas.bounding_box()
+    canvas.hover(position={"x": box["width"] * fx, "y": box["height"] * fy})
+    out = page.locator(f"#bs-matrix-view .bs-panel[data-panel='{panel}'] .bs-mreadout")
+    frm, to, val = (float(out.get_attribute(k)) for k in ("data-from", "data-to", "data-value"))
+    return frm, to, val
 
 
 def test_report_from_disk(browser, bert, hf_model, tmp_path):
@@ -175,11 +181,7 @@ def test_report_from_disk(browser, bert, hf_model, tmp_path):
     page.screenshot(path=str(artifact("report-head-view.png")), full_page=True)
     page.click(".bs-tab[data-view='matrix']")
     settle(page)
-    diff = page.locator("#bs-matrix-view .bs-panel[data-panel='diff'] canvas")
-    box = diff.bounding_box()
-    diff.hover(position={"x": box["width"] * 0.75, "y": box["height"] * 0.6})
-    out = page.locator("#bs-matrix-view .bs-panel[data-panel='diff'] .bs-mreadout")
-    frm, to, val = (float(out.get_attribute(k)) for k in ("data-from", "data-to", "data-value"))
+    frm, to, val = matrix_readout(page, "diff", 0.75, 0.6)
     expected = ref_a["words"][5, 11, int(frm), int(to)] - ref_b["words"][5, 11, int(frm), int(to)]
     assert abs(val - expected) <= 2 * TOL
     page.screenshot(path=str(artifact("report-matrix-view.png")), full_page=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_model_arg, check_output_dir, load_model
-from .guard import check_writable, dumps_strict, print_json_strict, writing
+from .guard import dumps_strict, print_json_strict, writing
 
 HELP = """\
 For every layer and head, over a corpus (a UTF-8 text file, one text per line, blank lines
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from ..files import read_lines
     from ..headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
-    out = check_writable(check_output_dir(args.out), folder=True) if args.out else None
+    out = check_output_dir(args.out) if args.out else None
     lines, warns = read_lines(args.corpus)
     for w in warns:
         print(f"bertscope: warning: {w}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_model_arg, check_output_file, load_model
-from .guard import check_writable, writing
+from .guard import writing
 
 HELP = """\
 Draw the attention of one head as a heatmap with the words (or sub-tokens) as row and column
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.text.strip():
         raise InputError("the text is empty")
-    out = check_writable(check_output_file(args.out, "--out", tuple(f".{f}" for f in FORMATS)))
+    out = check_output_file(args.out, "--out", tuple(f".{f}" for f in FORMATS))
     if not 20 <= args.dpi <= 1200:
         raise InputError("--dpi must be between 20 and 1200")
     bert = load_model(args)

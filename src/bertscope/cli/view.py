@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_model_arg, check_output_file, load_model
-from .guard import check_writable, writing
+from .guard import writing
 
 HELP = """\
 Write one HTML file that shows the attention of TEXT (and TEXT_B, side by side with the
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.text_b is not None and not args.text_b.strip():
         raise InputError("the second text is empty")
-    out = check_writable(check_output_file(args.out, "--out", (".html", ".htm")))
+    out = check_output_file(args.out, "--out", (".html", ".htm"))
     bert = load_model(args)
     report = build_report(bert, args.text, args.text_b)
     with writing(out):

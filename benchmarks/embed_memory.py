@@ -45,9 +45,9 @@ def main() -> int:
     a = p.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     import bertscope
-    from bertscope.bench import _vocab_words
+    from bertscope.bench.corpus import vocab_words
 
-    words = _vocab_words(bertscope.load().tokenizer)
+    words = vocab_words(bertscope.load().tokenizer)
     rng = random.Random(0)
     results = []
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -24,8 +24,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
-from bertscope import bench  # noqa: E402
-from bertscope.packed import pack, packed_encode  # noqa: E402
+from bertscope.bench import corpus, machine, report, scaling, timing  # noqa: E402
+from bertscope.bench import systems as bench_systems  # noqa: E402
+from bertscope.fast.encoder import packed_encode  # noqa: E402
+from bertscope.fast.packing import pack  # noqa: E402
 
 log = logging.getLogger("gpu_bench")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,7 +51,7 @@ def parity(model_dir: Path, device: str) -> dict:
     ref_bert = bertscope.load(model_dir, device=device)
     tok = ref_bert.tokenizer
     lengths = [ref_bert.config.max_position_embeddings, 1, 3, 37, 37, 200, 77]
-    texts = bench.make_texts(tok, lengths, seed=5)
+    texts = corpus.make_texts(tok, lengths, seed=5)
     ids, _ = tok.encode_ids(texts, max_length=ref_bert.config.max_position_embeddings)
     T = max(len(t) for t in ids)
     inp = torch.zeros(len(ids), T, dtype=torch.long)
@@ -61,9 +63,7 @@ def parity(model_dir: Path, device: str) -> dict:
     real = mask.bool()
     m = ref_bert.model
     with torch.inference_mode():
-        m.packed_inference = False
-        ref = m(inp, mask).last_hidden_state.float()
-        m.packed_inference = True
+        ref = m(inp, mask).last_hidden_state.float()  # the model is the padded reference
     impls = ["groups"] + (["varlen"] if device.startswith("cuda") else [])
     for dname, dt in DTYPES.items():
         if dname != "fp32" and not device.startswith("cuda"):
@@ -90,7 +90,7 @@ def throughput(folder: Path, texts: list[str], device: str, rounds: int, work: P
     ref_vecs = ref.embed(texts)
     ids, _ = ref.tokenizer.encode_ids(texts, max_length=ref.max_seq_length)
     lengths = [len(t) for t in ids]
-    flops = bench.useful_flops(ref.config, lengths)
+    flops = timing.useful_flops(ref.config, lengths)
     dtypes = ["fp32", "bf16", "fp16"] if device.startswith("cuda") else ["fp32"]
     for dname in dtypes:
         try:
@@ -107,9 +107,9 @@ def _throughput_one(folder, texts, device, rounds, work, label, dname, ref_vecs,
     """One dtype: every system built in it, outputs compared, then timed round-robin."""
     dt = None if dname == "fp32" else DTYPES[dname]
     bert = bertscope.load(folder, device=device, dtype=dt)
-    systems, skipped = bench.build_systems(folder, bert, work / f"{label}-{dname}", torch.get_num_threads(),
+    systems, skipped = bench_systems.build_systems(folder, bert, work / f"{label}-{dname}", torch.get_num_threads(),
                                            device, dt, only=["sentence-transformers", "transformers"])
-    r = bench.compare_and_time(systems, texts, sum(lengths), flops, rounds, device)
+    r = timing.compare_and_time(systems, texts, sum(lengths), flops, rounds, device)
     r["max_abs_diff_bertscope_vs_fp32"] = float(np.abs(bert.embed(texts) - ref_vecs).max())
     r["skipped"] = skipped
     return r
@@ -135,7 +135,7 @@ def to_markdown(r: dict) -> str:
                 lines.append(f"{wname}, {dname}: failed: {d['error']}\n")
                 continue
             lines += [f"### {wname}, {dname}: {d['texts']} texts, {d['real_tokens']} real tokens", ""]
-            lines += bench.systems_table(d, seconds=".4f", gflops=".0f")
+            lines += report.systems_table(d, seconds=".4f", gflops=".0f")
             lines.append(f"\nbertscope {dname} vs bertscope fp32: max abs diff {d['max_abs_diff_bertscope_vs_fp32']:.1e}\n")
     s = r.get("scaling", {})
     if "error" not in s and s:
@@ -170,7 +170,7 @@ def main() -> int:
         return 2
     started = time.perf_counter()
     dev = a.device
-    r: dict = {"machine": bench.machine(), "device": dev, "quick": a.quick}
+    r: dict = {"machine": machine.machine(), "device": dev, "quick": a.quick}
     if dev.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
         torch.backends.cudnn.allow_tf32 = False
@@ -186,22 +186,22 @@ def main() -> int:
 
     mm_dev = "cuda" if dev.startswith("cuda") else "cpu"
     n_mm = 256 if a.quick else 8192
-    section(r, "matmul_peak_gflops", lambda: bench.matmul_peak(n_mm, 0.3 if a.quick else 1.0, device=mm_dev), save)
+    section(r, "matmul_peak_gflops", lambda: machine.matmul_peak(n_mm, 0.3 if a.quick else 1.0, device=mm_dev), save)
     if dev.startswith("cuda"):
         section(r, "matmul_peak_bf16_gflops",
-                lambda: bench.matmul_peak(n_mm, 1.0, device=mm_dev, dtype=torch.bfloat16), save)
+                lambda: machine.matmul_peak(n_mm, 1.0, device=mm_dev, dtype=torch.bfloat16), save)
     section(r, "parity", lambda: parity(model_dir, dev), save)
     tok = bertscope.load(model_dir).tokenizer
     n_mix, n_eq = (16, 8) if a.quick else (4096, 1024)
     hi = 64 if a.quick else 256
-    mixed = bench.make_texts(tok, bench.mixed_lengths(n_mix, 5, hi), seed=3)
+    mixed = corpus.make_texts(tok, corpus.mixed_lengths(n_mix, 5, hi), seed=3)
     section(r, "mixed", lambda: throughput(model_dir, mixed, dev, rounds, work, "mixed"), save)
     cfg = (bertscope.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
            if a.quick else bertscope.BertConfig.preset("bert-base"))
-    base_dir = bench.save_random_checkpoint(cfg, work / "bert-base", model_dir)
-    equal = bench.make_texts(tok, [32 if a.quick else 128] * n_eq, seed=2)
+    base_dir = corpus.save_random_checkpoint(cfg, work / "bert-base", model_dir)
+    equal = corpus.make_texts(tok, [32 if a.quick else 128] * n_eq, seed=2)
     section(r, "equal_T128", lambda: throughput(base_dir, equal, dev, rounds, work, "equal"), save)
-    section(r, "scaling", lambda: bench.scaling(cfg, [16, 32, 64] if a.quick else [64, 128, 192, 256, 384, 512],
+    section(r, "scaling", lambda: scaling.scaling(cfg, [16, 32, 64] if a.quick else [64, 128, 192, 256, 384, 512],
                                                 torch.get_num_threads(), dev, memory=True), save)
     save()
     print((out / "gpu_bench.md").read_text())

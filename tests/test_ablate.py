@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertscope.ablate import ablate, sweep
+from bertscope.understand.ablate import ablate, sweep
 from bertscope.cli.main import main
 from bertscope.errors import InputError
 

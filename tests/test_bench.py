@@ -51,18 +51,18 @@ def test_bench_quick_json(tmp_path, capsys):
 
 
 def test_memory_exponent_is_na_for_tiny_values():
-    from bertscope.bench import _memory_fit
+    from bertscope.bench.scaling import memory_fit
 
     e: dict = {}
-    _memory_fit(e, [64, 128, 256], [0.0, 0.0, 0.1])
+    memory_fit(e, [64, 128, 256], [0.0, 0.0, 0.1])
     assert e["memory_exponent"] is None and "n/a" in e["memory_exponent_note"]
     e = {"ratio_512_vs_192": 1.0}
-    _memory_fit(e, [192, 384, 512], [1.0, 4.0, 16 / 9 * 4])
+    memory_fit(e, [192, 384, 512], [1.0, 4.0, 16 / 9 * 4])
     assert abs(e["memory_exponent"] - 2.0) < 0.05 and abs(e["memory_ratio_512_vs_192"] - 64 / 9) < 1e-9
 
 
 def test_markdown_labels_the_true_length_and_na_exponent():
-    from bertscope.bench import write_markdown
+    from bertscope.bench.report import write_markdown
 
     r = _fake_result()
     r["workloads"] = {"equal_T128": {"label": "equal_T32", "texts": 1, "real_tokens": 32, "length_range": [32, 32],
@@ -124,7 +124,7 @@ def test_plot_scaling_is_atomic_and_checks_the_suffix(tmp_path, monkeypatch):
 
     import pytest
 
-    from bertscope.bench import plot_scaling
+    from bertscope.bench.report import plot_scaling
     from bertscope.errors import InputError
 
     r = _fake_result()["scaling"]
@@ -157,11 +157,11 @@ def test_competitor_setup_silences_and_restores_progress_bars():
     import pytest
 
     hf_logging = pytest.importorskip("transformers.utils.logging")
-    from bertscope.bench import _quiet_hub_progress
+    from bertscope.bench.systems import quiet_hub_progress
 
     hf_logging.enable_progress_bar()
     env_before = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
-    with _quiet_hub_progress():
+    with quiet_hub_progress():
         assert not hf_logging.is_progress_bar_enabled()
         assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     assert hf_logging.is_progress_bar_enabled()
@@ -169,7 +169,7 @@ def test_competitor_setup_silences_and_restores_progress_bars():
 
 
 def test_bench_skips_a_missing_competitor(monkeypatch, tmp_path):
-    from bertscope.bench import build_systems
+    from bertscope.bench.systems import build_systems
     import bertscope
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
@@ -183,7 +183,7 @@ def test_library_does_not_import_competitors():
     import subprocess
 
     code = ("import sys, bertscope; b = bertscope.load(); b.embed(['x']); "
-            "import bertscope.bench, bertscope.embedjob; "
+            "import bertscope.bench, bertscope.fast.embedjob; "
             "bad = [m for m in ('sentence_transformers', 'transformers', 'onnxruntime', 'matplotlib', 'pyarrow') "
             "if m in sys.modules]; print(bad)")
     import os

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertscope.report import build_report
+from bertscope.see.report import build_report
 
 from conftest import IT_ANIMAL
 from viewkit import artifact, chromium, served
@@ -35,7 +35,7 @@ def reference(bert, hf_model, text: str) -> dict:
         out = hf_model(input_ids=b.input_ids, attention_mask=b.attention_mask,
                        token_type_ids=b.token_type_ids, output_attentions=True)
     att = torch.stack([a[0] for a in out.attentions]).double().numpy()  # (N, H, T, T)
-    from bertscope.inspect import group_words
+    from bertscope.core.words import group_words
 
     tw = np.array(group_words(b, text).token_words)
     assign = np.zeros((len(tw), tw.max() + 1))

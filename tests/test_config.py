@@ -9,7 +9,7 @@ import torch
 
 import bertscope
 from bertscope import BertConfig, ConfigError
-from bertscope.params import count_params
+from bertscope.core.params import count_params
 
 
 def test_presets_and_head_size():

@@ -11,11 +11,11 @@ import torch
 
 import bertscope
 from bertscope.cli.main import main
-from bertscope.coref import evaluate, held_out_heads, hit, mas, rank_heads
+from bertscope.understand.coref import evaluate, held_out_heads, hit, mas, rank_heads
 from bertscope.errors import InputError
-from bertscope.wsc import parse_wsc, read_wsc, twin_groups
+from bertscope.understand.wsc import parse_wsc, read_wsc, twin_groups
 
-PRONOUNS = Path(bertscope.__file__).parent / "data" / "pronouns.xml"
+PRONOUNS = Path(bertscope.__file__).parent / "understand" / "data" / "pronouns.xml"
 
 
 def _schema_xml(txt1, pron, txt2, a, b, correct):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bertscope.cli.main import main
-from bertscope.embedjob import KILL_HOOK_ENV, read_embeddings
+from bertscope.fast.embedjob import KILL_HOOK_ENV, read_embeddings
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -61,7 +61,7 @@ def test_embed_rows_in_order_with_bad_lines_reported(tmp_path, bert, capsys):
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["problems"] == {"truncated": [5], "empty": [2, 6], "undecodable": [3],
                                     "bad_json": [], "no_field": [], "not_text": []}
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".*.tmp"))
 
 
 def test_embed_parquet_reads_back_equal_to_npy(tmp_path, capsys):
@@ -106,7 +106,7 @@ def test_killed_run_leaves_no_partial_output_and_resume_completes_it(tmp_path):
     assert killed.returncode == -signal.SIGKILL  # really killed, mid-write of the third shard
     finals = sorted(p.name for p in out.glob("part-*"))
     assert finals == ["part-00000.npy", "part-00001.npy"]  # two whole shards, nothing half-written
-    assert list(out.glob(".tmp-*"))  # the third shard died as a temporary
+    assert list(out.glob(".*.tmp"))  # the third shard died as a temporary
     assert not (out / "_manifest.json").exists()
     for f in finals:
         assert np.load(out / f).shape == (4, 384)
@@ -121,7 +121,7 @@ def test_killed_run_leaves_no_partial_output_and_resume_completes_it(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "2 already done" in resumed.stdout
     assert (out / "part-00000.npy").stat().st_mtime_ns == mtime0  # not redone
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".*.tmp"))
     a, sa = read_embeddings(tmp_path / "whole")
     b, sb = read_embeddings(out)
     assert sa == sb and a.shape == (18, 384)

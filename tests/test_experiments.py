@@ -11,8 +11,8 @@ import pytest
 import bertscope
 
 from bertscope.cli.main import main
-from bertscope.config import BertConfig
-from bertscope.experiments import (errata, flops_per_forward, s1_self_match, s3_scaling, s4_padding,
+from bertscope.core.config import BertConfig
+from bertscope.understand.experiments.claims import (errata, flops_per_forward, s1_self_match, s3_scaling, s4_padding,
                                    s11_permutation, s12_referent)
 
 TEXTS = ["The cat sat on the mat.", "It was tired, so it slept."]
@@ -82,7 +82,7 @@ def test_experiments_cli(tmp_path, capsys):
     assert (out / "experiments" / "results.json").is_file()
 
 
-PRONOUNS = Path(bertscope.__file__).parent / "data" / "pronouns.xml"
+PRONOUNS = Path(bertscope.__file__).parent / "understand" / "data" / "pronouns.xml"
 
 
 def test_experiments_records_the_real_command_and_limit(tmp_path, capsys):
@@ -118,7 +118,7 @@ def test_experiments_bad_arguments_fail_before_work(tmp_path, capsys):
 def test_wsc273_only_when_exactly_the_first_273_were_scored():
     from types import SimpleNamespace
 
-    from bertscope.experiments_report import is_wsc273, wsc_name
+    from bertscope.understand.experiments.report import is_wsc273, wsc_name
 
     r = SimpleNamespace(wsc=SimpleNamespace(numbers=list(range(1, 274))), wsc_limit=273)
     assert is_wsc273(r) and wsc_name(r) == "WSC273"

@@ -10,7 +10,7 @@ import torch
 
 from bertscope.cli.main import main
 from bertscope.errors import InputError
-from bertscope.headstats import classify, head_stats, map_stats, pattern_features, token_kinds
+from bertscope.understand.headstats import classify, head_stats, map_stats, pattern_features, token_kinds
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]  # no punctuation
 T = len(TOKENS)

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_bertscope_stays_light():
-    code = ("import sys, bertscope, bertscope.report; from bertscope.cli.main import build_parser; "
+    code = ("import sys, bertscope, bertscope.see.report, bertscope.bench, bertscope.fast.embedjob; from bertscope.cli.main import build_parser; "
             "build_parser(); "
             "heavy = [m for m in ('matplotlib', 'fastapi', 'starlette', 'uvicorn', 'playwright') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bertscope
-from bertscope.inspect import find_word, group_words, word_attention
+from bertscope.core.words import find_word, group_words, word_attention
 from bertscope.errors import InputError
 
 from conftest import IT_ANIMAL

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
 
 import bertscope
-from bertscope.batching import token_budget_batches
-from bertscope.packed import mean_pool, pack, pack_ids, packed_encode, unpack
+from bertscope.fast.batching import token_budget_batches
+from bertscope.fast.encoder import PackedEncoder, packed_encode
+from bertscope.fast.packing import mean_pool, pack, pack_ids, unpack
 
 TOL = 1e-5
 
 
+_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # one fast path per model, as Bert keeps one
+
+
 def _both_paths(model, ids, mask, types=None):
-    """last_hidden_state and pooler of the packed path and of the padded reference path."""
-    assert model.packed_inference
+    """last_hidden_state and pooler of the packed path and of the padded reference path (the model)."""
+    encoder = _ENCODERS.setdefault(model, PackedEncoder())
     with torch.inference_mode():
-        fast = model(ids, mask, types)
-        model.packed_inference = False
-        try:
-            ref = model(ids, mask, types)
-        finally:
-            model.packed_inference = True
+        fast = encoder.forward(model, ids, mask, types)
+        ref = model(ids, mask, types)
     return fast, ref
 
 
@@ -69,7 +71,7 @@ def test_packed_matches_hf_transformers(bert, hf_model):
     texts = ["short", "The animal didn't cross the street because it was too tired", "x " * 40]
     batch = bert.encode(texts)
     with torch.inference_mode():
-        ours = bert.model(batch.input_ids, batch.attention_mask).last_hidden_state
+        ours = bert(batch.input_ids, batch.attention_mask).last_hidden_state  # the packed path
         theirs = hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     real = batch.attention_mask.bool()
     assert (ours - theirs)[real].abs().max() < TOL
@@ -147,9 +149,7 @@ def test_packed_attention_buckets_any_slack_equal_reference(slack):
         assert len(buckets) == 1
     with torch.inference_mode():
         fast = unpack(packed_encode(model, p, slack=slack), p, len(lengths))
-        model.packed_inference = False
         ref = model(ids, mask).last_hidden_state
-        model.packed_inference = True
     assert (fast - ref)[mask.bool()].abs().max() < TOL
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertscope.weights import to_checkpoint_name
+from bertscope.core.weights import to_checkpoint_name
 
 TEXTS = [
     "The animal didn't cross the street because it was too tired",

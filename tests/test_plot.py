@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertscope.plot import grid_figure, head_figure, units
-from bertscope.report import analyze
+from bertscope.see.figures import grid_figure, head_figure, units
+from bertscope.see.report import analyze
 
 from conftest import IT_ANIMAL
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import bertscope
-from bertscope.report import QUANT_SCALE, build_report, quantize_rows
+from bertscope.see.report import QUANT_SCALE, build_report, quantize_rows
 
 from conftest import IT_ANIMAL
 

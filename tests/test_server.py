@@ -164,7 +164,7 @@ def test_chunked_oversize_body_gets_413(server):
 
 
 def test_analyzer_cache_is_bounded_by_bytes(bert):
-    from bertscope.server import CACHE_BYTES, Analyzer
+    from bertscope.see.server import CACHE_BYTES, Analyzer
 
     assert CACHE_BYTES == 256 * 2**20
     texts = [f"{IT_ANIMAL} ({k} times)" for k in range(6)]

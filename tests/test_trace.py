@@ -10,7 +10,7 @@ import torch
 
 from bertscope.cli.main import main
 from bertscope.errors import InputError
-from bertscope.trace import trace
+from bertscope.understand.trace import trace
 
 from conftest import IT_ANIMAL
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .aggregate import attention_rollout, mean_heads
-from .attention import AttentionRecord, MultiHeadSelfAttention, attention_reference
-from .config import PRESETS, BertConfig, ConfigError
+from .see.aggregate import attention_rollout, mean_heads
+from .core.attention import AttentionRecord, MultiHeadSelfAttention, attention_reference
+from .core.config import PRESETS, BertConfig, ConfigError
 from .errors import BertscopeError, CheckpointError, InputError
-from .inspect import AttendResult, attend, word_attention
-from .loading import Bert, bundled_model_path, load
-from .masks import mask_to_bias, to_key_padding_mask
-from .model import BertModel
-from .outputs import BertOutput
-from .params import ParamCount, count_params
-from .report import Report, ReportText, build_report
-from .tokenizer import Batch, BertTokenizer, TruncationWarning
+from .understand.inspect import AttendResult, attend, word_attention
+from .bert import Bert, bundled_model_path, load
+from .core.masks import mask_to_bias, to_key_padding_mask
+from .core.model import BertModel
+from .core.outputs import BertOutput
+from .core.params import ParamCount, count_params
+from .see.report import Report, ReportText, build_report
+from .core.tokenizer import Batch, BertTokenizer, TruncationWarning
 
 __all__ = [
     "AttendResult", "AttentionRecord", "Batch", "Bert", "BertConfig", "BertModel", "BertOutput",

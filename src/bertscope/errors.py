@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BertscopeError", "CheckpointError", "InputError"]
+__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError"]
 
 
 class BertscopeError(Exception):
@@ -15,3 +15,7 @@ class CheckpointError(BertscopeError):
 
 class InputError(BertscopeError, ValueError):
     """Bad user input: empty text, a word not in the text, a malformed file."""
+
+
+class InputTypeError(InputError, TypeError):
+    """Input of the wrong kind: one string where a list is wanted, None or a number for a text."""

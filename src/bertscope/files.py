@@ -5,17 +5,25 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from .errors import InputError
 
-__all__ = ["read_input_bytes", "read_lines", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["TEMP_SUFFIX", "read_input_bytes", "read_lines", "write_atomic", "write_bytes_atomic",
+           "write_text_atomic"]
+
+TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
-    """Write ``data`` to ``path`` so a reader never sees a half-written file.
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, make_parents: bool = True,
+                 fsync: bool = False, before_rename: Callable[[], object] | None = None) -> Path:
+    """Write ``path`` so a reader never sees a half-written file: the one atomic writer.
 
-    The bytes go to a temporary file in the same folder, then ``os.replace`` renames it over
-    ``path`` in one step. With ``make_parents=False`` a missing folder is an InputError.
+    ``write(f)`` fills a temporary file in the same folder (named ``.NAME.RANDOM.tmp``); then
+    ``os.replace`` renames it over ``path`` in one step. If anything fails (a full disk, an
+    interrupt) the temporary is removed and ``path`` is untouched. ``fsync`` flushes the bytes
+    to disk before the rename (for files a resumed job will trust). ``before_rename`` runs
+    between the two (a test hook). With ``make_parents=False`` a missing folder is an InputError.
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -23,16 +31,26 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bo
         folder.mkdir(parents=True, exist_ok=True)
     elif not folder.is_dir():
         raise InputError(f"the folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; outputs are ordinary files
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
+    """Write ``data`` to ``path`` atomically (see :func:`write_atomic`)."""
+    return write_atomic(path, lambda f: f.write(data), make_parents=make_parents)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

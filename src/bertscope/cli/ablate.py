@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ablate import ablate, sweep
+    from ..understand.ablate import ablate, sweep
     from ..errors import InputError
 
     if not args.text.strip():

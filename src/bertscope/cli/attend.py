@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..inspect import attend
+    from ..understand.inspect import attend
 
     if not args.text.strip():
         raise InputError("the text is empty")

@@ -49,8 +49,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import PLOT_SUFFIXES, read_corpus, render_scaling_plot, run_bench, write_markdown
-    from ..config import BertConfig
+    from .. import bench
+    from ..bench.corpus import read_corpus
+    from ..bench.report import PLOT_SUFFIXES, render_scaling_plot, write_markdown
+    from ..core.config import BertConfig
     from ..errors import InputError
     from ..files import write_bytes_atomic
     from .common import check_output_file
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         corpus, warns = read_corpus(args.corpus)
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)
-    res = run_bench(model=args.model, preset=args.preset, corpus=corpus, quick=args.quick,
+    res = bench.run_bench(model=args.model, preset=args.preset, corpus=corpus, quick=args.quick,
                     threads=args.threads, rounds=args.rounds, plot=None)
     if args.corpus:
         res["corpus"] = args.corpus

@@ -15,7 +15,7 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load_model(args: argparse.Namespace):
-    from ..loading import load
+    from ..bert import load
 
     return load(getattr(args, "model", None))
 

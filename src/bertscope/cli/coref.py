@@ -24,7 +24,7 @@ and skipped; the others are scored.
 
 examples:
   bertscope coref ../shared/data/wsc/WSCollection.xml --limit 273      # WSC273
-  bertscope coref "$(python -c 'import bertscope.coref as c, pathlib; print(pathlib.Path(c.__file__).parent / "data/pronouns.xml")')"
+  bertscope coref "$(python -c 'import bertscope.understand.coref as c, pathlib; print(pathlib.Path(c.__file__).parent / "data/pronouns.xml")')"
   bertscope coref schemas.xml --json
 """
 
@@ -44,9 +44,9 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..coref import evaluate
+    from ..understand.coref import evaluate
     from ..errors import InputError
-    from ..wsc import read_wsc
+    from ..understand.wsc import read_wsc
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")

@@ -61,7 +61,7 @@ def _lines(nums: list[int], k: int = 10) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..embedjob import run_embed_job
+    from ..fast.embedjob import run_embed_job
     from ..errors import InputError
     from .common import check_output_dir
 

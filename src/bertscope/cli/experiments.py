@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..errors import InputError
-    from ..experiments_report import run_all, write_report
+    from ..understand.experiments.report import run_all, write_report
 
     if args.wsc_limit is not None and args.wsc is None:
         raise InputError("--wsc-limit needs --wsc FILE (the WSC schemas to score)")

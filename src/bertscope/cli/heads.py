@@ -45,8 +45,8 @@ def _table(title: str, values, fmt: str = "{:5.2f}") -> list[str]:
 
 def _write_maps(out, hs) -> list:
     from ..files import write_text_atomic
-    from ..headmaps import save_class_map, save_heatmap
-    from ..headstats import CLASSES, STAT_LABELS, STATS
+    from ..see.figures import save_class_map, save_heatmap
+    from ..understand.headstats import CLASSES, STAT_LABELS, STATS
 
     written = []
     for k in STATS:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..files import read_lines
-    from ..headstats import CLASSES, STAT_LABELS, STATS, head_stats
+    from ..understand.headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
     out = check_output_dir(args.out) if args.out else None
     lines, warns = read_lines(args.corpus)

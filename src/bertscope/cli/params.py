@@ -34,21 +34,20 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..config import BertConfig, ConfigError
-    from ..errors import BertscopeError
-    from ..loading import bundled_model_path
-    from ..model import BertModel
-    from ..params import count_params
     from pathlib import Path
+
+    from ..core.checkpoint import bundled_model_path, check_folder
+    from ..core.config import BertConfig, ConfigError
+    from ..core.model import BertModel
+    from ..core.params import count_params
+    from ..errors import BertscopeError
 
     try:
         if args.preset:
             config, source = BertConfig.preset(args.preset), f"preset {args.preset}"
         else:
             folder = Path(args.model) if args.model else bundled_model_path()
-            from ..loading import _check_folder
-
-            _check_folder(folder)
+            check_folder(folder)
             config, source = BertConfig.from_json(folder / "config.json"), str(folder)
     except ConfigError as e:
         raise BertscopeError(str(e)) from None

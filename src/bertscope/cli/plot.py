@@ -36,8 +36,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..plot import FORMATS, grid_figure, head_figure, save_figure
-    from ..report import analyze
+    from ..see.figures import FORMATS, grid_figure, head_figure, save_figure
+    from ..see.report import analyze
 
     if not args.text.strip():
         raise InputError("the text is empty")

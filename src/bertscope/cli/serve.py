@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..errors import InputError
-    from ..server import bind
-    from ..server import run as serve
+    from ..see.server import bind
+    from ..see.server import run as serve
 
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be 0..65535, got {args.port}")

@@ -47,7 +47,7 @@ def _row(tokens: list[str], values, fmt: str = "{:+.3f}") -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..trace import trace
+    from ..understand.trace import trace
 
     if not args.text.strip():
         raise InputError("the text is empty")

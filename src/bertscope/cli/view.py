@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..report import build_report
+    from ..see.report import build_report
 
     if not args.text.strip():
         raise InputError("the text is empty")

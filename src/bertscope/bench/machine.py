@@ -1,0 +1,109 @@
+"""The machine a benchmark runs on: what it is (CPU model and flags, versions) and its
+measured matrix-multiply peak, the bar useful GFLOP/s are held against.
+
+Shape legend: M, K, N the sides of a product (M x K)·(K x N).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["CPU_FLAGS", "PEAK_SHAPES", "best_rate", "cpu_flags", "cpu_name", "machine", "matmul_peak",
+           "onednn_matmul_peak", "sync"]
+
+# The instruction-set features that decide which kernels are fast on a CPU.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+PEAK_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 768, 3072))  # (M, K, N)
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA); nothing on CPU."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def cpu_name() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return cpu
+
+
+def cpu_flags() -> list[str]:
+    """Which of :data:`CPU_FLAGS` this CPU has (from /proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in CPU_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def machine() -> dict:
+    """CPU, flags, threads, platform and the versions of every system compared."""
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("transformers", "sentence_transformers", "onnxruntime", "numpy"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            versions[mod] = None
+    info = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform(), "versions": versions}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def best_rate(run: Callable[[], object], flop: float, seconds: float, device: str) -> float:
+    """GFLOP/s of ``run`` at its 10th-percentile time over ``seconds`` (load only ever slows)."""
+    run()
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 5:
+        t = time.perf_counter()
+        run()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return flop / sorted(times)[len(times) // 10] / 1e9
+
+
+def matmul_peak(n: int | None = None, seconds: float = 1.0, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> float:
+    """The machine's measured matmul peak in GFLOP/s through torch.mm: the best over square
+    1024³ and 2048³ and BERT-base's feed-forward shape (4096, 768) x (768, 3072), each rated at
+    its 10th-percentile time. ``n`` measures one n x n x n product instead."""
+    shapes = PEAK_SHAPES if n is None else ((n, n, n),)
+    best = 0.0
+    for M, K, N in shapes:
+        a = torch.randn(M, K, device=device, dtype=dtype)
+        b = torch.randn(K, N, device=device, dtype=dtype)
+        best = max(best, best_rate(lambda: torch.mm(a, b), 2 * M * K * N, seconds / len(shapes), device))
+    return best
+
+
+def onednn_matmul_peak(n: int | None = None, seconds: float = 1.0) -> float | None:
+    """The same products through oneDNN with a pre-packed weight, as the packed path can run
+    them on CPU (None where this torch has no such op)."""
+    from ..fast.gemm import Linear, onednn_linear_available
+
+    if not onednn_linear_available():
+        return None
+    shapes = PEAK_SHAPES if n is None else ((n, n, n),)
+    best = 0.0
+    for M, K, N in shapes:
+        x = torch.randn(M, K)
+        lin = Linear(torch.randn(N, K), torch.zeros(N), "onednn")
+        best = max(best, best_rate(lambda: lin(x), 2 * M * K * N, seconds / len(shapes), "cpu"))
+    return best

@@ -1,0 +1,83 @@
+"""Benchmark results as Markdown (docs/BENCHMARKS.md) and the S13 figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from ..files import write_bytes_atomic
+from .scaling import MIN_FIT_MIB
+
+__all__ = ["PLOT_SUFFIXES", "plot_scaling", "render_scaling_plot", "systems_table", "write_markdown"]
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def render_scaling_plot(result: dict, fmt: str = "png") -> bytes:
+    """The S13 plot of ``result`` (:func:`bertscope.bench.scaling.scaling`'s dict) as png/svg/pdf bytes."""
+    from ..see.figures import scaling_plot
+
+    return scaling_plot(result, fmt)
+
+
+def plot_scaling(result: dict, path: Path) -> Path:
+    """Write the S13 plot to ``path`` (.png, .svg or .pdf) atomically: rendered in memory, then
+    a temporary file renamed into place."""
+    path = Path(path)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"the plot must end in {' or '.join(PLOT_SUFFIXES)}, got {str(path)!r}")
+    return write_bytes_atomic(path, render_scaling_plot(result, path.suffix.lower()[1:]))
+
+
+def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[str]:
+    """Markdown rows comparing the systems of one timed workload (as compare_and_time returns it)."""
+    lines = ["| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, s in w["systems"].items():
+        sp = w["bertscope_speedup"].get(name)
+        diff = w["max_abs_diff_vs_bertscope"].get(name)
+        lines.append(f"| {name} | {s['median_s']:{seconds}} | {s['tokens_per_s']:,.0f} | {s['useful_gflops']:{gflops}} | "
+                     f"{'—' if sp is None else f'{sp:.2f}×'} | {'—' if diff is None else f'{diff:.1e}'} |")
+    return lines
+
+
+def write_markdown(r: dict) -> str:
+    """The results as markdown tables (for docs/BENCHMARKS.md)."""
+    m = r["machine"]
+    lines = [f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
+             f"{m.get('gpu', 'no GPU used') if r['device'] != 'cpu' else 'CPU'}; dtype {r['dtype']}; "
+             + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+             "", f"Measured fp32 matmul peak (best of 1024³, 2048³, 4096×768×3072; torch.mm): **{r['matmul_peak_gflops']:.1f} GFLOP/s**"
+             + (f"; through oneDNN: **{r['matmul_peak_onednn_gflops']:.1f} GFLOP/s**"
+                if r.get("matmul_peak_onednn_gflops") else "") + ".", ""]
+    for wname, w in r["workloads"].items():
+        lines += [f"### {w.get('label', wname)}: {w['texts']} texts, {w['real_tokens']} real tokens "
+                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}", "",
+                  ] + systems_table(w)
+        lines.append(f"\nbertscope's useful GFLOP/s are {100 * w['bertscope_fraction_of_matmul_peak']:.0f}% of the "
+                     "higher measured matmul peak.")
+        for name, why in w["skipped"].items():
+            lines.append(f"Skipped {name}: {why}.")
+        lines.append("")
+    s = r["scaling"]
+    lines += [f"### S13: cost against length (batch of 1, {s['config']['hidden_size']} hidden, "
+              f"{s['config']['num_hidden_layers']} layers)", "",
+              "| T | attention alone ms | whole model ms | attention peak MiB | model peak MiB |", "|---:|---:|---:|---:|---:|"]
+    am, mm = s["attention"].get("peak_mib") or [], s["model"].get("peak_mib") or []
+    for i, T in enumerate(s["lengths"]):
+        lines.append(f"| {T} | {1e3 * s['attention']['time_s'][i]:.2f} | {1e3 * s['model']['time_s'][i]:.1f} | "
+                     f"{am[i] if i < len(am) else float('nan'):.1f} | {mm[i] if i < len(mm) else float('nan'):.1f} |")
+    lines.append("")
+    for kind in ("attention", "model"):
+        e = s[kind]
+        txt = f"- {kind}: time grows as T^{e['time_exponent']:.2f}"
+        if e.get("memory_exponent") is not None:
+            txt += f", peak memory as T^{e['memory_exponent']:.2f}"
+        elif "memory_exponent" in e:
+            txt += f", peak memory exponent n/a (some peaks ≤ {MIN_FIT_MIB} MiB, too small to fit)"
+        if "ratio_512_vs_192" in e:
+            txt += f"; 512 vs 192 tokens: **{e['ratio_512_vs_192']:.1f}×** the time (seed claims {s['seed_claim_512_vs_192']:.1f}×)"
+        if "memory_ratio_512_vs_192" in e:
+            txt += f", {e['memory_ratio_512_vs_192']:.1f}× the memory"
+        lines.append(txt)
+    return "\n".join(lines) + "\n"

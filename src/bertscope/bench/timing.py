@@ -1,0 +1,73 @@
+"""Timing systems side by side: outputs compared first, then medians over round-robin rounds.
+
+Everything runs in ONE process, on the same texts, with the same thread count. Every system's
+output is compared with bertscope's (max abs difference of the normalised mean-pooled
+embeddings) before any time is taken. Rounds visit every system in turn, so a burst of load
+from elsewhere on the machine hits all systems alike; the median is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.config import BertConfig
+from .machine import sync
+from .systems import Embedder
+
+__all__ = ["compare_and_time", "median_time", "useful_flops"]
+
+
+def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
+    """FLOPs that real tokens need (2 per multiply-add; no padding, no embeddings, no softmax).
+
+    Per layer and sequence of L tokens: projections Q, K, V, O: 2·L·4C²; feed-forward: 2·L·2CI;
+    scores QKᵀ and context P·V: 2·2·L²·C.
+    """
+    C, I, N = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    linear = sum(lengths) * 2 * (4 * C * C + 2 * C * I)
+    quadratic = sum(L * L for L in lengths) * 4 * C
+    return float(N * (linear + quadratic))
+
+
+def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens: int, flops: float,
+                     rounds: int, device: str = "cpu") -> dict:
+    """Check every system's output against bertscope's, then time them round-robin."""
+    outputs = {name: f(texts) for name, f in systems.items()}  # also the warm-up run
+    ref = outputs["bertscope"]
+    diffs = {name: float(np.abs(o - ref).max()) for name, o in outputs.items() if name != "bertscope"}
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, f in systems.items():
+            sync(device)
+            t = time.perf_counter()
+            f(texts)
+            sync(device)
+            times[name].append(time.perf_counter() - t)
+    result = {"texts": len(texts), "real_tokens": real_tokens, "useful_gflop": flops / 1e9,
+              "max_abs_diff_vs_bertscope": diffs, "systems": {}}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        result["systems"][name] = {"median_s": med, "tokens_per_s": real_tokens / med,
+                                   "useful_gflops": flops / med / 1e9, "times_s": ts}
+    base = result["systems"]["bertscope"]["tokens_per_s"]
+    result["bertscope_speedup"] = {n: base / s["tokens_per_s"] for n, s in result["systems"].items()
+                                   if n != "bertscope"}
+    return result
+
+
+def median_time(fn: Callable[[], object], min_rounds: int = 3, min_seconds: float = 0.3,
+                 device: str = "cpu") -> float:
+    fn()
+    times = []
+    end = time.perf_counter() + min_seconds
+    while len(times) < min_rounds or time.perf_counter() < end:
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)

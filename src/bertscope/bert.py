@@ -1,0 +1,182 @@
+"""The Bert facade: a loaded checkpoint, and the one place that picks the path a forward takes.
+
+    bert = bertscope.load()                 # the bundled all-MiniLM-L6-v2, or load("folder")
+    bert.model                              # the BertModel: the readable, padded reference path
+    bert(input_ids, attention_mask)         # the same outputs, computed packed (no PAD arithmetic)
+    bert.embed(["a text", ...])             # sentence embeddings on the packed path
+
+``bert.model(...)`` is always the exact reference (it can return attentions, hidden states and
+every intermediate). Plain forwards (``bert(...)``), ``embed`` and the embedding jobs take the
+packed fast path (:mod:`bertscope.fast`), which the facade owns: its GEMM backend, caches and
+kernel state live on ``bert.fast``. Arrows: this module uses fast and core; they never use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .core.checkpoint import bundled_model_path, read_checkpoint
+from .core.config import BertConfig
+from .core.model import BertModel
+from .core.outputs import BertOutput
+from .core.tokenizer import BertTokenizer, TruncationWarning
+from .errors import InputError, InputTypeError
+from .fast.batching import token_budget_batches
+from .fast.encoder import PackedEncoder
+from .fast.packing import mean_pool, pack_ids
+
+__all__ = ["Bert", "DEFAULT_BATCH_TOKENS", "bundled_model_path", "check_texts", "load"]
+
+log = logging.getLogger(__name__)
+
+# Real tokens per batch in embed(), per device type: on CPU the (tokens, I) feed-forward
+# activations should stay in cache; a GPU wants large batches. The measured kernel choice may
+# override the CPU value per machine.
+DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
+
+
+def check_texts(texts: object, what: str = "texts") -> list[str]:
+    """A list of texts from a caller, checked: a sequence of str, each valid Unicode.
+
+    Raises InputTypeError (an InputError and a TypeError; one line) for a single string or a
+    non-string item (None, a number), and InputError for a that cannot be encoded as UTF-8 (a lone surrogate such as "\\ud800")."""
+    if isinstance(texts, (str, bytes)):
+        raise InputTypeError(f"{what} must be a list of strings, not one {type(texts).__name__}")
+    try:
+        items = list(texts)  # type: ignore[call-overload]
+    except TypeError:
+        raise InputTypeError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
+    for i, t in enumerate(items):
+        if not isinstance(t, str):
+            raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"{what}[{i}] is not valid Unicode text ({e.reason} at character {e.start})") from None
+    return items
+
+
+@dataclass
+class Bert:
+    """A loaded checkpoint: ``.config``, ``.model`` (eval mode), ``.tokenizer`` and ``.fast``."""
+
+    config: BertConfig
+    model: BertModel
+    tokenizer: BertTokenizer
+    path: Path | None = None
+    max_seq_length: int = 512  # sentence-transformers' limit for embed(), when the folder sets one
+    name: str = field(default="")
+    fast: PackedEncoder = field(default_factory=PackedEncoder, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 token_type_ids: torch.Tensor | None = None, **kwargs) -> BertOutput:
+        """Encode a padded batch, as ``bert.model(...)`` does, on the fastest exact path.
+
+        A plain forward (last hidden state and pooler) runs packed: no arithmetic on padding,
+        PAD positions of ``last_hidden_state`` are zeros; it works under autograd and in
+        training mode too. Asking for anything else (``output_attentions``,
+        ``output_hidden_states``, ``head_mask``, ``output_intermediates``) runs the reference
+        model, which can return it.
+        """
+        dev = self.device
+        args = (input_ids.to(dev), None if attention_mask is None else attention_mask.to(dev),
+                None if token_type_ids is None else token_type_ids.to(dev))
+        if any(v is not None and v is not False for v in kwargs.values()):
+            return self.model(*args, **kwargs)
+        return self.fast.forward(self.model, *args)
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+               max_length: int | None = None):
+        """Tokenize texts for this model (see :meth:`BertTokenizer.encode`)."""
+        return self.tokenizer.encode(texts, pairs=pairs, max_length=max_length)
+
+    def embed(self, texts: Sequence[str], batch_size: int | None = None, normalize: bool = True,
+              *, batch_tokens: int | None = None) -> np.ndarray:
+        """Sentence embeddings (N, C): mean of the last hidden state over real tokens.
+
+        Texts are sorted by length and packed into batches of at most ``batch_tokens`` real
+        tokens (default: DEFAULT_BATCH_TOKENS for the device) and at most ``batch_size`` texts,
+        if given; the packed path computes nothing on padding. Rows come back in input order.
+        With ``normalize`` each row has unit L2 norm (as all-MiniLM-L6-v2's card prescribes).
+        An empty or whitespace-only text gets a zero vector (as ``bertscope embed`` gives an
+        empty line). Texts longer than the model's ``max_seq_length`` are cut, with a
+        :class:`~bertscope.core.tokenizer.TruncationWarning`. A text that is not a string, or
+        not valid Unicode, is an :class:`~bertscope.errors.InputError`.
+        """
+        texts = check_texts(texts)
+        real = [i for i, t in enumerate(texts) if t.strip()]
+        ids, truncated = self.tokenizer.encode_ids([texts[i] for i in real], max_length=self.max_seq_length)
+        n_cut = sum(truncated)
+        if n_cut:
+            warnings.warn(
+                f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
+                f"(first: text {real[truncated.index(True)] + 1})", TruncationWarning, stacklevel=2)
+        out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)
+        if real:
+            out[real] = self.embed_ids(ids, batch_size=batch_size, normalize=normalize,
+                                       batch_tokens=batch_tokens)
+        return out
+
+    def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
+                  normalize: bool = True, *, batch_tokens: int | None = None) -> np.ndarray:
+        """:meth:`embed` for texts already tokenized (lists of ids with [CLS] and [SEP]).
+
+        Embedding is inference: the model runs in eval mode (no dropout), as
+        sentence-transformers' ``encode`` does, and its mode is restored afterwards.
+        """
+        C = self.config.hidden_size
+        out = np.zeros((len(ids), C), dtype=np.float32)
+        if batch_size is not None and batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if batch_tokens is None:
+            batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
+                    packed = pack_ids([ids[i] for i in idx], device=self.device)
+                    x = self.fast.encode(self.model, packed)  # (N, C) real tokens only
+                    pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
+                    if normalize:
+                        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
+                    rows = [idx[j] for j in packed.order]  # packed order -> input rows
+                    out[rows] = pooled.float().cpu().numpy()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             token_type_ids: torch.Tensor | None = None, normalize: bool = True) -> torch.Tensor:
+        """Mean-pooled (and optionally L2-normalised) sentence vectors (B, C) for one batch."""
+        mask = attention_mask.to(self.device)
+        h = self(input_ids, mask, token_type_ids).last_hidden_state  # (B, T, C)
+        m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)  # (B, C)
+        if normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
+        return pooled
+
+
+def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
+         dtype: torch.dtype | None = None) -> Bert:
+    """Load a checkpoint folder (or, with ``path=None``, the bundled all-MiniLM-L6-v2).
+
+    Raises :class:`~bertscope.errors.CheckpointError` with one clear sentence when the folder
+    is missing, is not a checkpoint, or its weights do not match its config.
+    """
+    folder = bundled_model_path() if path is None else Path(path).expanduser()
+    ck = read_checkpoint(folder, device=device, dtype=dtype)
+    return Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
+                max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2")

@@ -1,0 +1,184 @@
+"""The BERT encoder around the attention (SPEC S14).
+
+Shape legend: B batch, T tokens, H heads, D head size, C = H·D hidden size, I feed-forward
+width (4·C in BERT), N layers, V vocabulary.
+
+    embeddings:  word + position + segment, LayerNorm, dropout          (B, T) -> (B, T, C)
+    N x layer:   x = LayerNorm(x + Dropout(Attention(x)))               (post-LayerNorm, as BERT)
+                 x = LayerNorm(x + Dropout(W2·GELU(W1·x)))
+    pooler:      tanh(W·x[:, 0] + b)                                    (B, T, C) -> (B, C)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import AttentionRecord
+from .config import BertConfig
+from .layer import BertLayer, FeedForward, LayerRecord
+from .masks import check_attention_mask, mask_to_bias
+from .outputs import BertOutput
+
+__all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForward", "check_inputs"]
+
+
+class BertEmbeddings(nn.Module):
+    """Token + position + segment embeddings, then LayerNorm and dropout (S11, S14).
+
+    Attention alone is blind to order (S11); the position embeddings added here are where
+    order enters the model.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        C = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, C, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, C)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, C)
+        self.norm = nn.LayerNorm(C, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, C); or, with ``position_ids`` given, ids of any shape, e.g. the
+        (N,) tokens of a packed batch -> (N, C)."""
+        if position_ids is None:
+            T = input_ids.shape[1]
+            position_ids = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+        x = (
+            self.word_embeddings(input_ids)  # (B, T, C)
+            + self.position_embeddings(position_ids)  # (1, T, C)
+            + self.token_type_embeddings(token_type_ids)  # (B, T, C)
+        )
+        return self.dropout(self.norm(x))  # (B, T, C)
+
+
+class BertPooler(nn.Module):
+    """tanh(W·h_[CLS] + b): BERT's sentence vector for next-sentence prediction."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x[:, 0]))  # (B, T, C) -> (B, C)
+
+
+def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 token_type_ids: torch.Tensor | None, head_mask: torch.Tensor | None = None) -> None:
+    """Raise ValueError (one sentence) unless the batch fits the model: ids (B, T) with
+    1 <= T <= positions and every id in the vocabulary; a 0/1 mask and segment ids in range of
+    the same shape; a (layers, heads) head_mask. Run once per forward (each check that reads
+    values is one reduction, and one host sync on a GPU)."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+    B, T = input_ids.shape
+    if input_ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+        raise ValueError(f"input_ids must be integer token ids, got {input_ids.dtype}")
+    if T == 0 and B > 0:
+        raise ValueError("input_ids has no tokens (T = 0): a BERT input holds at least [CLS]")
+    if T > config.max_position_embeddings:
+        raise ValueError(f"{T} tokens exceed the model's {config.max_position_embeddings} positions")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
+        raise ValueError(f"input_ids must lie in 0..{config.vocab_size - 1} (the vocabulary), "
+                         f"got {int(input_ids.min())}..{int(input_ids.max())}")
+    if attention_mask is not None:
+        check_attention_mask(attention_mask, B, T)
+    if token_type_ids is not None:
+        if tuple(token_type_ids.shape) != (B, T):
+            raise ValueError(f"token_type_ids must have the shape of input_ids ({B}, {T}), "
+                             f"got {tuple(token_type_ids.shape)}")
+        n = config.type_vocab_size
+        if token_type_ids.numel() and (int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= n):
+            raise ValueError(f"token_type_ids must lie in 0..{n - 1} (the model has {n} segment types), "
+                             f"got {int(token_type_ids.min())}..{int(token_type_ids.max())}")
+    if head_mask is not None:
+        N, H = config.num_hidden_layers, config.num_attention_heads
+        if tuple(head_mask.shape) != (N, H):
+            raise ValueError(f"head_mask must be (layers, heads) = ({N}, {H}), got {tuple(head_mask.shape)}")
+
+
+class BertModel(nn.Module):
+    """The BERT encoder: embeddings, N layers, pooler. Load real weights with bertscope.load.
+
+    This is the readable reference: a padded (B, T) batch, the PAD mask as an additive bias.
+    The packed fast path (:mod:`bertscope.fast.encoder`) runs the same layers on real tokens
+    only; :class:`bertscope.Bert` chooses it for plain inference.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = BertPooler(config)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        head_mask: torch.Tensor | None = None,
+        *,
+        output_intermediates: bool = False,
+    ) -> BertOutput:
+        """Encode a padded batch.
+
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, T), 1 = token, 0 = PAD; None = no padding.
+            token_type_ids: (B, T) segment ids (0 = A, 1 = B); None = all A.
+            output_attentions: return every layer's probabilities (and scores).
+            output_hidden_states: return the embeddings and every layer's output.
+            head_mask: (N, H) multipliers on each head's context before W_O (0 = silence).
+            output_intermediates: return every layer's :class:`~bertscope.core.layer.LayerRecord`
+                (q, k, v, scores, probs, context, sublayer outputs, residuals).
+
+        Returns:
+            a :class:`bertscope.core.outputs.BertOutput`. Outputs at PAD positions are whatever
+            arithmetic on the PAD embeddings gave: nobody should use them.
+        """
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids, head_mask)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)  # (B, T)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+        # The mask is checked above and turned into an additive bias here, once for every layer.
+        bias = None if attention_mask is None else mask_to_bias(attention_mask, x.dtype)  # (B, 1, 1, T)
+        want_attn = output_attentions or output_intermediates
+        hidden_states = [x] if output_hidden_states else None
+        attentions: list[torch.Tensor] = []
+        scores: list[torch.Tensor] = []
+        records: list[LayerRecord] = []
+        for i, layer in enumerate(self.layers):
+            x, rec = layer(x, bias, want_attn, None if head_mask is None else head_mask[i],
+                           output_intermediates=output_intermediates)  # (B, T, C)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if isinstance(rec, LayerRecord):
+                records.append(rec)
+                rec = rec.attention
+            if output_attentions and isinstance(rec, AttentionRecord):
+                attentions.append(rec.probs)  # (B, H, T, T)
+                scores.append(rec.scores)  # (B, H, T, T)
+        return BertOutput(
+            last_hidden_state=x,
+            pooler_output=self.pooler(x),
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            attentions=tuple(attentions) if output_attentions else None,
+            scores=tuple(scores) if output_attentions else None,
+            intermediates=tuple(records) if output_intermediates else None,
+        )

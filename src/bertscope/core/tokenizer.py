@@ -1,0 +1,193 @@
+"""WordPiece tokenization through the `tokenizers` library (never hand-written here).
+
+Shape legend: B batch, T tokens (the longest text in the batch, after truncation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tokenizers import Encoding, Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
+
+from ..errors import CheckpointError
+
+__all__ = ["Batch", "BertTokenizer", "TruncationWarning"]
+
+log = logging.getLogger(__name__)
+
+
+class TruncationWarning(UserWarning):
+    """A text was longer than the model's positions and was cut."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A tokenized, padded batch, ready for the model.
+
+    input_ids, attention_mask, token_type_ids: (B, T) int64; attention_mask 1 = token, 0 = PAD.
+    tokens:    per text, its sub-token strings (without padding).
+    word_ids:  per text, per token, the index of the word it belongs to (None for [CLS]/[SEP]).
+    offsets:   per text, per token, (start, end) character offsets into the text.
+    truncated: per text, whether it was cut to fit.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+    tokens: list[list[str]]
+    word_ids: list[list[int | None]]
+    offsets: list[list[tuple[int, int]]]
+    truncated: list[bool]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(t) for t in self.tokens]
+
+
+class BertTokenizer:
+    """BERT's WordPiece tokenizer, cased or uncased as the checkpoint says.
+
+    Built from a checkpoint folder's tokenizer.json (preferred) or vocab.txt. Any padding or
+    truncation stored in tokenizer.json is switched off; this class pads and truncates itself.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int, do_lower_case: bool) -> None:
+        self._tok = tokenizer
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.max_length = max_length
+        self.do_lower_case = do_lower_case
+        self._lock = threading.Lock()  # truncation is state on the shared Tokenizer
+        self.pad_id = self._id("[PAD]")
+        self.cls_id = self._id("[CLS]")
+        self.sep_id = self._id("[SEP]")
+
+    def _id(self, token: str) -> int:
+        i = self._tok.token_to_id(token)
+        if i is None:
+            raise CheckpointError(f"the tokenizer's vocabulary has no {token} token")
+        return i
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def vocab(self) -> dict[str, int]:
+        """The vocabulary: token string -> id."""
+        return self._tok.get_vocab()
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, max_length: int = 512) -> "BertTokenizer":
+        folder = Path(folder)
+        lower = _read_do_lower_case(folder)
+        tj, vt = folder / "tokenizer.json", folder / "vocab.txt"
+        try:
+            if tj.is_file():
+                tok = Tokenizer.from_file(str(tj))
+                if lower is None:
+                    norm = json.loads(tj.read_text(encoding="utf-8")).get("normalizer") or {}
+                    lower = bool(norm.get("lowercase", True))
+            elif vt.is_file():
+                lower = True if lower is None else lower
+                tok = BertWordPieceTokenizer(str(vt), lowercase=lower)._tokenizer
+            else:
+                raise CheckpointError(f"{folder} has neither tokenizer.json nor vocab.txt")
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"the tokenizer in {folder} could not be read ({e})") from None
+        return cls(tok, max_length=max_length, do_lower_case=bool(lower))
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        max_length: int | None = None,
+    ) -> Batch:
+        """Tokenize and pad a batch; texts over ``max_length`` tokens are cut with a warning."""
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts, not one string")
+        limit = max_length or self.max_length
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError("texts and pairs must have the same length")
+        with self._lock:
+            self._tok.enable_truncation(limit, strategy="longest_first")
+            try:
+                if pairs is not None:
+                    encs = self._tok.encode_batch(list(zip(texts, pairs)))
+                else:
+                    encs = self._tok.encode_batch(list(texts))
+            finally:
+                self._tok.no_truncation()
+        truncated = [bool(e.overflowing) for e in encs]
+        n_cut = sum(truncated)
+        if n_cut:
+            first = truncated.index(True)
+            warnings.warn(
+                f"{n_cut} text(s) longer than {limit} tokens were truncated "
+                f"(first: text {first + 1})",
+                TruncationWarning,
+                stacklevel=2,
+            )
+        return self._pad(encs, truncated)
+
+    def _pad(self, encs: list[Encoding], truncated: list[bool]) -> Batch:
+        B = len(encs)
+        T = max((len(e.ids) for e in encs), default=0)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)  # (B, T)
+        mask = torch.zeros((B, T), dtype=torch.long)  # (B, T)
+        types = torch.zeros((B, T), dtype=torch.long)  # (B, T)
+        for b, e in enumerate(encs):
+            n = len(e.ids)
+            ids[b, :n] = torch.tensor(e.ids, dtype=torch.long)
+            mask[b, :n] = 1
+            types[b, :n] = torch.tensor(e.type_ids, dtype=torch.long)
+        return Batch(
+            input_ids=ids,
+            attention_mask=mask,
+            token_type_ids=types,
+            tokens=[list(e.tokens) for e in encs],
+            word_ids=[list(e.word_ids) for e in encs],
+            offsets=[[tuple(o) for o in e.offsets] for e in encs],
+            truncated=truncated,
+        )
+
+    def encode_ids(self, texts: Sequence[str], max_length: int | None = None,
+                   ) -> tuple[list[list[int]], list[bool]]:
+        """Token ids per text (with [CLS] and [SEP], cut to ``max_length``), unpadded, and
+        whether each text was cut. No warning: the caller reports truncation its own way."""
+        if isinstance(texts, str):
+            raise TypeError("encode_ids takes a list of texts, not one string")
+        limit = max_length or self.max_length
+        with self._lock:
+            self._tok.enable_truncation(limit, strategy="longest_first")
+            try:
+                encs = self._tok.encode_batch(list(texts))
+            finally:
+                self._tok.no_truncation()
+        return [e.ids for e in encs], [bool(e.overflowing) for e in encs]
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text with [CLS] and [SEP], before any truncation."""
+        with self._lock:
+            return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+
+def _read_do_lower_case(folder: Path) -> bool | None:
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            value = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
+        except (OSError, ValueError):
+            return None
+        if isinstance(value, bool):
+            return value
+    return None

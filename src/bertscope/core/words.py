@@ -1,0 +1,108 @@
+"""Tokens and words: which sub-tokens make up each word, and attention at word level.
+
+Shape legend: N layers, H heads, T tokens, W words.
+
+Word level follows Clark et al. 2019 ("What Does BERT Look At?"): the attention *to* a word
+is the sum over its sub-tokens (so a split word is not penalised), the attention *from* a
+word is the mean over its sub-tokens (so each row still sums to 1). [CLS] and [SEP] count as
+words of their own: much attention goes to them, and hiding that would mislead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..errors import InputError
+from .tokenizer import Batch
+
+__all__ = ["Words", "find_word", "group_words", "word_attention"]
+
+
+@dataclass(frozen=True)
+class Words:
+    """How one text's tokens group into words.
+
+    words:       W word strings, as written in the text ([CLS]/[SEP] as themselves).
+    token_words: per token, the index of its word (T entries).
+    """
+
+    words: list[str]
+    token_words: list[int]
+
+
+def group_words(batch: Batch, text: str, index: int = 0) -> Words:
+    """Group the tokens of text ``index`` of a batch into words (the tokenizer's pre-tokenized words)."""
+    words: list[str] = []
+    token_words: list[int] = []
+    last: tuple[int, int | None] | None = None  # (sequence id, word id) of the previous token
+    for t, (tok, wid, (s, e)) in enumerate(zip(batch.tokens[index], batch.word_ids[index],
+                                             batch.offsets[index])):
+        if wid is None:
+            words.append(tok)
+            token_words.append(len(words) - 1)
+            last = None
+            continue
+        key = (int(batch.token_type_ids[index, t]), wid)
+        if key != last:
+            words.append(text[s:e] if key[0] == 0 else tok)
+            last = key
+        else:
+            # extend the word's text to cover this sub-token
+            if key[0] == 0:
+                first_token = token_words.index(len(words) - 1)
+                words[-1] = text[batch.offsets[index][first_token][0]:e]
+        token_words.append(len(words) - 1)
+    return Words(words=words, token_words=token_words)
+
+
+def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Tensor:
+    """Token attention (..., T, T) -> word attention (..., W, W).
+
+    To a word: sum over its sub-tokens (columns). From a word: mean over its sub-tokens (rows).
+    """
+    T = probs.shape[-1]
+    if len(token_words) != T:
+        raise ValueError(f"{len(token_words)} token-to-word entries for {T} tokens")
+    W = max(token_words) + 1
+    assign = torch.zeros(T, W, dtype=probs.dtype, device=probs.device)  # (T, W)
+    assign[torch.arange(T), torch.tensor(token_words)] = 1.0
+    summed_cols = probs @ assign  # (..., T, T)@(T, W) -> (..., T, W)
+    mean_rows = assign / assign.sum(0, keepdim=True)  # (T, W), each column sums to 1
+    return mean_rows.transpose(0, 1) @ summed_cols  # (W, T)@(..., T, W) -> (..., W, W)
+
+
+def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
+    """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive)."""
+    if not word.strip():
+        raise InputError("the --token word is empty")
+    target = word.strip().lower()
+    hits = [i for i, w in enumerate(words) if w.lower() == target]
+    if not hits:
+        real = [w for w in words if w not in ("[CLS]", "[SEP]")]
+        if not real:
+            raise InputError("the text has no tokens (it holds only spaces or control characters)")
+        span = _split_span(real, target)
+        if span:
+            raise InputError(
+                f"the tokenizer splits {word!r} into the words {' '.join(span)}; "
+                f"pass one of them, e.g. --token {span[0]}")
+        raise InputError(f"the word {word!r} is not in the text (its words are: {' '.join(real)})")
+    if occurrence < 1 or occurrence > len(hits):
+        raise InputError(f"the word {word!r} occurs {len(hits)} time(s); occurrence {occurrence} does not exist")
+    return hits[occurrence - 1]
+
+
+def _split_span(words: Sequence[str], target: str) -> list[str] | None:
+    """The run of consecutive words that spells ``target`` (e.g. didn ' t for "didn't"), if any."""
+    for i in range(len(words)):
+        joined = ""
+        for j in range(i, min(i + 8, len(words))):
+            joined += words[j].lower()
+            if joined == target:
+                return list(words[i:j + 1]) if j > i else None
+            if not target.startswith(joined):
+                break
+    return None

@@ -1,0 +1,189 @@
+"""The packed path's matrix products: which GEMM library runs them, and their prepared weights.
+
+Shape legend: N rows (real tokens), C hidden size, I feed-forward width, 3C the fused Q/K/V width.
+
+Per layer the packed path needs four linears: W_Q, W_K, W_V stacked into one (3C, C) product,
+W_O (C, C), W1 with its activation (I, C), and W2 (C, I). Two backends compute them:
+
+  * "blas":   ``F.linear`` (MKL/OpenBLAS on CPU, cuBLAS on CUDA), then the activation;
+  * "onednn": oneDNN's fp32 GEMM with the weight reordered once into oneDNN's blocked layout
+              and the activation fused as a post-op (CPU, fp32, inference only). It uses
+              torch's private ``torch.ops.mkldnn`` ops, so it is probed before use and any
+              failure on a real shape falls back to "blas" for the rest of the object's life.
+
+Which one is faster depends on the CPU (oneDNN won on an AVX-512 machine and lost on an
+AVX2-only one), so :class:`GemmBackend` is told which to prefer; it never decides from a
+module-level flag. Everything it learns and caches lives on the object.
+
+Autograd: when gradients are enabled the linears are built afresh from the live parameters on
+every call (the fused Q/K/V weight is a ``torch.cat`` inside the graph), so every parameter
+gets its gradient. Only inference (no_grad or inference_mode) uses the cache, which is keyed by
+the parameters' identities and versions, dtype, device, backend and inference mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..core.layer import activation
+
+__all__ = ["BACKENDS", "GemmBackend", "LayerLinears", "Linear", "fused_qkv", "onednn_linear_available"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("blas", "onednn")
+# config.hidden_act -> oneDNN's post-op (name, algorithm)
+ONEDNN_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+                  "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+PACK_HINT = 2048  # the row count oneDNN is told to expect when it picks the weight's blocked layout
+ROW_BUCKET = 64  # row counts given to oneDNN are rounded up to multiples of this (see Linear)
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch has oneDNN's linear with a pre-packed weight (the op torch.compile emits)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), 4)
+        y = torch.ops.mkldnn._linear_pointwise(torch.ones(3, 2), w, torch.zeros(2), "none", [], "")
+        return bool(torch.equal(y, torch.full((3, 2), 2.0)))
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_Q, W_K, W_V stacked into one (3C, C) weight and (3C,) bias: one matmul instead of three."""
+    w = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight], 0)  # (3C, C)
+    b = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias], 0)  # (3C,)
+    return w, b
+
+
+class Linear:
+    """y = act(x·Wᵀ + b) for one weight, on the backend it was built for."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, backend: str, act: str | None = None,
+                 on_failure: Callable[[Exception], None] | None = None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown GEMM backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.backend = backend
+        self.act_name = act
+        self.act = activation(act) if act else None
+        self.weight, self.bias = weight, bias
+        self.on_failure = on_failure
+        self.packed = None
+        if backend == "onednn":
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            try:
+                return self._onednn(x)
+            except RuntimeError as e:  # a private op that refuses a real shape: BLAS from now on
+                log.warning("oneDNN linear failed on %s (%s); using F.linear", tuple(x.shape), e)
+                self.packed = None
+                self.backend = "blas"
+                if self.on_failure is not None:
+                    self.on_failure(e)
+        y = F.linear(x, self.weight, self.bias)  # (N, in)@(in, out) -> (N, out)
+        return self.act(y) if self.act else y
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        attr, algo = ONEDNN_POSTOPS[self.act_name] if self.act_name else ("none", "")
+        # oneDNN compiles and caches one GEMM per distinct row count N; a streaming job sees
+        # hundreds of N, and resident memory grew by ~2 MiB per new N (measured). Rounding N up
+        # to a multiple of ROW_BUCKET with zero rows keeps the set of shapes small.
+        n = x.shape[0]
+        padded = -(-n // ROW_BUCKET) * ROW_BUCKET
+        if padded != n:
+            x = F.pad(x, (0, 0, 0, padded - n))  # (N, in) -> (N', in), zero rows at the end
+        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias.detach(), attr, [], algo)  # (N', in) -> (N', out)
+        return y[:n] if padded != n else y  # (N, out)
+
+
+@dataclass(frozen=True)
+class LayerLinears:
+    """One layer's linears on the packed path."""
+
+    qkv: Linear  # (3C, C): W_Q, W_K, W_V in one product
+    output: Linear  # (C, C): W_O
+    ff_in: Linear  # (I, C): W1, then the activation
+    ff_out: Linear  # (C, I): W2
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.ff_out(self.ff_in(h))  # act((N, C)@(C, I)) -> (N, I)@(I, C) -> (N, C)
+
+
+class GemmBackend:
+    """Builds and caches the packed path's linears for one preference of GEMM library.
+
+    ``prefer``: "onednn" uses oneDNN where it can (CPU, fp32, inference, the op present), else
+    BLAS; "blas" always uses BLAS. The environment variable BERTSCOPE_ONEDNN=0 forces "blas"
+    when the object is made. The measured choice per machine sets ``prefer``.
+    """
+
+    def __init__(self, prefer: str = "onednn") -> None:
+        if prefer not in BACKENDS:
+            raise ValueError(f"unknown GEMM backend {prefer!r}; choose one of {', '.join(BACKENDS)}")
+        if os.environ.get("BERTSCOPE_ONEDNN", "1") == "0":
+            prefer = "blas"
+        self.prefer = prefer
+        self._onednn_ok: bool | None = None  # probed on first need
+        self.failures: list[str] = []  # oneDNN failures seen on real shapes
+        self._cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def onednn_usable(self) -> bool:
+        if self._onednn_ok is None:
+            self._onednn_ok = onednn_linear_available()
+        return self._onednn_ok and not self.failures
+
+    def backend_for(self, x: torch.Tensor) -> str:
+        """The backend these inputs get: oneDNN only for fp32 CPU inference."""
+        if (self.prefer == "onednn" and x.device.type == "cpu" and x.dtype == torch.float32
+                and not torch.is_grad_enabled() and self.onednn_usable()):
+            return "onednn"
+        return "blas"
+
+    def _failed(self, e: Exception) -> None:
+        self.failures.append(f"{type(e).__name__}: {e}")
+        self._cache.clear()  # rebuild with BLAS next time
+
+    def build(self, model, backend: str) -> list[LayerLinears]:
+        """Fresh linears for every layer of ``model`` from its current parameters."""
+        act = model.config.hidden_act
+        out = []
+        for layer in model.layers:
+            att, ff = layer.attention, layer.feed_forward
+            mk = lambda w, b, a=None: Linear(w, b, backend, a, self._failed)  # noqa: E731
+            out.append(LayerLinears(
+                qkv=mk(*fused_qkv(att)),  # (3C, C)
+                output=mk(att.output.weight, att.output.bias),  # (C, C)
+                ff_in=mk(ff.dense_in.weight, ff.dense_in.bias, act),  # (I, C), then the activation
+                ff_out=mk(ff.dense_out.weight, ff.dense_out.bias),  # (C, I)
+            ))
+        return out
+
+    def linears(self, model, x: torch.Tensor) -> list[LayerLinears]:
+        """The linears for a forward of ``model`` on inputs like ``x`` (see the module doc)."""
+        if torch.is_grad_enabled():
+            return self.build(model, "blas")  # in the graph: every parameter gets its gradient
+        backend = self.backend_for(x)
+        params = list(model.parameters())
+        # Inference tensors (made under torch.inference_mode) keep no version counter, so an
+        # in-place change could not be seen: such a model's linears are rebuilt on every call.
+        if any(p.is_inference() for p in params):
+            return self.build(model, backend)
+        key = (backend, torch.is_inference_mode_enabled(), x.dtype, x.device) + tuple(
+            (p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cached = self._cache.get(model)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        built = self.build(model, backend)
+        self._cache[model] = (key, built)
+        return built

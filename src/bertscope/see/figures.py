@@ -1,0 +1,210 @@
+"""Every figure bertscope draws, and the only module that imports matplotlib. Needs the ``plot`` extra.
+
+matplotlib is imported here only, when a function of this module is called, so ``import
+bertscope`` stays free of it. Figures are built with matplotlib's object API (no pyplot, no
+global state, no display needed), then written atomically with :func:`bertscope.files.write_bytes_atomic`.
+
+    head_figure, grid_figure     attention of one head, or of every layer x head (``bertscope plot``)
+    heatmap_png, save_heatmap    a (layers, heads) table of numbers as a heatmap (heads, experiments)
+    save_class_map               the pattern class of every head
+    line_plot                    one value per layer, several series (experiments)
+    scaling_plot                 S13: time and memory against length (bench)
+
+Shape legend: N layers, H heads, T tokens, W words.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..core.words import word_attention
+from ..files import write_bytes_atomic
+from .report import ReportText
+
+__all__ = ["FORMATS", "figure_bytes", "grid_figure", "head_figure", "heatmap_png", "line_plot", "save_class_map",
+           "save_figure", "save_heatmap", "scaling_plot", "units"]
+
+FORMATS = ("png", "svg", "pdf")
+
+
+def _matplotlib():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise InputError("plotting needs matplotlib: pip install 'bertscope[plot]'") from None
+    return Figure
+
+
+def units(rt: ReportText, words: bool = True) -> tuple[list[str], np.ndarray]:
+    """Labels and attention (N, H, U, U) of a text, at word (U = W) or sub-token (U = T) level."""
+    if not words:
+        return list(rt.tokens), rt.attentions
+    w = word_attention(torch.from_numpy(rt.attentions), rt.token_words)  # (N, H, W, W)
+    return list(rt.words), w.numpy()
+
+
+def head_figure(rt: ReportText, layer: int, head: int, *, words: bool = True):
+    """A heatmap of one head: rows attend (from), columns are attended to (to)."""
+    Figure = _matplotlib()
+    labels, att = units(rt, words)
+    N, H = att.shape[:2]
+    if not 0 <= layer < N:
+        raise InputError(f"--layer must be 0..{N - 1}, got {layer}")
+    if not 0 <= head < H:
+        raise InputError(f"--head must be 0..{H - 1}, got {head}")
+    M = att[layer, head]  # (U, U)
+    U = len(labels)
+    side = float(np.clip(0.34 * U + 2.2, 4.5, 16))
+    fig = Figure(figsize=(side + 1.0, side), layout="constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(M, cmap="Blues", vmin=0.0, vmax=max(float(M.max()), 1e-9), interpolation="nearest")
+    fs = 10 if U <= 30 else max(4, 10 - (U - 30) // 12)
+    ax.set_xticks(range(U), labels, rotation=90, fontsize=fs)
+    ax.set_yticks(range(U), labels, fontsize=fs)
+    ax.tick_params(length=0)
+    ax.set_xlabel("attended to (key)")
+    ax.set_ylabel("attending (query)")
+    ax.set_title(f"layer {layer}, head {head}", fontsize=12)
+    if U <= 20:
+        for i in range(U):
+            for j in range(U):
+                v = M[i, j]
+                if v >= 0.05:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if v > 0.55 * M.max() else "#1d2330")
+    fig.colorbar(im, ax=ax, shrink=0.7, label="attention weight")
+    return fig
+
+
+def grid_figure(rt: ReportText, *, words: bool = True):
+    """Every layer (rows) x head (columns) as small heatmaps, each scaled to its own maximum."""
+    Figure = _matplotlib()
+    labels, att = units(rt, words)
+    N, H = att.shape[:2]
+    fig = Figure(figsize=(1.15 * H + 0.8, 1.15 * N + 0.8), layout="constrained")
+    axes = fig.subplots(N, H, squeeze=False)
+    for layer in range(N):
+        for head in range(H):
+            ax = axes[layer][head]
+            M = att[layer, head]
+            ax.imshow(M, cmap="Blues", vmin=0.0, vmax=max(float(M.max()), 1e-9), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if layer == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+    shown = rt.text
+    fig.suptitle(shown if len(shown) <= 110 else shown[:107] + "…", fontsize=9)
+    return fig
+
+
+def figure_bytes(fig, fmt: str = "png", dpi: int = 110) -> bytes:
+    """A figure rendered in memory as the bytes of a png, svg or pdf."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    return buf.getvalue()
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 200, *, make_parents: bool = False) -> Path:
+    """Save as PNG, SVG or PDF (by the file's suffix), atomically."""
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise InputError(f"the output must end in .png, .svg or .pdf, got {path.name!r}")
+    return write_bytes_atomic(path, figure_bytes(fig, fmt, dpi), make_parents=make_parents)
+
+
+# --------------------------------------------------------------------------------------------
+# (layers, heads) tables as heatmaps
+
+
+def heatmap_png(values: torch.Tensor, title: str, *, labels: Sequence[Sequence[str]] | None = None,
+                cmap: str = "viridis", fmt: str = "{:.2f}", colorbar: bool = True,
+                vmin: float | None = None, vmax: float | None = None) -> bytes:
+    """A (N layers, H heads) heatmap with the value (or a label) written in each cell, as PNG bytes."""
+    Figure = _matplotlib()
+    N, H = values.shape
+    fig = Figure(figsize=(1.0 + 0.55 * H, 0.9 + 0.45 * N), layout="tight")
+    ax = fig.add_subplot()
+    im = ax.imshow(values.float().numpy(), cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
+    ax.set_xticks(range(H))
+    ax.set_yticks(range(N))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=10)
+    lo = float(values.min()) if vmin is None else vmin
+    hi = float(values.max()) if vmax is None else vmax
+    mid = (lo + hi) / 2
+    for li in range(N):
+        for hi_ in range(H):
+            v = float(values[li, hi_])
+            text = labels[li][hi_] if labels is not None else fmt.format(v)
+            ax.text(hi_, li, text, ha="center", va="center", fontsize=6,
+                    color="white" if v < mid else "black")
+    if colorbar:
+        fig.colorbar(im, ax=ax, fraction=0.03)
+    return figure_bytes(fig)
+
+
+def save_heatmap(path: str | Path, values: torch.Tensor, title: str, **kw) -> Path:
+    return write_bytes_atomic(path, heatmap_png(values, title, **kw))
+
+
+_SHORT = {"vertical": "V", "diagonal": "D", "vertical+diagonal": "V+D", "block": "B", "heterogeneous": "Het"}
+
+
+def save_class_map(path: str | Path, classes: list[list[str]], order: Sequence[str], title: str) -> Path:
+    """A map of the pattern class of every head (colour = class, label = short name)."""
+    idx = torch.tensor([[order.index(c) for c in row] for row in classes], dtype=torch.float32)
+    labels = [[_SHORT.get(c, c) for c in row] for row in classes]
+    return save_heatmap(path, idx, title + "  (V vertical, D diagonal, B block, Het heterogeneous)",
+                        labels=labels, cmap="Set3", colorbar=False, vmin=0, vmax=len(order) - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# line plots
+
+
+def line_plot(path: str | Path, series: dict[str, list[float]], title: str, ylabel: str,
+              xlabel: str = "layer") -> Path:
+    """One value per layer (x = 0, 1, ...) for each named series, as a PNG written atomically."""
+    Figure = _matplotlib()
+    fig = Figure(figsize=(5.5, 3.2), layout="tight")
+    ax = fig.add_subplot()
+    for name, ys in series.items():
+        ax.plot(range(len(ys)), ys, marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks(range(len(next(iter(series.values())))))
+    ax.legend(fontsize=8)
+    return write_bytes_atomic(path, figure_bytes(fig, "png", 100))
+
+
+def scaling_plot(result: dict, fmt: str = "png") -> bytes:
+    """S13: time (log-log) and peak memory against tokens T, for attention alone and the whole
+    model, from the dict :func:`bertscope.bench.scaling.scaling` returns; bytes of a png/svg/pdf."""
+    Figure = _matplotlib()
+    Ls = result["lengths"]
+    fig = Figure(figsize=(10, 4), layout="tight")
+    axes = fig.subplots(1, 2)
+    for kind, label in (("attention", "attention alone (QKᵀ, softmax, ·V)"), ("model", "whole model")):
+        e = result[kind]
+        axes[0].loglog(Ls, [t * 1e3 for t in e["time_s"]], "o-", label=f"{label}: T^{e['time_exponent']:.2f}")
+        if e.get("peak_mib"):
+            axes[1].plot(Ls, e["peak_mib"], "o-", label=label)
+    axes[0].set(xlabel="tokens T", ylabel="ms (median)", title="time against length")
+    axes[1].set(xlabel="tokens T", ylabel="peak memory growth (MiB)", title="peak memory against length")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+    return figure_bytes(fig, fmt, 110)

@@ -1,0 +1,259 @@
+"""What every head does over a corpus: where its attention goes, how spread it is, its pattern.
+
+Shape legend: N layers, H heads, T tokens (keys and queries of one text), and ``...`` any
+leading dimensions (for one model run: (N, H)).
+
+Statistics (after Clark et al. 2019), per head, averaged over every query token of the corpus
+(token level; [CLS] and [SEP] rows included):
+
+    cls, sep, punct   attention to [CLS], to [SEP], to punctuation tokens (row sums over those keys)
+    self, prev, next  attention to the token itself, to the one before, to the one after
+                      (prev/next are averaged over the rows that have such a neighbour)
+    entropy           -Σ p·ln p of the row, in nats
+    entropy_gap       ln T - entropy: how far below uniform attention over the T tokens it is
+    distance          Σ p·|query - key|, the mean attention distance in tokens
+
+Pattern classes after Kovaleva et al. 2019 ("Revealing the Dark Secrets of BERT"), who labelled
+maps by eye and with a CNN. bertscope uses stated rules instead. Per map (one text, one head),
+over the rows of ordinary tokens (not [CLS]/[SEP] queries), three masses that sum to 1:
+
+    v  attention to "vertical" keys: [CLS], [SEP] and punctuation (the same keys for every row)
+    d  attention to ordinary keys at |query - key| <= 1 (itself, previous, next)
+    r  the rest: ordinary keys two or more tokens away
+    spread  how evenly r is spread over its keys: the entropy of r (renormalised) divided by
+            ln(number of those keys), averaged over rows weighted by their r mass (0..1)
+
+    u  what v + d would be under uniform attention over the same tokens (short texts have few
+       tokens, so even uniform attention puts much of its mass on [CLS], [SEP] and neighbours)
+
+    if v + d >= max(BROAD_CUTOFF (0.5), ABOVE_UNIFORM (1.5) x u):   mostly vertical and/or diagonal:
+        d < MIX_SHARE (0.25) x (v + d)   ->  "vertical"
+        v < MIX_SHARE (0.25) x (v + d)   ->  "diagonal"
+        otherwise                         ->  "vertical+diagonal"
+    else (mostly distant ordinary tokens):
+        spread >= BLOCK_SPREAD (0.7)      ->  "block"          (broad, even attention over the text)
+        otherwise                         ->  "heterogeneous"  (a few specific distant tokens)
+
+A head's class over a corpus is the class most of its maps get (ties: the order of CLASSES);
+``class_share`` says what share of the maps agreed.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+import warnings as pywarnings
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import InputError
+from ..bert import Bert
+from ..core.tokenizer import TruncationWarning
+
+__all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
+           "TokenKinds", "classify", "head_stats", "map_stats", "pattern_features", "token_kinds"]
+
+BROAD_CUTOFF = 0.5
+ABOVE_UNIFORM = 1.5
+MIX_SHARE = 0.25
+BLOCK_SPREAD = 0.7
+CLASSES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
+STATS = ("cls", "sep", "punct", "self", "prev", "next", "entropy", "entropy_gap", "distance")
+STAT_LABELS = {
+    "cls": "attention to [CLS]", "sep": "attention to [SEP]", "punct": "attention to punctuation",
+    "self": "attention to itself", "prev": "attention to previous token",
+    "next": "attention to next token", "entropy": "entropy (nats)",
+    "entropy_gap": "ln T - entropy (nats)", "distance": "mean attention distance (tokens)",
+}
+
+
+@dataclass(frozen=True)
+class TokenKinds:
+    """Per token (T,) booleans: [CLS], [SEP], punctuation."""
+
+    cls: torch.Tensor
+    sep: torch.Tensor
+    punct: torch.Tensor
+
+    @property
+    def special(self) -> torch.Tensor:
+        return self.cls | self.sep
+
+    @property
+    def vertical(self) -> torch.Tensor:
+        return self.cls | self.sep | self.punct
+
+
+def _is_punct(token: str) -> bool:
+    s = token[2:] if token.startswith("##") else token
+    return bool(s) and all(unicodedata.category(ch).startswith("P") for ch in s)
+
+
+def token_kinds(tokens: list[str]) -> TokenKinds:
+    """Kinds of the given sub-token strings ([CLS], [SEP], all-punctuation tokens)."""
+    return TokenKinds(
+        cls=torch.tensor([t == "[CLS]" for t in tokens]),
+        sep=torch.tensor([t == "[SEP]" for t in tokens]),
+        punct=torch.tensor([_is_punct(t) for t in tokens]),
+    )
+
+
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (..., T, T) -> (..., T); 0·ln 0 = 0
+
+
+def map_stats(probs: torch.Tensor, kinds: TokenKinds) -> dict[str, torch.Tensor]:
+    """Per-map means of :data:`STATS` for attention maps (..., T, T) over one text's tokens."""
+    T = probs.shape[-1]
+    if T < 1:
+        raise ValueError("an attention map needs at least one token")
+    pos = torch.arange(T)
+    dist = (pos[:, None] - pos[None, :]).abs().to(probs.dtype)  # (T, T)
+    diag = probs.diagonal(dim1=-2, dim2=-1)  # (..., T)
+    prev = probs.diagonal(offset=-1, dim1=-2, dim2=-1)  # (..., T-1): row q, key q-1
+    nxt = probs.diagonal(offset=1, dim1=-2, dim2=-1)  # (..., T-1): row q, key q+1
+    zero = probs.new_zeros(probs.shape[:-2])
+    ent = _entropy(probs)  # (..., T)
+    return {
+        "cls": probs[..., kinds.cls].sum(-1).mean(-1),  # (...)
+        "sep": probs[..., kinds.sep].sum(-1).mean(-1),
+        "punct": probs[..., kinds.punct].sum(-1).mean(-1),
+        "self": diag.mean(-1),
+        "prev": prev.mean(-1) if T > 1 else zero,
+        "next": nxt.mean(-1) if T > 1 else zero,
+        "entropy": ent.mean(-1),
+        "entropy_gap": math.log(T) - ent.mean(-1),
+        "distance": (probs * dist).sum(-1).mean(-1),  # (..., T, T) -> (...)
+    }
+
+
+def pattern_features(probs: torch.Tensor, kinds: TokenKinds) -> dict[str, torch.Tensor]:
+    """The masses v, d, r, the spread of r and u (see the module docstring), each (...)."""
+    T = probs.shape[-1]
+    rows = ~kinds.special  # ordinary query rows
+    if not bool(rows.any()):
+        rows = torch.ones(T, dtype=torch.bool)
+    pos = torch.arange(T)
+    near = (pos[:, None] - pos[None, :]).abs() <= 1  # (T, T)
+    vert = kinds.vertical[None, :].expand(T, T)  # (T, T)
+    p = probs[..., rows, :]  # (..., R, T)
+    v = (p * vert[rows]).sum(-1)  # (..., R)
+    d = (p * (near & ~vert)[rows]).sum(-1)  # (..., R)
+    far = (~near & ~vert)[rows]  # (R, T)
+    rem = p * far  # (..., R, T)
+    r = rem.sum(-1)  # (..., R)
+    n_far = far.sum(-1).clamp_min(1)  # (R,)
+    q = rem / r.clamp_min(1e-30)[..., None]  # (..., R, T) remainder renormalised
+    ent = _entropy(q)  # (..., R)
+    norm = torch.where(n_far > 1, torch.log(n_far.to(probs.dtype)), torch.ones((), dtype=probs.dtype))
+    spread_rows = torch.where(n_far > 1, ent / norm, torch.zeros_like(ent))  # (..., R)
+    r_sum = r.sum(-1)  # (...)
+    spread = torch.where(r_sum > 0, (spread_rows * r).sum(-1) / r_sum.clamp_min(1e-30), torch.zeros_like(r_sum))
+    uni = 1.0 / T
+    u = ((vert[rows] | near[rows]).sum(-1).to(probs.dtype) * uni).mean()  # v + d of uniform attention
+    return {"v": v.mean(-1), "d": d.mean(-1), "r": r.mean(-1), "spread": spread,
+            "u": torch.full_like(spread, float(u))}
+
+
+def classify(v: float, d: float, spread: float, u: float = 0.0) -> str:
+    """The pattern class of one map from its masses (the rules in the module docstring)."""
+    vd = v + d
+    if vd >= max(BROAD_CUTOFF, ABOVE_UNIFORM * u):
+        if d < MIX_SHARE * vd:
+            return "vertical"
+        if v < MIX_SHARE * vd:
+            return "diagonal"
+        return "vertical+diagonal"
+    return "block" if spread >= BLOCK_SPREAD else "heterogeneous"
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    """Per-head statistics over a corpus.
+
+    stats:        name -> (N, H) tensor, see :data:`STATS`.
+    features:     "v", "d", "r", "spread" -> (N, H), means over the corpus's maps.
+    classes:      N lists of H class names; ``class_share`` (N, H) the share of maps agreeing.
+    class_counts: class -> (N, H) number of maps given that class.
+    """
+
+    model: str
+    num_texts: int
+    num_tokens: int
+    stats: dict[str, torch.Tensor]
+    features: dict[str, torch.Tensor]
+    classes: list[list[str]]
+    class_share: torch.Tensor
+    class_counts: dict[str, torch.Tensor]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.class_share.shape)  # type: ignore[return-value]
+
+    def to_json(self) -> dict:
+        r = lambda t: [[round(float(x), 6) for x in row] for row in t.tolist()]  # noqa: E731
+        return {
+            "model": self.model, "num_texts": self.num_texts, "num_tokens": self.num_tokens,
+            "layers": self.shape[0], "heads": self.shape[1],
+            "rules": {"broad_cutoff": BROAD_CUTOFF, "above_uniform": ABOVE_UNIFORM, "mix_share": MIX_SHARE, "block_spread": BLOCK_SPREAD},
+            "stats": {k: r(v) for k, v in self.stats.items()},
+            "features": {k: r(v) for k, v in self.features.items()},
+            "classes": self.classes, "class_share": r(self.class_share),
+            "warnings": self.warnings,
+        }
+
+
+@torch.inference_mode()
+def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
+               warnings: list[str] | None = None) -> HeadStats:
+    """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs)."""
+    items = [(i + 1, t) if isinstance(t, str) else t for i, t in enumerate(texts)]
+    items = [(n, t) for n, t in items if t.strip()]
+    if not items:
+        raise InputError("the corpus has no text (every line is empty)")
+    warns = list(warnings or [])
+    N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
+    sums = {k: torch.zeros(N, H, dtype=torch.float64) for k in STATS}
+    feat_sums = {k: torch.zeros(N, H, dtype=torch.float64) for k in ("v", "d", "r", "spread", "u")}
+    counts = {c: torch.zeros(N, H, dtype=torch.long) for c in CLASSES}
+    rows_total = 0
+    rows_nb = 0  # rows that have a previous (or next) neighbour
+    dev = bert.device
+    for n, text in items:
+        with pywarnings.catch_warnings():  # said once, below, with the line number
+            pywarnings.simplefilter("ignore", TruncationWarning)
+            batch = bert.encode([text])
+        if batch.truncated[0]:
+            warns.append(f"line {n} is longer than {bert.tokenizer.max_length} tokens and was truncated")
+        out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                         batch.token_type_ids.to(dev), output_attentions=True)
+        probs = torch.stack([a[0] for a in out.attentions]).double().cpu()  # (N, H, T, T)
+        T = probs.shape[-1]
+        kinds = token_kinds(batch.tokens[0])
+        ms = map_stats(probs, kinds)
+        for k in STATS:
+            w = (T - 1) if k in ("prev", "next") else T
+            sums[k] += ms[k] * w
+        rows_total += T
+        rows_nb += T - 1
+        pf = pattern_features(probs, kinds)
+        for k in feat_sums:
+            feat_sums[k] += pf[k]
+        for li in range(N):
+            for hi in range(H):
+                c = classify(float(pf["v"][li, hi]), float(pf["d"][li, hi]), float(pf["spread"][li, hi]),
+                             float(pf["u"][li, hi]))
+                counts[c][li, hi] += 1
+    stats = {k: (sums[k] / (rows_nb if k in ("prev", "next") else rows_total)).float() if
+             (rows_nb if k in ("prev", "next") else rows_total) else sums[k].float() for k in STATS}
+    stacked = torch.stack([counts[c] for c in CLASSES])  # (classes, N, H)
+    best = stacked.argmax(0)  # (N, H); argmax takes the first of equal counts, i.e. CLASSES order
+    classes = [[CLASSES[int(best[li, hi])] for hi in range(H)] for li in range(N)]
+    share = (stacked.max(0).values.double() / len(items)).float()
+    return HeadStats(
+        model=bert.name, num_texts=len(items), num_tokens=rows_total, stats=stats,
+        features={k: (v / len(items)).float() for k, v in feat_sums.items()},
+        classes=classes, class_share=share, class_counts=counts, warnings=warns,
+    )

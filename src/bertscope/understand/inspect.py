@@ -1,0 +1,83 @@
+"""Look inside attention: word-level attention maps and the heads that link two words.
+
+Shape legend: N layers, H heads, T tokens, W words.
+
+Word level follows Clark et al. 2019: see :mod:`bertscope.core.words`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InputError
+from ..bert import Bert
+from ..core.words import find_word, group_words, word_attention
+
+__all__ = ["AttendResult", "attend"]
+
+
+@dataclass(frozen=True)
+class AttendResult:
+    """Where one word looks, in every layer and head.
+
+    words:   the W words of the text.
+    token:   the word asked about, and ``index`` its position among ``words``.
+    weights: (N, H, W) attention from that word to every word (each row sums to 1).
+    truncated: whether the text was cut to fit the model.
+    """
+
+    words: list[str]
+    token: str
+    index: int
+    weights: torch.Tensor
+    truncated: bool
+
+    def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
+        row = self.weights[layer, head]
+        vals, idx = row.topk(min(k, row.numel()))
+        return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
+
+    def heads_for(self, target: int, k: int | None = None) -> list[tuple[int, int, float]]:
+        """(layer, head, weight) sorted by the weight from the token to word ``target``."""
+        w = self.weights[:, :, target]  # (N, H)
+        H = w.shape[1]
+        flat = w.flatten()
+        order = flat.argsort(descending=True).tolist()
+        if k is not None:
+            order = order[:k]
+        return [(i // H, i % H, float(flat[i])) for i in order]
+
+    def to_json(self) -> dict:
+        return {
+            "words": self.words,
+            "token": self.token,
+            "token_index": self.index,
+            "truncated": self.truncated,
+            "weights": [[[round(float(x), 6) for x in head] for head in layer]
+                        for layer in self.weights.tolist()],
+        }
+
+
+@torch.inference_mode()
+def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResult:
+    """Attention from ``token`` (a word of ``text``) to every word, per layer and head."""
+    if not text.strip():
+        raise InputError("the text is empty")
+    batch = bert.encode([text])
+    words = group_words(batch, text)
+    try:
+        index = find_word(words.words, token, occurrence)
+    except InputError:
+        if batch.truncated[0] and token.strip().lower() in text.lower():
+            raise InputError(f"the word {token!r} was cut off: the text is longer than the model's "
+                             f"{bert.tokenizer.max_length} positions") from None
+        raise
+    dev = bert.device
+    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                     batch.token_type_ids.to(dev), output_attentions=True)
+    probs = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (N, H, T, T)
+    w = word_attention(probs, words.token_words)  # (N, H, W, W)
+    return AttendResult(words=words.words, token=words.words[index], index=index,
+                        weights=w[:, :, index, :], truncated=batch.truncated[0])

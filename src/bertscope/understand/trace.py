@@ -1,0 +1,191 @@
+"""Trace one layer's attention step by step on real numbers: the seed's walk-through [1]-[5].
+
+Shape legend: B batch (1 here), T tokens, H heads, D head size, C = H·D hidden size.
+
+The trace is computed by the model's own modules: the layer's ``query``/``key``/``value``/
+``output`` linears, its ``split_heads`` and :func:`bertscope.attention.attention_reference`, then
+the layer's own residual LayerNorm and feed-forward. Nothing is re-implemented here, so the
+trace is the model's computation made visible (a test holds it equal to the model and to HF).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..core.attention import attention_reference
+from ..errors import InputError
+from ..core.words import find_word, group_words, word_attention
+from ..bert import Bert
+from ..core.masks import mask_to_bias
+
+__all__ = ["Trace", "trace"]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One layer, one head, one token, every step of self-attention.
+
+    shapes:       step name -> tensor shape, in the order the steps happen.
+    tokens:       the T sub-token strings; ``token_index`` is the traced token among them.
+    raw_scores:   (T,) q_t·k_j for the traced head, before ÷√D.
+    scores:       (T,) raw_scores / √D (what the model adds the mask to).
+    mask:         (T,) the attention mask, 1 = token, 0 = PAD; ``bias`` (T,) what it adds.
+    weights:      (T,) the softmax row (sums to 1; PAD keys exactly 0).
+    dropped:      (T,) one seeded sample of the same row through dropout in training mode.
+    word_weights: (W,) the softmax row at word level (to a word: sum over its sub-tokens).
+    head_output:  (B, T, C) the attention sublayer's output (after W_O) for all heads.
+    layer_output: (B, T, C) the whole layer's output (residual, LayerNorm, feed-forward).
+    probs:        (B, H, T, T) the layer's attention probabilities.
+    params:       parameter counts of the layer's attention (and of one head's share).
+    """
+
+    text: str
+    layer: int
+    head: int
+    num_layers: int
+    num_heads: int
+    head_size: int
+    hidden_size: int
+    tokens: list[str]
+    token_index: int
+    words: list[str]
+    word_index: int
+    shapes: dict[str, tuple[int, ...]]
+    raw_scores: torch.Tensor
+    scores: torch.Tensor
+    mask: torch.Tensor
+    bias: torch.Tensor
+    weights: torch.Tensor
+    dropout_p: float
+    dropped: torch.Tensor
+    word_weights: torch.Tensor
+    head_output: torch.Tensor
+    layer_output: torch.Tensor
+    probs: torch.Tensor
+    params: dict[str, int] = field(default_factory=dict)
+
+    def top_tokens(self, k: int = 5) -> list[tuple[str, float]]:
+        vals, idx = self.weights.topk(min(k, self.weights.numel()))
+        return [(self.tokens[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
+
+    def top_words(self, k: int = 5) -> list[tuple[str, float]]:
+        vals, idx = self.word_weights.topk(min(k, self.word_weights.numel()))
+        return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
+
+    def to_json(self) -> dict:
+        r6 = lambda t: [round(float(x), 6) for x in t.tolist()]  # noqa: E731
+        return {
+            "text": self.text, "layer": self.layer, "head": self.head,
+            "num_layers": self.num_layers, "num_heads": self.num_heads,
+            "head_size": self.head_size, "hidden_size": self.hidden_size,
+            "tokens": self.tokens, "token_index": self.token_index,
+            "words": self.words, "word_index": self.word_index,
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "raw_scores": r6(self.raw_scores), "scale": math.sqrt(self.head_size),
+            "scores": r6(self.scores), "mask": [int(x) for x in self.mask.tolist()],
+            "weights": r6(self.weights), "weights_sum": round(float(self.weights.sum()), 6),
+            "dropout_p": self.dropout_p, "dropped_sample": r6(self.dropped),
+            "word_weights": r6(self.word_weights),
+            "top_tokens": [[t, round(v, 6)] for t, v in self.top_tokens()],
+            "top_words": [[w, round(v, 6)] for w, v in self.top_words()],
+            "params": self.params,
+        }
+
+
+def _check_range(name: str, value: int, n: int) -> None:
+    if not 0 <= value < n:
+        raise InputError(f"--{name} {value} is out of range: the model has {n} {name}s (0..{n - 1})")
+
+
+@torch.inference_mode()
+def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
+          occurrence: int = 1, pad: int = 0, seed: int = 0) -> Trace:
+    """Run ``text`` through the model and trace layer ``layer``, head ``head`` for ``token``.
+
+    ``pad`` appends that many [PAD] tokens (mask 0) so the mask has something to do.
+    ``seed`` fixes the dropout sample shown for training mode.
+    """
+    if not text.strip():
+        raise InputError("the text is empty")
+    cfg = bert.config
+    _check_range("layer", layer, cfg.num_hidden_layers)
+    _check_range("head", head, cfg.num_attention_heads)
+    if pad < 0:
+        raise InputError("--pad must be 0 or more")
+    batch = bert.encode([text])
+    words = group_words(batch, text)
+    w = find_word(words.words, token, occurrence)
+    t = words.token_words.index(w)  # the word's first sub-token
+
+    ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids  # (1, T)
+    if pad:
+        if ids.shape[1] + pad > cfg.max_position_embeddings:
+            raise InputError(f"--pad {pad} makes the input longer than {cfg.max_position_embeddings} positions")
+        ids = F.pad(ids, (0, pad), value=bert.tokenizer.pad_id)  # (1, T)
+        mask = F.pad(mask, (0, pad), value=0)  # (1, T)
+        types = F.pad(types, (0, pad), value=0)  # (1, T)
+    tokens = batch.tokens[0] + ["[PAD]"] * pad
+    dev = bert.device
+    ids, mask, types = ids.to(dev), mask.to(dev), types.to(dev)
+
+    model = bert.model
+    out = model(ids, mask, types, output_hidden_states=True)
+    x = out.hidden_states[layer]  # (B, T, C): this layer's input
+    blk = model.layers[layer]
+    attn = blk.attention
+    B, T, C = x.shape
+    shapes: dict[str, tuple[int, ...]] = {"x": tuple(x.shape)}
+
+    # [1] project
+    q, k, v = attn.query(x), attn.key(x), attn.value(x)  # (B, T, C) each
+    shapes.update(Q=tuple(q.shape), K=tuple(k.shape), V=tuple(v.shape))
+    # [2] split heads
+    qh, kh, vh = attn.split_heads(q), attn.split_heads(k), attn.split_heads(v)  # (B, H, T, D) each
+    shapes.update({"Q heads": tuple(qh.shape), "K heads": tuple(kh.shape), "V heads": tuple(vh.shape)})
+    # [3] scores, mask, softmax (the model's own reference function; dropout off as in eval)
+    bias = mask_to_bias(mask, x.dtype)  # (B, 1, 1, T)
+    context, record = attention_reference(qh, kh, vh, bias, None)  # (B, H, T, D)
+    shapes.update(scores=tuple(record.scores.shape), weights=tuple(record.probs.shape),
+                  context=tuple(context.shape))
+    raw = qh[0, head, t] @ kh[0, head].transpose(0, 1)  # (D)@(D, T) -> (T,)
+    # [4] merge heads
+    merged = context.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
+    shapes["merged"] = tuple(merged.shape)
+    # [5] output projection
+    head_output = attn.output(merged)  # (B, T, C)
+    shapes["output"] = tuple(head_output.shape)
+    # the rest of the layer, by the layer's own modules
+    h = blk.attention_norm(x + head_output)  # (B, T, C)
+    layer_output = blk.output_norm(h + blk.feed_forward(h))  # (B, T, C)
+    shapes["layer output"] = tuple(layer_output.shape)
+
+    row = record.probs[0, head, t]  # (T,)
+    p = attn.dropout_p
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        dropped = F.dropout(row.float().cpu(), p=p, training=True)  # (T,) what training would see
+    n_real = int(batch.attention_mask.shape[1])
+    ww = word_attention(record.probs[0, head, :n_real, :n_real].float().cpu(), words.token_words)  # (W, W)
+
+    D = attn.head_size
+    per = {f"W_{n}": lin.weight.numel() + lin.bias.numel()
+           for n, lin in (("Q", attn.query), ("K", attn.key), ("V", attn.value), ("O", attn.output))}
+    params = {**per,
+              "layer_weights": sum(lin.weight.numel() for lin in (attn.query, attn.key, attn.value, attn.output)),
+              "layer_total": sum(per.values()),
+              # a head owns D output columns of W_Q, W_K, W_V (and their biases) and D input rows of W_O
+              "one_head_qkv": 3 * (C * D + D), "one_head_wo": D * C}
+    return Trace(
+        text=text, layer=layer, head=head, num_layers=cfg.num_hidden_layers,
+        num_heads=cfg.num_attention_heads, head_size=D, hidden_size=C,
+        tokens=tokens, token_index=t, words=words.words, word_index=w, shapes=shapes,
+        raw_scores=raw.float().cpu(), scores=record.scores[0, head, t].float().cpu(),
+        mask=mask[0].cpu(), bias=bias[0, 0, 0].float().cpu(), weights=row.float().cpu(),
+        dropout_p=p, dropped=dropped, word_weights=ww[w],
+        head_output=head_output.float().cpu(), layer_output=layer_output.float().cpu(),
+        probs=record.probs.float().cpu(), params=params,
+    )

@@ -1,0 +1,166 @@
+"""Read the Winograd Schema Challenge XML format (Levesque, Davis, Morgenstern 2012).
+
+    <schema>
+      <text><txt1>The trophy doesn't fit into the brown suitcase because</txt1>
+            <pron>it</pron> <txt2>is too large.</txt2></text>
+      <answers><answer>The trophy</answer><answer>the brown suitcase</answer></answers>
+      <correctAnswer>A</correctAnswer>
+      <source>Hector Levesque</source>
+    </schema>
+
+Each ``<schema>`` is parsed on its own with the standard library, so one malformed schema is
+reported (by its number and line) and skipped while the rest of the file is still read.
+Documents with a DTD or entity declarations are refused (no entity expansion, ever).
+
+A candidate is located in the text as a whole-word, case-insensitive match of its answer text
+(whitespace normalised); if that fails, without a leading "the"/"a"/"an". Of several matches
+the last one before the pronoun is taken (else the first after it).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from ..files import read_input_bytes
+
+__all__ = ["Schema", "parse_wsc", "read_wsc", "twin_groups"]
+
+_DECL = re.compile(rb"<\?xml[^>]*encoding=[\"']([A-Za-z0-9._-]+)[\"']")
+_SCHEMA = re.compile(r"<schema\b[^>]*>.*?</schema\s*>", re.S)
+_DET = re.compile(r"^(the|a|an)\s+", re.I)
+_NO_SPACE_BEFORE = (",", ".", ";", ":", "!", "?", "'", ")", "’")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """One schema, with character spans into ``text``.
+
+    number:          1-based position in the file; ``line`` the line its <schema> starts on.
+    pronoun_span:    (start, end) of the pronoun in ``text``.
+    candidate_spans: (start, end) of each candidate in ``text``.
+    correct:         index of the correct candidate (0 for A, 1 for B).
+    """
+
+    number: int
+    line: int
+    text: str
+    pronoun: str
+    pronoun_span: tuple[int, int]
+    candidates: tuple[str, ...]
+    candidate_spans: tuple[tuple[int, int], ...]
+    correct: int
+    source: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"schema {self.number} (line {self.line})"
+
+
+def _norm(s: str | None) -> str:
+    return " ".join((s or "").split())
+
+
+def _locate(text: str, answer: str, pron_start: int) -> tuple[int, int] | None:
+    for cand in (answer, _DET.sub("", answer)):
+        if not cand:
+            continue
+        pat = re.compile(r"(?<!\w)" + re.escape(cand).replace(r"\ ", r"\s+") + r"(?!\w)", re.I)
+        hits = [(m.start(), m.end()) for m in pat.finditer(text)]
+        if hits:
+            before = [h for h in hits if h[1] <= pron_start]
+            return before[-1] if before else hits[0]
+    return None
+
+
+def _schema(elem: ET.Element, number: int, line: int) -> Schema:
+    """Build one Schema; raises ValueError with a reason (the caller adds the schema's name)."""
+    text_el = elem.find("text")
+    if text_el is None:
+        raise ValueError("it has no <text>")
+    parts = {tag: _norm(text_el.findtext(tag)) for tag in ("txt1", "pron", "txt2")}
+    if not parts["pron"]:
+        raise ValueError("its <pron> is missing or empty")
+    text = parts["txt1"]
+    if text:
+        text += " "
+    start = len(text)
+    text += parts["pron"]
+    end = len(text)
+    if parts["txt2"]:
+        text += ("" if parts["txt2"].startswith(_NO_SPACE_BEFORE) else " ") + parts["txt2"]
+    answers = [_norm(a.text) for a in elem.findall("answers/answer")]
+    if len(answers) < 2 or any(not a for a in answers):
+        raise ValueError(f"it needs two non-empty <answer>s, found {len(answers)}")
+    raw = _norm(elem.findtext("correctAnswer")).rstrip(".").strip().upper()
+    letters = "ABCDEFGH"[: len(answers)]
+    if len(raw) != 1 or raw not in letters:
+        raise ValueError(f"its <correctAnswer> {raw!r} is not one of {', '.join(letters)}")
+    spans = []
+    for a in answers:
+        span = _locate(text, a, start)
+        if span is None:
+            raise ValueError(f"its candidate {a!r} is not in the text {text!r}")
+        if span[0] < end and start < span[1]:
+            raise ValueError(f"its candidate {a!r} overlaps the pronoun")
+        spans.append(span)
+    return Schema(number=number, line=line, text=text, pronoun=parts["pron"], pronoun_span=(start, end),
+                  candidates=tuple(answers), candidate_spans=tuple(spans), correct=letters.index(raw),
+                  source=_norm(elem.findtext("source")))
+
+
+def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[str]]:
+    """Schemas from WSC XML bytes, and one warning per schema that could not be used."""
+    if re.search(rb"<!(DOCTYPE|ENTITY)", data, re.I):
+        raise InputError(f"{name} declares a DTD or entities; bertscope refuses those (remove the <!DOCTYPE>)")
+    m = _DECL.search(data[:200])
+    encoding = m.group(1).decode("ascii") if m else "utf-8"
+    try:
+        text = data.decode(encoding)
+    except (LookupError, UnicodeDecodeError) as e:
+        raise InputError(f"{name} is not readable as {encoding} ({e})") from None
+    matches = list(_SCHEMA.finditer(text))
+    opened = len(re.findall(r"<schema\b", text))
+    if not matches:
+        raise InputError(f"{name} has no <schema>...</schema> elements: is it in the WSC XML format?")
+    schemas: list[Schema] = []
+    warnings: list[str] = []
+    if opened > len(matches):
+        warnings.append(f"{name}: {opened - len(matches)} <schema> element(s) are not closed and were skipped")
+    for number, m in enumerate(matches, start=1):
+        line = text.count("\n", 0, m.start()) + 1
+        try:
+            elem = ET.fromstring(m.group(0))
+        except ET.ParseError as e:
+            warnings.append(f"schema {number} (line {line}): malformed XML ({e}); skipped")
+            continue
+        try:
+            schemas.append(_schema(elem, number, line))
+        except ValueError as e:
+            warnings.append(f"schema {number} (line {line}): {e}; skipped")
+    return schemas, warnings
+
+
+def read_wsc(path: str | Path) -> tuple[list[Schema], list[str]]:
+    """Read a WSC XML file from any path; see :func:`parse_wsc`."""
+    return parse_wsc(read_input_bytes(path), str(path))
+
+
+def twin_groups(schemas: list[Schema]) -> list[int]:
+    """A group id per schema: consecutive schemas with the same candidates are twins, one group.
+
+    Twins share almost all their words, so the held-out split keeps each group on one side.
+    """
+    groups: list[int] = []
+    last: tuple[str, ...] | None = None
+    g = -1
+    for s in schemas:
+        key = tuple(c.lower() for c in s.candidates)
+        if key != last:
+            g += 1
+            last = key
+        groups.append(g)
+    return groups

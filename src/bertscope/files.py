@@ -9,8 +9,8 @@ from typing import BinaryIO, Callable
 
 from .errors import InputError
 
-__all__ = ["TEMP_SUFFIX", "read_input_bytes", "read_lines", "write_atomic", "write_bytes_atomic",
-           "write_text_atomic"]
+__all__ = ["TEMP_SUFFIX", "read_input_bytes", "read_lines", "update_section", "write_atomic",
+           "write_bytes_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
@@ -55,6 +55,29 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bo
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def update_section(path: str | os.PathLike, name: str, markdown: str, *, title: str | None = None) -> Path:
+    """Replace one generated section of a Markdown document, atomically, leaving the rest as it is.
+
+    A section is the text between ``<!-- begin NAME -->`` and ``<!-- end NAME -->``; each command
+    that generates part of a document (docs/EXPERIMENTS.md, docs/BENCHMARKS.md) owns its sections
+    by name, so commands can be rerun in any order. A missing section is appended; a missing
+    document is created (starting with ``# title`` when given).
+    """
+    path = Path(path)
+    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    try:
+        doc = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        doc = f"# {title}\n\n" if title else ""
+    i, j = doc.find(begin), doc.find(end)
+    if i >= 0 and j > i:
+        doc = doc[:i] + block + doc[j + len(end):]
+    else:
+        doc = (doc.rstrip() + "\n\n" if doc.strip() else doc) + block + "\n"
+    return write_text_atomic(path, doc)
 
 
 def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str]]:

@@ -154,9 +154,8 @@ def test_bench_corpus_with_no_text_is_one_line_error(tmp_path, capsys):
 
 
 def test_competitor_setup_silences_and_restores_progress_bars():
-    import pytest
+    import transformers.utils.logging as hf_logging
 
-    hf_logging = pytest.importorskip("transformers.utils.logging")
     from bertscope.bench.systems import quiet_hub_progress
 
     hf_logging.enable_progress_bar()

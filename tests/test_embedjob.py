@@ -65,7 +65,7 @@ def test_embed_rows_in_order_with_bad_lines_reported(tmp_path, bert, capsys):
 
 
 def test_embed_parquet_reads_back_equal_to_npy(tmp_path, capsys):
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow.parquet as pq  # a test dependency: missing, it fails (see conftest)
     inp = _write_input(tmp_path / "in.txt")
     assert _run_cli(["embed", str(inp), "--out", str(tmp_path / "n"), "--quiet"], capsys)[0] == 0
     assert _run_cli(["embed", str(inp), "--out", str(tmp_path / "p"), "--format", "parquet",

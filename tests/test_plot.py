@@ -43,7 +43,6 @@ def test_plot_user_errors(tmp_path):
 
 
 def test_figure_shows_the_models_attention(bert, hf_model):
-    pytest.importorskip("matplotlib")
     import torch
 
     [rt] = analyze(bert, [IT_ANIMAL])

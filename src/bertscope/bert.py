@@ -26,8 +26,8 @@ from .core.checkpoint import bundled_model_path, read_checkpoint
 from .core.config import BertConfig
 from .core.model import BertModel
 from .core.outputs import BertOutput
-from .core.tokenizer import BertTokenizer, TruncationWarning
-from .errors import InputError, InputTypeError
+from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
+from .errors import NonFiniteError
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
 from .fast.packing import mean_pool, pack_ids
@@ -40,27 +40,6 @@ log = logging.getLogger(__name__)
 # activations should stay in cache; a GPU wants large batches. The measured kernel choice may
 # override the CPU value per machine.
 DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
-
-
-def check_texts(texts: object, what: str = "texts") -> list[str]:
-    """A list of texts from a caller, checked: a sequence of str, each valid Unicode.
-
-    Raises InputTypeError (an InputError and a TypeError; one line) for a single string or a
-    non-string item (None, a number), and InputError for a that cannot be encoded as UTF-8 (a lone surrogate such as "\\ud800")."""
-    if isinstance(texts, (str, bytes)):
-        raise InputTypeError(f"{what} must be a list of strings, not one {type(texts).__name__}")
-    try:
-        items = list(texts)  # type: ignore[call-overload]
-    except TypeError:
-        raise InputTypeError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
-    for i, t in enumerate(items):
-        if not isinstance(t, str):
-            raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InputError(f"{what}[{i}] is not valid Unicode text ({e.reason} at character {e.start})") from None
-    return items
 
 
 @dataclass
@@ -149,6 +128,11 @@ class Bert:
                     packed = pack_ids([ids[i] for i in idx], device=self.device)
                     x = self.fast.encode(self.model, packed)  # (N, C) real tokens only
                     pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
+                    if not bool(torch.isfinite(pooled).all()):  # never a NaN row that looks like a result
+                        n_bad = int((~torch.isfinite(pooled).all(1)).sum())
+                        raise NonFiniteError(
+                            f"the model computed NaN or infinite values for {n_bad} text(s) in "
+                            f"{x.dtype}; nothing was returned (check the weights, or use float32)")
                     if normalize:
                         pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
                     rows = [idx[j] for j in packed.order]  # packed order -> input rows

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 HELP = """\
@@ -56,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..files import write_bytes_atomic
     from .common import check_output_file
+    from .guard import dumps_strict, null_non_finite
 
     if args.preset:
         try:
@@ -98,8 +98,12 @@ def run(args: argparse.Namespace) -> int:
         for name, why in w["skipped"].items():
             print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)
     if args.json:  # the results first: a failure to write the plot must not lose them
-        json.dump(res, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        res, non_finite = null_non_finite(res)  # strict JSON: a NaN measurement becomes null
+        if non_finite:
+            res["non_finite"] = non_finite
+            print(f"bertscope: warning: {len(non_finite)} measurement(s) were NaN or infinite and are "
+                  f"null in the JSON (first: {non_finite[0]})", file=sys.stderr)
+        sys.stdout.write(dumps_strict(res, indent=1) + "\n")
     else:
         sys.stdout.write(write_markdown(res))
     sys.stdout.flush()

@@ -77,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     written: list[Path] = []
-    if out is not None:
+    if out is not None:  # every file or none: staged, then renamed into place
+        from ..files import write_folder_atomic
+
         with writing(out):
-            written += _write_maps(out, hs)
+            written += write_folder_atomic(out, lambda stage: _write_maps(stage, hs))
     if args.json:
         print_json_strict(hs.to_json())
         return 0

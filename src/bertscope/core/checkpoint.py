@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from ..errors import CheckpointError
 from .config import BertConfig, ConfigError
 from .model import BertModel
 from .tokenizer import BertTokenizer
-from .weights import load_weights
+from .weights import count_non_finite, load_weights, to_checkpoint_name
 
-__all__ = ["BUNDLED_PACKAGE", "Checkpoint", "WEIGHT_FILES", "bundled_model_path", "check_folder",
+__all__ = ["BUNDLED_PACKAGE", "Checkpoint", "WEIGHT_FILES", "available_memory", "bundled_model_path",
+           "check_fits_in_memory", "check_folder",
            "read_checkpoint", "read_config"]
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,42 @@ def check_folder(folder: Path) -> None:
             f"{folder} is not a BERT checkpoint: it has no config.json "
             "(expected config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or vocab.txt)"
         )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process could still get (Linux: MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def check_fits_in_memory(config: BertConfig, folder: Path | str = "the model",
+                         available: int | None = None) -> None:
+    """Refuse, before anything is allocated, a model whose float32 parameters would not fit in
+    this machine's available memory (a config.json with an absurd size, say hidden_size
+    12,000,000). Raises CheckpointError giving the model's size."""
+    need = 4 * config.num_parameters  # the model is built in float32, then converted
+    have = available_memory() if available is None else available
+    if have is not None and need > have:
+        raise CheckpointError(
+            f"{folder} describes a model of {config.num_parameters:,} parameters ({_size(need)} in "
+            f"float32), more than the {_size(have)} of memory available; is its config.json right?")
 
 
 def read_config(folder: Path) -> BertConfig:
@@ -89,11 +127,16 @@ def read_checkpoint(folder: Path, *, device: str | torch.device = "cpu",
         raise CheckpointError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
+    check_fits_in_memory(config, folder)
     model = BertModel(config)
     load_weights(model, weights)
     model.eval()
     if dtype is not None:
         model.to(dtype=dtype)
+        for name, p in model.named_parameters():  # a finite fp32 weight can overflow fp16
+            if count_non_finite(p):
+                raise CheckpointError(f"weight {to_checkpoint_name(name)!r} does not fit in {dtype} "
+                                      "(it overflows to infinity); load it in float32 or bfloat16")
     model.to(device)
     max_seq = config.max_position_embeddings
     st = folder / "sentence_bert_config.json"

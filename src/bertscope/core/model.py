@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import InputError
 from .attention import AttentionRecord
 from .config import BertConfig
 from .layer import BertLayer, FeedForward, LayerRecord
@@ -67,36 +68,38 @@ class BertPooler(nn.Module):
 
 def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  token_type_ids: torch.Tensor | None, head_mask: torch.Tensor | None = None) -> None:
-    """Raise ValueError (one sentence) unless the batch fits the model: ids (B, T) with
+    """Raise InputError (a ValueError; one sentence) unless the batch fits the model: ids (B, T) with
     1 <= T <= positions and every id in the vocabulary; a 0/1 mask and segment ids in range of
     the same shape; a (layers, heads) head_mask. Run once per forward (each check that reads
     values is one reduction, and one host sync on a GPU)."""
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+        raise InputError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
     B, T = input_ids.shape
-    if input_ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
-        raise ValueError(f"input_ids must be integer token ids, got {input_ids.dtype}")
-    if T == 0 and B > 0:
-        raise ValueError("input_ids has no tokens (T = 0): a BERT input holds at least [CLS]")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise InputError(f"input_ids must be integer token ids, got {input_ids.dtype}")
+    if T == 0:
+        raise InputError("input_ids has no tokens (T = 0): a BERT input holds at least [CLS]")
     if T > config.max_position_embeddings:
-        raise ValueError(f"{T} tokens exceed the model's {config.max_position_embeddings} positions")
+        raise InputError(f"{T} tokens exceed the model's {config.max_position_embeddings} positions")
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-        raise ValueError(f"input_ids must lie in 0..{config.vocab_size - 1} (the vocabulary), "
+        raise InputError(f"input_ids must lie in 0..{config.vocab_size - 1} (the vocabulary), "
                          f"got {int(input_ids.min())}..{int(input_ids.max())}")
     if attention_mask is not None:
         check_attention_mask(attention_mask, B, T)
     if token_type_ids is not None:
         if tuple(token_type_ids.shape) != (B, T):
-            raise ValueError(f"token_type_ids must have the shape of input_ids ({B}, {T}), "
+            raise InputError(f"token_type_ids must have the shape of input_ids ({B}, {T}), "
                              f"got {tuple(token_type_ids.shape)}")
+        if token_type_ids.is_floating_point() or token_type_ids.dtype == torch.bool:
+            raise InputError(f"token_type_ids must be integer segment ids, got {token_type_ids.dtype}")
         n = config.type_vocab_size
         if token_type_ids.numel() and (int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= n):
-            raise ValueError(f"token_type_ids must lie in 0..{n - 1} (the model has {n} segment types), "
+            raise InputError(f"token_type_ids must lie in 0..{n - 1} (the model has {n} segment types), "
                              f"got {int(token_type_ids.min())}..{int(token_type_ids.max())}")
     if head_mask is not None:
         N, H = config.num_hidden_layers, config.num_attention_heads
         if tuple(head_mask.shape) != (N, H):
-            raise ValueError(f"head_mask must be (layers, heads) = ({N}, {H}), got {tuple(head_mask.shape)}")
+            raise InputError(f"head_mask must be (layers, heads) = ({N}, {H}), got {tuple(head_mask.shape)}")
 
 
 class BertModel(nn.Module):

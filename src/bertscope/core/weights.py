@@ -2,8 +2,9 @@
 
 The checkpoint's names follow HF's ``BertModel`` module tree; bertscope's tree is organised
 around the seed (the attention module owns W_O). The map between the two is declared once,
-below, as a table of patterns. Loading is strict: a missing, unexpected or mis-shaped weight
-raises :class:`~bertscope.errors.CheckpointError` naming the key (and both shapes).
+below, as a table of patterns. Loading is strict: a missing, unexpected or mis-shaped weight,
+or one holding NaN or infinity, raises :class:`~bertscope.errors.CheckpointError` naming the
+key (and both shapes).
 
 Both key layouts found in the wild load: bare (``encoder.layer.0...``, as saved by
 ``BertModel``) and prefixed (``bert.encoder.layer.0...``, as saved by ``BertForPreTraining``
@@ -22,7 +23,7 @@ import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["NAME_MAP", "convert_state_dict", "load_state_dict_file", "load_weights", "to_checkpoint_name"]
+__all__ = ["NAME_MAP", "convert_state_dict", "count_non_finite", "load_state_dict_file", "load_weights", "to_checkpoint_name"]
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,18 @@ def convert_state_dict(
             raise CheckpointError(
                 f"weight {origin[name]!r} has shape {tuple(tensor.shape)}, but the config needs {want}"
             )
+        bad = count_non_finite(tensor)
+        if bad:
+            raise CheckpointError(f"weight {origin[name]!r} holds {bad:,} NaN or infinite value(s) "
+                                  f"of {tensor.numel():,}; the checkpoint is damaged")
     return converted
+
+
+def count_non_finite(tensor: torch.Tensor) -> int:
+    """How many entries of a floating-point tensor are NaN or ±inf (0 for integer tensors)."""
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0
+    return int((~torch.isfinite(tensor)).sum())
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:

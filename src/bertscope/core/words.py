@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError
-from .tokenizer import Batch
+from .tokenizer import Batch, check_text
 
 __all__ = ["Words", "find_word", "group_words", "word_attention"]
 
@@ -76,6 +76,7 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
 
 def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
     """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive)."""
+    check_text(word, "the word")
     if not word.strip():
         raise InputError("the --token word is empty")
     target = word.strip().lower()

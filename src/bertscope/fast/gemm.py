@@ -44,6 +44,8 @@ ONEDNN_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
                   "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 PACK_HINT = 2048  # the row count oneDNN is told to expect when it picks the weight's blocked layout
 ROW_BUCKET = 64  # row counts given to oneDNN are rounded up to multiples of this (see Linear)
+# What a private op that refuses its input raises, across torch versions.
+ONEDNN_REFUSALS = (RuntimeError, TypeError, ValueError, NotImplementedError)
 
 
 def onednn_linear_available() -> bool:
@@ -85,7 +87,7 @@ class Linear:
         if self.packed is not None:
             try:
                 return self._onednn(x)
-            except RuntimeError as e:  # a private op that refuses a real shape: BLAS from now on
+            except ONEDNN_REFUSALS as e:  # a private op that refuses a real shape: BLAS from now on
                 log.warning("oneDNN linear failed on %s (%s); using F.linear", tuple(x.shape), e)
                 self.packed = None
                 self.backend = "blas"

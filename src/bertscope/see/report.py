@@ -29,6 +29,7 @@ import torch
 from .aggregate import attention_rollout
 from ..files import write_bytes_atomic
 from ..errors import InputError
+from ..core.tokenizer import check_texts
 from ..core.words import group_words
 from ..bert import Bert
 
@@ -160,6 +161,7 @@ def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "") -> str:
 @torch.inference_mode()
 def analyze(bert: Bert, texts: list[str]) -> list[ReportText]:
     """Run the texts through the model as one padded batch; strip the padding per text."""
+    texts = check_texts(texts)
     for i, text in enumerate(texts):
         if not text.strip():
             raise InputError("the text is empty" if i == 0 else "the second text is empty")

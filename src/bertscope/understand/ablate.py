@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InputError
+from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert
 
@@ -108,6 +109,9 @@ def _embedding(h: torch.Tensor) -> torch.Tensor:
 def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None = None,
            occurrence: int = 1) -> Ablation:
     """Silence ``heads`` ((layer, head) pairs) on ``text`` and compare with the intact model."""
+    text = check_text(text)
+    if word is not None:
+        check_text(word, "the word")
     if not text.strip():
         raise InputError("the text is empty")
     heads = list(dict.fromkeys((int(l), int(h)) for l, h in heads))  # each head once, in order
@@ -141,6 +145,7 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
 @torch.inference_mode()
 def sweep(bert: Bert, text: str) -> HeadEffects:
     """Silence every head alone, one forward pass each, and measure the output change."""
+    text = check_text(text)
     if not text.strip():
         raise InputError("the text is empty")
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads

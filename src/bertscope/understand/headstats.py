@@ -49,7 +49,7 @@ import torch
 
 from ..errors import InputError
 from ..bert import Bert
-from ..core.tokenizer import TruncationWarning
+from ..core.tokenizer import TruncationWarning, check_text
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
            "TokenKinds", "classify", "head_stats", "map_stats", "pattern_features", "token_kinds"]
@@ -210,6 +210,7 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                warnings: list[str] | None = None) -> HeadStats:
     """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs)."""
     items = [(i + 1, t) if isinstance(t, str) else t for i, t in enumerate(texts)]
+    items = [(n, check_text(t, f"text {n}")) for n, t in items]
     items = [(n, t) for n, t in items if t.strip()]
     if not items:
         raise InputError("the corpus has no text (every line is empty)")

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import InputError
 from ..bert import Bert
+from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 
 __all__ = ["AttendResult", "attend"]
@@ -63,6 +64,7 @@ class AttendResult:
 @torch.inference_mode()
 def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResult:
     """Attention from ``token`` (a word of ``text``) to every word, per layer and head."""
+    text, token = check_text(text), check_text(token, "the word")
     if not text.strip():
         raise InputError("the text is empty")
     batch = bert.encode([text])

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..core.attention import attention_reference
 from ..errors import InputError
+from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert
 from ..core.masks import mask_to_bias
@@ -109,6 +110,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     ``pad`` appends that many [PAD] tokens (mask 0) so the mask has something to do.
     ``seed`` fixes the dropout sample shown for training mode.
     """
+    text, token = check_text(text), check_text(token, "the word")
     if not text.strip():
         raise InputError("the text is empty")
     cfg = bert.config
@@ -116,6 +118,8 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     _check_range("head", head, cfg.num_attention_heads)
     if pad < 0:
         raise InputError("--pad must be 0 or more")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise InputError(f"--seed must be a whole number from 0 to 2**64 - 1 (torch's seed range), got {seed!r}")
     batch = bert.encode([text])
     words = group_words(batch, text)
     w = find_word(words.words, token, occurrence)

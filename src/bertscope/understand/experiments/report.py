@@ -11,7 +11,7 @@ import torch
 
 from . import claims as ex
 from ..coref import CorefResult, evaluate
-from ...files import write_text_atomic
+from ...files import write_folder_atomic, write_text_atomic
 from ..headstats import CLASSES, HeadStats, head_stats
 from ...bert import Bert
 from ..wsc import read_wsc
@@ -378,13 +378,19 @@ def write_report(r: Report, out: Path, plots: bool = True, command: str | None =
     """docs/EXPERIMENTS.md, docs/experiments/*.png and docs/experiments/results.json.
 
     ``command``: the command line to record in EXPERIMENTS.md (default: one rebuilt from ``r``).
-    Without plots the Markdown links no image."""
-    img = out / "experiments"
-    written = []
-    if plots:
-        written += list(save_plots(r, img).values())
+    Without plots the Markdown links no image. All of them are written, or none
+    (:func:`bertscope.files.write_folder_atomic`): a failure never leaves new plots beside an
+    old EXPERIMENTS.md or results.json."""
     if command is None:
         command = default_command(r, str(out), plots)
-    written.append(write_text_atomic(img / "results.json", json.dumps(_json(r), indent=1, allow_nan=False)))
-    written.append(write_text_atomic(out / "EXPERIMENTS.md", render_markdown(r, plots=plots, command=command)))
-    return written
+    results = json.dumps(_json(r), indent=1, allow_nan=False)
+    markdown = render_markdown(r, plots=plots, command=command)
+
+    def fill(stage: Path) -> list[Path]:  # every output, or none: staged, then renamed into out
+        img = stage / "experiments"
+        written = list(save_plots(r, img).values()) if plots else []
+        written.append(write_text_atomic(img / "results.json", results))
+        written.append(write_text_atomic(stage / "EXPERIMENTS.md", markdown))
+        return written
+
+    return write_folder_atomic(out, fill)

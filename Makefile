@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TEXT   ?= The animal didn't cross the street because it was too tired
 
-.PHONY: setup test-setup demo test clean
+.PHONY: setup test-setup demo test soak clean
 
 $(VENV)/.setup-done: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ demo: setup
 
 test: test-setup
 	$(BIN)/python -m pytest -q
+
+# The robustness suite (about 5 minutes; not part of `make test`): embed killed and resumed,
+# serve under 50 concurrent clients. Writes its results into docs/RELIABILITY.md.
+soak: test-setup
+	$(BIN)/python scripts/soak.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info test-artifacts

@@ -7,7 +7,6 @@ Tolerance 1e-3: the report stores weights to within 1/2048 and shows 4 decimals.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -232,10 +231,11 @@ def test_long_report_size_and_open_time(browser, bert, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    start = time.perf_counter()
     page.goto(path.as_uri(), wait_until="commit")
     page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
-    seconds = time.perf_counter() - start
+    # Measured inside the page (from its navigation start), not around Playwright's calls:
+    # the page's own work, without the driver's round trips on a busy machine.
+    seconds = page.evaluate("performance.now()") / 1000
     assert not errors, errors
     assert seconds < 3.0, f"{seconds:.2f} s to open"
     # and it is usable: a token's numbers match the model's

@@ -209,7 +209,7 @@ class HeadStats:
 def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                warnings: list[str] | None = None) -> HeadStats:
     """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs)."""
-    items = [(i + 1, t) if isinstance(t, str) else t for i, t in enumerate(texts)]
+    items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
     items = [(n, check_text(t, f"text {n}")) for n, t in items]
     items = [(n, t) for n, t in items if t.strip()]
     if not items:

@@ -59,18 +59,30 @@ def check_folder(folder: Path) -> None:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory this process could still get (Linux: MemAvailable), or None if unknown."""
+    """Bytes of memory this process could still get, or None if unknown: Linux's MemAvailable,
+    or less if a cgroup (v2) limit leaves less (a container); elsewhere the free pages."""
+    found: list[int] = []
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    found.append(int(line.split()[1]) * 1024)
+                    break
     except (OSError, ValueError, IndexError):
         pass
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+        limit = Path("/sys/fs/cgroup/memory.max").read_text(encoding="ascii").strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text(encoding="ascii").strip())
+            found.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):
+            return None
+    return min(found)
 
 
 def _size(n: float) -> str:

@@ -320,7 +320,7 @@ def render_markdown(r: Report, img_rel: str = "experiments", *, plots: bool = Tr
     a("### Head patterns (after Kovaleva et al. 2019)")
     a("")
     a(f"`bertscope heads` over the {hs.num_texts} sentences ({hs.num_tokens} tokens). Classes by the rules "
-      "in `bertscope/headstats.py` (v = attention to [CLS]/[SEP]/punctuation, d = to itself and its neighbours; "
+      "in `src/bertscope/understand/headstats.py` (v = attention to [CLS]/[SEP]/punctuation, d = to itself and its neighbours; "
       "vertical / diagonal / vertical+diagonal when v + d ≥ max(0.5, 1.5 × its uniform value), split by the "
       "share of each; otherwise block if the rest is spread evenly (normalised entropy ≥ 0.7), else heterogeneous).")
     a("")

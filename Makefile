@@ -40,4 +40,4 @@ soak: test-setup
 	$(BIN)/python scripts/soak.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info test-artifacts
+	rm -rf $(VENV) build *.egg-info src/*.egg-info test-artifacts .hypothesis

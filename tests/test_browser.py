@@ -398,8 +398,8 @@ def test_span_selector(browser, bert, hf_model, tmp_path):
 
 
 def test_query_key_view_equals_trace(browser, bert, tmp_path):
-    """The page's steps [3]-[5] for one head and query, against `trace` and the model's own
-    intermediates (q, k, v, context), within 1e-4."""
+    """The page's steps [3]-[5] for one head and query against `trace` (which reads the model's own
+    intermediates: q, k, v, scores, probabilities, context), within 1e-4."""
     from bertscope.understand.trace import trace
 
     layer, head = 3, 1
@@ -423,13 +423,10 @@ def test_query_key_view_equals_trace(browser, bert, tmp_path):
         assert abs(r["raw"] - float(tr.raw_scores[r["key"]])) <= 1e-4, r
         assert abs(r["scaled"] - float(tr.scores[r["key"]])) <= 1e-4, r
         assert abs(r["weight"] - float(tr.weights[r["key"]])) <= 1e-4, r
-    b = bert.encode([IT_ANIMAL])
-    with torch.inference_mode():
-        rec = bert.model(b.input_ids, b.attention_mask, b.token_type_ids, output_intermediates=True).intermediates[layer].attention
     q = np.array([float(x) for x in page.get_attribute("#bs-qk-query-vec", "data-values").split(",")])
     ctx = np.array([float(x) for x in page.get_attribute("#bs-qk-context", "data-values").split(",")])
-    assert np.abs(q - rec.q[0, head, tr.token_index].numpy()).max() <= 1e-6  # stored exactly
-    assert np.abs(ctx - rec.context[0, head, tr.token_index].numpy()).max() <= 1e-4
+    assert np.abs(q - tr.query.numpy()).max() <= 1e-6  # stored exactly: the model's own q
+    assert np.abs(ctx - tr.context.numpy()).max() <= 1e-4  # Σ weight·v, the model's context
     top = max(rows, key=lambda r: r["weight"])
     assert rep.texts[0].tokens[top["key"]] == "animal"  # S12, seen step by step
     page.close()

@@ -245,7 +245,9 @@ def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "", qk_blob:
     else:
         head = '<link rel="stylesheet" href="assets/bertscope.css">'
         script = '<script src="assets/bertscope.js"></script>'
-    config = {"mode": mode, "meta": meta}
+    config: dict[str, Any] = {"mode": mode, "meta": meta}
+    if mode == "server":
+        config["api"] = "api/"  # the only place the page learns where to ask; a file never asks
     title = "bertscope"
     if meta and meta.get("texts"):
         title = "bertscope: " + meta["texts"][0]["text"][:60]

@@ -186,17 +186,16 @@ def body_limit(max_chars: int) -> int:
 
 class _BodyLimit:
     """ASGI middleware: reads the whole request body, counting the bytes as they arrive, and
-    answers 413 as soon as they pass ``limit`` (whatever Content-Length says, or without one);
-    the application then gets the body already read."""
+    answers 413 as soon as they pass ``limit`` (whatever Content-Length says, or without one),
+    and 422 to a body that is not UTF-8 (JSON over HTTP is UTF-8; texts must be Unicode); the
+    application then gets the body already read."""
 
     def __init__(self, app, limit: int, detail: str) -> None:
         self.app, self.limit, self.detail = app, limit, detail
 
-    async def _too_large(self, send) -> None:
-        import json
-
-        body = json.dumps({"detail": self.detail}).encode()
-        await send({"type": "http.response.start", "status": 413,
+    async def _refuse(self, send, status: int = 413, detail: str | None = None) -> None:
+        body = json.dumps({"detail": detail or self.detail}).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
@@ -207,7 +206,7 @@ class _BodyLimit:
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await self._too_large(send)
+            await self._refuse(send)
             return
         body = bytearray()
         while True:
@@ -216,10 +215,16 @@ class _BodyLimit:
                 return  # the client went away
             body += message.get("body", b"")
             if len(body) > self.limit:
-                await self._too_large(send)
+                await self._refuse(send)
                 return
             if not message.get("more_body", False):
                 break
+        try:
+            bytes(body).decode("utf-8")
+        except UnicodeDecodeError as e:
+            await self._refuse(send, 422, f"the request is not UTF-8 text (byte 0x{body[e.start]:02x} at "
+                                             f"position {e.start}): texts must be valid Unicode, sent as UTF-8")
+            return
         pending = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
         async def replay():

@@ -8,8 +8,9 @@
  * to unit j (a key). Units are sub-tokens or words; word level follows Clark et al. 2019:
  * attention to a word sums over its sub-tokens, attention from a word averages over them.
  *
- * Where the numbers come from is decided in one place, pickMatrices(): every view asks it for
- * the matrices of a text at a layer (another measure than attention plugs in there).
+ * Where the numbers come from is decided in one section, "which matrices are drawn":
+ * pickMatrices() gives the head, matrix and query-key views their matrices for a text at a layer,
+ * layerMaps() the model view's whole row. Another measure than attention plugs in there.
  * Long work (all heads at 512 tokens, the model view) runs in slices of a few milliseconds
  * with yields between them, and says what it is doing in #bs-progress.
  */
@@ -27,7 +28,7 @@
   const ZOOMS = [2, 3, 4, 6, 8, 11, 14, 18, 22, 26, 32];  // matrix view cell sizes
 
   const $ = (id) => document.getElementById(id);
-  const cfg = JSON.parse($("bertscope-config").textContent);
+  const cfg = JSON.parse($("bertscope-config").textContent);  // {mode, meta, api: the server's API (server mode)}
   let meta = null;
   let source = null;
   const state = {
@@ -210,7 +211,7 @@
       const hs = kind === "attn" ? heads : [-1];
       const missing = hs.filter((h) => !this.cache.has(`${kind}:${layer}:${h}`));
       if (missing.length) {
-        const req = postJSON("api/attention", { ...this.request, layer, heads: kind === "attn" ? missing : [], kind });
+        const req = postJSON(cfg.api + "attention", { ...this.request, layer, heads: kind === "attn" ? missing : [], kind });
         missing.forEach((h) => {
           const p = req.then((body) => body.matrices
             .filter((x) => x.head === h)
@@ -226,7 +227,7 @@
     async qk(t, layer, head) {
       const key = `qk:${t}:${layer}:${head}`;
       if (!this.cache.has(key)) {
-        const p = postJSON("api/qk", { ...this.request, which: t, layer, head }).then((b) => (
+        const p = postJSON(cfg.api + "qk", { ...this.request, which: t, layer, head }).then((b) => (
           { q: decodeFloat32(b.q), k: decodeFloat32(b.k), v: decodeFloat32(b.v), T: b.tokens, D: b.head_size }));
         p.catch(() => this.cache.delete(key));
         this.cache.set(key, p);
@@ -1265,14 +1266,14 @@
     const v = state.view;
     const off = {
       layer: v === "model", mode: v === "model" || v === "qk", level: v === "qk",
-      scale: v === "head" || v === "qk", heads: v === "model" || (v !== "qk" && state.mode !== "heads"),
-      headsAll: v === "model" || v === "qk",
+      scale: v === "head" || v === "qk", heads: v === "model", headsAll: v === "model" || v === "qk",
     };
     $("bs-layer").disabled = off.layer;
     $("bs-mode").disabled = off.mode;
     $("bs-level").disabled = off.level;
     $("bs-scale").disabled = off.scale;
-    $("bs-heads").classList.toggle("bs-disabled", off.heads);
+    // dimmed while the mean or rollout is shown (a click on a head switches back to heads)
+    $("bs-heads").classList.toggle("bs-disabled", off.heads || (v !== "qk" && state.mode !== "heads"));
     document.querySelectorAll(".bs-head").forEach((b) => { b.disabled = off.heads; });
     $("bs-heads-all").disabled = off.headsAll;
     const hints = {
@@ -1374,7 +1375,7 @@
       c.classList.toggle("bs-over", !!maxChars && n > maxChars);
     });
     counters.forEach(([id]) => $(id).addEventListener("input", count));
-    fetch("api/health").then((r) => r.json()).then((h) => { maxChars = h.max_chars || null; count(); }).catch(() => {});
+    fetch(cfg.api + "health").then((r) => r.json()).then((h) => { maxChars = h.max_chars || null; count(); }).catch(() => {});
     count();
     ["bs-text", "bs-text-b"].forEach((id) => $(id).addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
@@ -1392,7 +1393,7 @@
       showError("");  // an old error never stays on screen under a new request
       document.documentElement.dataset.ready = "0";
       try {
-        const body = await postJSON("api/analyze", request);
+        const body = await postJSON(cfg.api + "analyze", request);
         status.textContent = "";
         await start(body, new ServerSource(request));
       } catch (err) {

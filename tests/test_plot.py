@@ -91,23 +91,27 @@ def test_vmax_and_span(bert):
     assert "tokens 7–12" in ax.get_title()
 
 
-def test_plot_cli_span_vmax_and_their_errors(tmp_path):
+def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
+    from bertscope.cli.main import main
+
     out = tmp_path / "w.png"
-    r = _cli(IT_ANIMAL, "--layer", "3", "--head", "1", "--span", "7:13", "--vmax", "1", "--out", str(out))
-    assert r.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", r.stderr
-    r = _cli(IT_ANIMAL, "--grid", "--per-panel", "--out", str(tmp_path / "g.png"))
-    assert r.returncode == 0, r.stderr
+    assert main(["plot", IT_ANIMAL, "--layer", "3", "--head", "1", "--span", "7:13", "--vmax", "1", "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
     for args, why in ((["--vmax", "0"], "--vmax"), (["--vmax", "nan"], "--vmax"), (["--per-panel"], "--grid"),
                       (["--span", "50:60"], "selects no token"), (["--span", "x"], "START:END")):
-        r = _cli(IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png"))
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and why in r.stderr, (args, r.stderr)
+        assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, (args, err)
     assert not (tmp_path / "bad.png").exists()
 
 
-def test_plot_bad_output_paths(tmp_path):
+def test_plot_bad_output_paths(tmp_path, capsys):
+    from bertscope.cli.main import main
+
     folder = tmp_path / "d.png"
     folder.mkdir()
-    r = _cli("T", "--out", str(folder))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a folder" in r.stderr
-    r = _cli("T", "--out", str(tmp_path / "missing" / "x.png"))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
+    for out, why in ((folder, "is a folder"), (tmp_path / "missing" / "x.png", "does not exist")):
+        assert main(["plot", "T", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, err

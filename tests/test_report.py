@@ -327,3 +327,15 @@ def test_show_refuses_what_does_not_fit_with_one_sentence(attentions, tokens, kw
         bertscope.show(attentions, tokens, **kw)
     text = str(e.value)
     assert message in text and "\n" not in text, text
+
+
+def test_words_from_tokens_of_other_tokenizers():
+    from bertscope.see.show import words_from_tokens
+
+    words, tw, special = words_from_tokens(["<s>", "▁The", "▁anim", "al", "▁is", "</s>"])  # SentencePiece
+    assert words == ["<s>", "The", "animal", "is", "</s>"] and tw == [0, 1, 2, 2, 3, 4]
+    assert special == [True, False, False, False, False, True]
+    words, tw, _ = words_from_tokens(["<|endoftext|>", "The", "Ġanimal", "Ġis"])  # byte-level BPE
+    assert words == ["<|endoftext|>", "The", "animal", "is"]
+    words, tw, _ = words_from_tokens(["[CLS]", "token", "##ization", "[SEP]", "##x"])  # WordPiece
+    assert words == ["[CLS]", "tokenization", "[SEP]", "##x"] and tw == [0, 1, 1, 2, 3]

@@ -414,7 +414,7 @@
   }
 
   /** A colour bar with its scale written out: the legend of every coloured view. */
-  function legend(vmax, diverging, text) {
+  function legend(vmax, diverging, text, eachOwn = false) {
     const box = el("div", "bs-legend");
     box.dataset.vmax = String(vmax);
     box.dataset.scale = state.scale;
@@ -428,8 +428,9 @@
       ctx.fillStyle = `rgb(${r},${g},${b})`;
       ctx.fillRect(x, 0, 1, 10);
     }
-    const lo = el("span", "bs-legend-end", diverging ? fmtSigned(-vmax) : "0");
-    const hi = el("span", "bs-legend-end", diverging ? fmtSigned(vmax) : fmt(vmax));
+    // eachOwn: one legend for panels that are each scaled to their own maximum
+    const lo = el("span", "bs-legend-end", diverging ? (eachOwn ? "−its max" : fmtSigned(-vmax)) : "0");
+    const hi = el("span", "bs-legend-end", eachOwn ? (diverging ? "+its max" : "its max") : (diverging ? fmtSigned(vmax) : fmt(vmax)));
     box.append(lo, bar, hi, el("span", "bs-legend-text", text));
     return box;
   }
@@ -1029,7 +1030,7 @@
       x.canvas.dataset.vmax = String(x.vmax);
       wireThumb(x, diverging);
     }
-    legendSlot.appendChild(legend(common, diverging, scaleText(diverging, common, "every thumbnail")));
+    legendSlot.appendChild(legend(common, diverging, scaleText(diverging, common, "every thumbnail"), !shared));
   }
 
   function wireThumb(x, diverging) {

@@ -37,7 +37,7 @@ from ..files import write_bytes_atomic
 from ..errors import InputError
 from ..core.tokenizer import check_texts
 from ..core.words import group_words
-from ..bert import Bert, check_texts
+from ..bert import Bert
 
 __all__ = ["ALIGN_MIN_SHARE", "QK_AUTO_BYTES", "QUANT_SCALE", "Report", "ReportText", "align_units", "alignment_meta",
            "analyze", "build_report", "dequantize", "parse_span", "quantize_rows", "render_page"]

@@ -24,6 +24,7 @@ from .core.outputs import BertOutput
 from .core.params import ParamCount, count_params
 from .see.report import Report, ReportText, build_report
 from .core.tokenizer import Batch, BertTokenizer, TruncationWarning
+from .explain import Explanation, explain
 
 __all__ = [
     "AttendResult", "AttentionRecord", "Batch", "Bert", "BertConfig", "BertModel", "BertOutput",
@@ -32,4 +33,5 @@ __all__ = [
     "attend", "attention_reference", "bundled_model_path", "count_params", "load",
     "mask_to_bias", "to_key_padding_mask", "word_attention",
     "Report", "ReportText", "attention_rollout", "build_report", "mean_heads",
+    "Explanation", "explain",
 ]

@@ -1,0 +1,176 @@
+"""Input attributions of one output: gradient × input and integrated gradients.
+
+Shape legend:
+    B  texts in the batch
+    K  rows of one evaluation (B texts, or B texts × S interpolation steps)
+    T  tokens
+    C  hidden size
+
+The input is each token's word embedding e_t (the row of the embedding table, before the
+position and segment embeddings and the embedding LayerNorm are added); the output is one
+number per text, F(e), from a :class:`Target`:
+
+* ``similarity``: the cosine similarity of the text's sentence embedding (the mean of the last
+  hidden state over real tokens, as sentence-transformers pools all-MiniLM-L6-v2) with a fixed
+  second text's embedding.
+* a classifier's predicted class (see :mod:`bertscope.explain.targets`).
+
+Attribution of token t (summed over the C embedding dimensions; a word sums its sub-tokens):
+
+    gradient × input (Shrikumar et al. 2017; Kindermans et al. 2016):
+        a_t = Σ_c e_tc · ∂F/∂e_tc
+    integrated gradients (Sundararajan et al. 2017), baseline e' = 0:
+        a_t = Σ_c (e_tc − e'_tc) · ∫₀¹ ∂F/∂e_tc (e' + α(e − e')) dα
+
+the integral by S-point Gauss–Legendre quadrature on [0, 1]. Integrated gradients is
+complete: Σ_t a_t = F(e) − F(e') up to the quadrature error.
+
+The forward replaces the embedding table's output by e through a forward hook on
+``model.embeddings.word_embeddings`` (the model's own embedding module adds positions, segments
+and its LayerNorm; no arithmetic is redone). It runs on the padded reference model or on the
+packed fast path (``path="packed"``); tests hold the two equal.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from ..bert import Bert
+from ..fast.packing import pack
+
+__all__ = ["GRAD_METHODS", "EmbeddingFunction", "Target", "embedding_function", "grad_input", "integrated_gradients",
+           "mean_pool", "similarity_target"]
+
+GRAD_METHODS = ("grad-input", "integrated-gradients")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One number per text from the encoder's last hidden state.
+
+    name:  what it is, for people ("cosine similarity to 'A dog sleeps.'").
+    score: (last_hidden_state (K, T, C), attention_mask (K, T)) -> (K,).
+    """
+
+    name: str
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(K, T, C), (K, T) -> (K, C): the mean over real tokens."""
+    m = mask.to(hidden.dtype)[:, :, None]  # (K, T, 1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (K, C)
+
+
+def similarity_target(bert: Bert, text_b: str) -> Target:
+    """F = cos(mean-pooled last hidden state, embedding of ``text_b``), text_b's embedding fixed."""
+    other = torch.from_numpy(bert.embed([text_b])[0]).to(bert.device)  # (C,), unit length
+
+    def score(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pooled = mean_pool(hidden, mask)  # (K, C)
+        return torch.nn.functional.cosine_similarity(pooled, other.to(pooled.dtype)[None], dim=-1)  # (K,)
+
+    short = text_b if len(text_b) <= 60 else text_b[:57] + "..."
+    return Target(name=f"cosine similarity to {short!r}", score=score)
+
+
+@contextmanager
+def _word_embeddings_replaced(model, replacement: torch.Tensor) -> Iterator[None]:
+    """Within the block, the embedding table's output is ``replacement`` (same shape)."""
+    def hook(module, inputs, output):
+        if output.shape != replacement.shape:
+            raise ValueError(f"embedding hook: expected {tuple(output.shape)}, got {tuple(replacement.shape)}")
+        return replacement
+
+    handle = model.embeddings.word_embeddings.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@dataclass(frozen=True)
+class EmbeddingFunction:
+    """F as a function of the word embeddings, for one padded batch of B texts.
+
+    inputs: (B, T, C) the texts' actual word embeddings (detached).
+    forward: (K, T, C) -> (K,), K a multiple of B: row k is text k mod B with embeddings E[k]
+        (the layout captum uses when it stacks the interpolation steps).
+    """
+
+    inputs: torch.Tensor
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    mask: torch.Tensor
+
+
+def embedding_function(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       token_type_ids: torch.Tensor, target: Target, path: str = "padded") -> EmbeddingFunction:
+    """F(E) for a padded batch, on the reference model (``"padded"``) or the fast path (``"packed"``)."""
+    if path not in ("padded", "packed"):
+        raise ValueError(f"path must be 'padded' or 'packed', got {path!r}")
+    model = bert.model
+    dev = bert.device
+    ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)
+    B, T = ids.shape
+    with torch.no_grad():
+        inputs = model.embeddings.word_embeddings(ids).detach()  # (B, T, C)
+
+    def forward(E: torch.Tensor) -> torch.Tensor:
+        K = E.shape[0]
+        if K % B:
+            raise ValueError(f"{K} rows of embeddings for a batch of {B} texts")
+        reps = K // B
+        ids_k, mask_k, types_k = ids.repeat(reps, 1), mask.repeat(reps, 1), types.repeat(reps, 1)  # (K, T)
+        if path == "padded":
+            with _word_embeddings_replaced(model, E):
+                hidden = model(ids_k, mask_k, types_k).last_hidden_state  # (K, T, C)
+        else:
+            flat = pack(ids_k, mask_k, types_k).flat_index  # (N,) packed order in the (K·T) grid
+            with _word_embeddings_replaced(model, E.reshape(K * T, -1)[flat]):  # (N, C)
+                hidden = bert(ids_k, mask_k, types_k).last_hidden_state  # (K, T, C), packed inside
+        return target.score(hidden, mask_k)  # (K,)
+
+    return EmbeddingFunction(inputs=inputs, forward=forward, mask=mask)
+
+
+def _gradient(fn: Callable[[torch.Tensor], torch.Tensor], E: torch.Tensor) -> torch.Tensor:
+    """∂F_k/∂E_k for every row k (rows are independent texts): (K, T, C)."""
+    E = E.detach().requires_grad_(True)
+    with torch.enable_grad():
+        out = fn(E)  # (K,)
+        (grad,) = torch.autograd.grad(out.sum(), E)
+    return grad
+
+
+def grad_input(F: EmbeddingFunction) -> torch.Tensor:
+    """Gradient × input per token, Σ_c e_tc ∂F/∂e_tc: (B, T), PAD positions 0."""
+    g = _gradient(F.forward, F.inputs)  # (B, T, C)
+    return (F.inputs * g).sum(-1) * F.mask.to(g.dtype)  # (B, T)
+
+
+def integrated_gradients(F: EmbeddingFunction, steps: int = 50, max_tokens: int = 4096) -> torch.Tensor:
+    """Integrated gradients from the all-zero baseline, ``steps``-point Gauss–Legendre: (B, T).
+
+    The interpolated inputs e' + α_s(e − e') are evaluated ``max_tokens`` tokens at a time.
+    """
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    x = F.inputs  # (B, T, C)
+    B, T, _ = x.shape
+    nodes, weights = np.polynomial.legendre.leggauss(steps)  # on [-1, 1]
+    alphas = torch.tensor(0.5 * (nodes + 1.0), dtype=x.dtype, device=x.device)  # (S,) on [0, 1]
+    w = torch.tensor(0.5 * weights, dtype=x.dtype, device=x.device)  # (S,), sum 1
+    baseline = torch.zeros_like(x)  # (B, T, C)
+    total = torch.zeros_like(x)  # (B, T, C)
+    per_call = max(1, max_tokens // max(1, B * T))  # steps per call
+    for start in range(0, steps, per_call):
+        a = alphas[start:start + per_call]  # (S',)
+        scaled = baseline[None] + a[:, None, None, None] * (x - baseline)[None]  # (S', B, T, C)
+        g = _gradient(F.forward, scaled.reshape(-1, T, x.shape[-1]))  # (S'·B, T, C)
+        total += (w[start:start + per_call, None, None, None] * g.view(len(a), B, T, -1)).sum(0)  # (B, T, C)
+    return ((x - baseline) * total).sum(-1) * F.mask.to(x.dtype)  # (B, T)

@@ -119,11 +119,15 @@ def test_rows_sum_to_one(bert):
             assert (sums[b][..., ~real[b]] == 0).all(), method
 
 
-def test_rollout_equals_the_viewers_rollout(bert, fw):
-    """The explorer's rollout (bertscope.see.aggregate, written separately) agrees."""
-    ours = map_methods()["rollout"](fw)[0]  # (L, T, T)
-    theirs = bertscope.attention_rollout(torch.stack([r.attention.probs[0] for r in fw.records]))
-    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+def test_rollout_by_hand(bert, fw):
+    """R_l = (½A_l + ½I) ··· (½A_0 + ½I), A_l the head-mean attention, as explicit products."""
+    ours = map_methods()["rollout"](fw)[0].double()  # (L, T, T)
+    T = ours.shape[-1]
+    R = torch.eye(T, dtype=torch.float64)
+    for l, rec in enumerate(fw.records):
+        A = rec.attention.probs[0].double().mean(0)  # (T, T)
+        R = (0.5 * A + 0.5 * torch.eye(T, dtype=torch.float64)) @ R
+        torch.testing.assert_close(ours[l], R, atol=1e-5, rtol=0)
 
 
 # --- value zeroing against a brute force ------------------------------------------------------

@@ -35,6 +35,7 @@ import torch
 from ..core.layer import LayerRecord
 from ..core.masks import mask_to_bias
 from ..core.model import BertModel
+from ..see.aggregate import attention_rollout
 from .decompose import attention_block_terms, head_vectors
 
 __all__ = ["LAYER_METHODS", "HEAD_METHODS", "Forward", "alti_layer_maps", "attention_maps",
@@ -195,13 +196,12 @@ def rollout_maps(fw: Forward) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020), (B, L, T, T).
 
     Each layer's head-mean attention with the residual as an equal partner, Â_l = ½·mean_h(A_l) + ½·I
-    (rows sum to 1), multiplied through the layers: R_l = Â_l · R_{l−1}.
+    (rows sum to 1), multiplied through the layers: R_l = Â_l · R_{l−1}. The arithmetic is the
+    explorer's own (:func:`bertscope.see.aggregate.attention_rollout`), per text.
     """
-    A = attention_maps(fw).double().mean(dim=2)  # (B, L, H, T, T) -> (B, L, T, T)
-    T = A.shape[-1]
-    eye = torch.eye(T, dtype=A.dtype, device=A.device)  # (T, T)
-    mixed = 0.5 * A + 0.5 * eye  # (B, L, T, T)
-    return zero_pad(compose(mixed).float(), fw.mask)
+    A = attention_maps(fw)  # (B, L, H, T, T)
+    rolled = torch.stack([attention_rollout(a) for a in A])  # (B, L, T, T)
+    return zero_pad(rolled.float(), fw.mask)
 
 
 def value_zeroing_maps(fw: Forward, max_tokens: int = 8192) -> torch.Tensor:

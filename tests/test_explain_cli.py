@@ -111,3 +111,23 @@ def test_one_line_errors(args, fragment, capsys):
 def test_empty_text_is_refused_before_loading(capsys):
     assert main(["explain", " ", "--method", "alti", "--model", "/nonexistent"]) == 2
     assert "the text is empty" in capsys.readouterr().err
+
+
+def test_explain_experiments_writes_its_own_section(tmp_path, capsys, bert):
+    """The re-read section is regenerated in place; the rest of EXPERIMENTS.md is kept; its
+    numbers are the library's."""
+    doc = tmp_path / "EXPERIMENTS.md"
+    doc.write_text("# Experiments\n\n<!-- begin seed-claims -->\nkept\n<!-- end seed-claims -->\n", encoding="utf-8")
+    assert main(["explain-experiments", "--out", str(tmp_path)]) == 0
+    assert main(["explain-experiments", "--out", str(tmp_path)]) == 0  # twice: still one section
+    text = doc.read_text(encoding="utf-8")
+    assert "kept" in text and text.count("<!-- begin explain-reread -->") == 1
+    section = text[text.index("<!-- begin explain-reread -->"):]
+    exp = bertscope.explain(bert, IT_ANIMAL, "alti")
+    row = exp.sources(exp.words.index("it"))
+    alti = next(l for l in section.splitlines() if l.startswith("| alti | Ferrando"))
+    cells = [c.strip() for c in alti.split("|")]
+    assert cells[3] == f"{row[exp.words.index('animal')]:.2f}" and cells[4] == f"{row[exp.words.index('street')]:.2f}"
+    att = bertscope.attend(bert, IT_ANIMAL, "it")  # the seed's heads, as `attend` measures them
+    best = att.heads_for(att.words.index("animal"), k=1)[0]
+    assert f"| L{best[0]} H{best[1]} | attention | {best[2]:.2f} |" in section

@@ -23,7 +23,7 @@ COMMAND_MODULES = [
     "embed", "bench",  # fast
     "view", "plot", "serve",  # see attention
     "trace", "heads", "coref", "ablate", "experiments",  # understand heads
-    "explain",  # explain what tokens take from each other
+    "explain", "explain_experiments",  # what tokens take from each other
 ]
 
 DESCRIPTION = """\

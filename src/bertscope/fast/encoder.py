@@ -80,6 +80,17 @@ class PackedEncoder:
         x = unpack(self.encode(model, packed), packed, B)  # (N, C) -> (B, T, C)
         return BertOutput(last_hidden_state=x, pooler_output=model.pooler(x))
 
+    def classify(self, model, packed: PackedBatch) -> torch.Tensor:
+        """A sequence classifier's logits on packed tokens: (N,) ids -> (B, K), in packed order.
+
+        ``model`` is a :class:`~bertscope.core.classifier.BertForSequenceClassification`; its
+        encoder runs packed and its own head reads each sequence's first token ([CLS]). Works
+        under autograd and in training mode (the training path of ``bertscope finetune``).
+        """
+        x = self.encode(model.bert, packed)  # (N, C)
+        cls = x.index_select(0, packed.cu_seqlens[:-1])  # (B, C): the first token of each sequence
+        return model.logits_from_cls(cls)  # (B, K)
+
 
 def packed_encode(model, packed: PackedBatch, attention_impl: str = "auto",
                   slack: float | None = None, encoder: PackedEncoder | None = None) -> torch.Tensor:

@@ -132,7 +132,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     dev = bert.device
     ids, mask, types = ids.to(dev), mask.to(dev), types.to(dev)
 
-    model = bert.model
+    model = bert.encoder
     out = model(ids, mask, types, output_hidden_states=True)
     x = out.hidden_states[layer]  # (B, T, C): this layer's input
     blk = model.layers[layer]

@@ -309,3 +309,56 @@ def test_custom_target(bert):
     tgt = Target(name="h[CLS][0]", score=lambda h, m: h[:, 0, 0])
     exp = bertscope.explain(bert, SHORT, "grad-input", target=tgt)
     assert exp.target == "h[CLS][0]" and np.abs(exp.maps).max() > 0
+
+
+# --- a classifier's predicted class as the output ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def classifier(bert):
+    """A two-class BertForSequenceClassification on a copy of the bundled encoder (random head)."""
+    import copy
+
+    from bertscope.core.classifier import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    clf = BertForSequenceClassification(bert.config, 2, id2label={0: "neg", 1: "pos"},
+                                        encoder=copy.deepcopy(bert.encoder))
+    with torch.no_grad():
+        clf.classifier.weight.mul_(50)  # a head with opinions, so the probabilities are not all ~0.5
+    return bertscope.Bert(config=bert.config, model=clf.eval(), tokenizer=bert.tokenizer, name="test-classifier")
+
+
+def test_class_target_is_the_classifiers_probability(classifier):
+    """F at the text's own embeddings equals Bert.classify's probability of the predicted class
+    (the packed classification path, written for fine-tuning), and captum agrees on the gradient."""
+    import captum.attr
+
+    from bertscope.explain import class_target
+
+    texts = [SHORT, LONG]
+    ids, mask, types = encode(classifier, texts)
+    probs = classifier.classify(texts)  # (2, K)
+    tgt = class_target(classifier, ids, mask, types)
+    for path in ("padded", "packed"):
+        F = embedding_function(classifier, ids, mask, types, tgt, path=path)
+        with torch.no_grad():
+            np.testing.assert_allclose(F.forward(F.inputs).numpy(), probs.max(1), atol=1e-5)
+    F = embedding_function(classifier, ids[:1], mask[:1], types[:1], class_target(classifier, ids[:1], mask[:1], types[:1]))
+    theirs = captum.attr.InputXGradient(F.forward).attribute(F.inputs.clone()).sum(-1)
+    assert (grad_input(F) - theirs).abs().max() <= 1e-5
+
+
+def test_explain_a_classifier(classifier, bert):
+    exp = bertscope.explain(classifier, SHORT, "grad-input")  # default: the predicted class
+    pred = classifier.labels[int(classifier.classify([SHORT])[0].argmax())]
+    assert exp.target == f"probability of the predicted class {pred!r}"
+    other = "neg" if pred == "pos" else "pos"
+    exp_other = bertscope.explain(classifier, SHORT, "grad-input", target=other)
+    # p(other) = 1 - p(pred) for two classes: the gradients are opposite
+    np.testing.assert_allclose(exp_other.maps, -exp.maps, atol=1e-6)
+    with pytest.raises(InputError, match="unknown class 'meh'"):
+        bertscope.explain(classifier, SHORT, "grad-input", target="meh")
+    with pytest.raises(InputError, match="class 5 does not exist"):
+        bertscope.explain(classifier, SHORT, "grad-input", target=5)
+    maps = bertscope.explain(classifier, SHORT, "alti").maps  # map methods read the classifier's encoder
+    np.testing.assert_array_equal(maps, bertscope.explain(bert, SHORT, "alti").maps)

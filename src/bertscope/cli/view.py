@@ -15,10 +15,14 @@ exact values), word or sub-token level, [CLS]/[SEP] hidden or shown, the mean ov
 attention rollout. The file has no external resources: it opens from disk in any browser,
 offline. Weights are stored to within 1/2048 (rows still sum to 1).
 
+With --model-b, TEXT runs through two models instead (A = --model, B = --model-b), side by side
+with the difference: e.g. a base model and its fine-tune, to see which heads fine-tuning changed.
+
 examples:
   bertscope view "The animal didn't cross the street because it was too tired"
   bertscope view "The animal didn't cross the street because it was too tired" \\
                  "The animal didn't cross the street because it was too wide" --out compare.html
+  bertscope view "A moving, beautifully acted film" --model-b sentiment/ --out finetuned.html
 """
 
 
@@ -29,6 +33,8 @@ def register(sub) -> None:
     p.add_argument("text_b", metavar="TEXT_B", nargs="?", default=None,
                    help="a second text, shown side by side with the difference")
     add_model_arg(p)
+    p.add_argument("--model-b", metavar="PATH", default=None,
+                   help="a second model folder (e.g. a fine-tune): TEXT through both, with the difference")
     p.add_argument("--out", metavar="FILE.html", default="bertscope-report.html",
                    help="where to write the page (default: bertscope-report.html)")
     p.set_defaults(func=run)
@@ -42,9 +48,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.text_b is not None and not args.text_b.strip():
         raise InputError("the second text is empty")
+    if args.text_b is not None and args.model_b is not None:
+        raise InputError("give TEXT_B or --model-b, not both (two texts, or one text through two models)")
     out = check_output_file(args.out, "--out", (".html", ".htm"))
     bert = load_model(args)
-    report = build_report(bert, args.text, args.text_b)
+    bert_b = None
+    if args.model_b is not None:
+        from ..bert import load
+
+        bert_b = load(args.model_b)
+    report = build_report(bert, args.text, args.text_b, bert_b=bert_b)
     with writing(out):
         path = report.save(out).resolve()
     size = path.stat().st_size

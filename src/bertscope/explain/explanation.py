@@ -38,7 +38,8 @@ from ..bert import Bert
 from ..core.tokenizer import Batch
 from ..core.words import group_words, word_attention
 from ..errors import InputError
-from .gradients import GRAD_METHODS, Target, embedding_function, grad_input, integrated_gradients, similarity_target
+from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
+                        similarity_target)
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
 
 __all__ = ["METHODS", "METHOD_INFO", "Explanation", "check_method", "explain", "explain_batch", "method_kind"]
@@ -152,24 +153,28 @@ def _encode_one(bert: Bert, text: object, what: str = "text") -> Batch:
     return bert.encode([text])
 
 
-def _resolve_target(bert: Bert, method: str, text_b: str | None, target: Target | None) -> Target | None:
+def _resolve_target(bert: Bert, method: str, batch: Batch, text_b: str | None,
+                    target: Target | int | str | None) -> Target | None:
     if method not in GRAD_METHODS:
         if text_b is not None or target is not None:
             raise InputError(f"{method} maps one text's tokens onto each other; text_b and target are "
                              "for the gradient methods (grad-input, integrated-gradients)")
         return None
-    if target is not None:
-        if text_b is not None:
+    if text_b is not None:
+        if target is not None:
             raise InputError("give text_b (similarity to a second text) or a target, not both")
-        if not isinstance(target, Target):
-            raise InputError(f"target must be a bertscope.explain.Target, got {type(target).__name__}")
+        if not isinstance(text_b, str) or not text_b.strip():
+            raise InputError("text_b is empty")
+        return similarity_target(bert, text_b)
+    if isinstance(target, Target):
         return target
-    if text_b is None:
-        raise InputError(f"{method} explains one output: give text_b (the similarity of the text's "
-                         "embedding to a second text) or a classifier target")
-    if not isinstance(text_b, str) or not text_b.strip():
-        raise InputError("text_b is empty")
-    return similarity_target(bert, text_b)
+    if bert.is_classifier:
+        return class_target(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, label=target)
+    if target is not None:
+        raise InputError("a class target needs a fine-tuned classifier (this model has no classification "
+                         "head); give text_b to explain a similarity instead")
+    raise InputError(f"{method} explains one output: give text_b (the similarity of the text's "
+                     "embedding to a second text), or load a fine-tuned classifier")
 
 
 def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -178,7 +183,8 @@ def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Ten
     """Maps for a padded batch: (B, L, H, T, T), (B, L, T, T) or (B, T), PAD rows/columns 0.
 
     The model runs in eval mode (restored afterwards). Map methods run on the padded reference
-    model; the gradient methods on ``path`` ("padded" or "packed") and need ``target``.
+    encoder; the gradient methods on ``path`` ("padded" or "packed") and explain ``target``
+    (default, for a classifier: each text's predicted class).
     """
     check_method(method)
     model = bert.model
@@ -189,17 +195,19 @@ def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Ten
         ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)
         if method in GRAD_METHODS:
             if target is None:
-                raise InputError(f"{method} needs a target (the output to explain)")
+                if not bert.is_classifier:
+                    raise InputError(f"{method} needs a target (the output to explain)")
+                target = class_target(bert, ids, mask, types)
             F = embedding_function(bert, ids, mask, types, target, path=path)
             out = grad_input(F) if method == "grad-input" else integrated_gradients(F, steps=steps)
             return out.detach()
-        return map_methods()[method](run_forward(model, ids, mask, types))
+        return map_methods()[method](run_forward(bert.encoder, ids, mask, types))
     finally:
         model.train(was_training)
 
 
 def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
-            target: Target | None = None) -> Explanation:
+            target: Target | int | str | None = None) -> Explanation:
     """What ``method`` says each token of ``text`` takes from the others (see the module docstring).
 
     Args:
@@ -208,15 +216,16 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
         method: one of :data:`METHODS`.
         text_b: for ``grad-input`` / ``integrated-gradients``: explain the cosine similarity of
             ``text``'s sentence embedding to this second text's.
-        target: for the gradient methods, another output to explain (a :class:`Target`, e.g.
-            a classifier's predicted class), instead of ``text_b``.
+        target: for the gradient methods with a fine-tuned classifier (``bert.is_classifier``):
+            the class whose probability to explain, by index or name; default (None) the class
+            it predicts for ``text``. Any other output: a :class:`Target`.
 
     Raises:
         InputError: an unknown method, an empty text, or a target the method cannot take.
     """
     check_method(method)
     batch = _encode_one(bert, text)
-    tgt = _resolve_target(bert, method, text_b, target)
+    tgt = _resolve_target(bert, method, batch, text_b, target)
     maps = explain_batch(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, method,
                          target=tgt)[0]
     words = group_words(batch, text)

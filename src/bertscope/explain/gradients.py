@@ -10,10 +10,11 @@ The input is each token's word embedding e_t (the row of the embedding table, be
 position and segment embeddings and the embedding LayerNorm are added); the output is one
 number per text, F(e), from a :class:`Target`:
 
-* ``similarity``: the cosine similarity of the text's sentence embedding (the mean of the last
-  hidden state over real tokens, as sentence-transformers pools all-MiniLM-L6-v2) with a fixed
-  second text's embedding.
-* a classifier's predicted class (see :mod:`bertscope.explain.targets`).
+* :func:`similarity_target`: the cosine similarity of the text's sentence embedding (the mean
+  of the last hidden state over real tokens, as sentence-transformers pools all-MiniLM-L6-v2)
+  with a fixed second text's embedding.
+* :func:`class_target`: a fine-tuned classifier's probability of one class per text (by
+  default the class it predicts for the text), softmax of its head on the [CLS] vector.
 
 Attribution of token t (summed over the C embedding dimensions; a word sums its sub-tokens):
 
@@ -25,26 +26,25 @@ Attribution of token t (summed over the C embedding dimensions; a word sums its 
 the integral by S-point Gauss–Legendre quadrature on [0, 1]. Integrated gradients is
 complete: Σ_t a_t = F(e) − F(e') up to the quadrature error.
 
-The forward replaces the embedding table's output by e through a forward hook on
-``model.embeddings.word_embeddings`` (the model's own embedding module adds positions, segments
-and its LayerNorm; no arithmetic is redone). It runs on the padded reference model or on the
-packed fast path (``path="packed"``); tests hold the two equal.
+The forward hands e to the model as ``inputs_embeds`` (its own embedding module adds positions,
+segments and its LayerNorm; no arithmetic is redone). It runs on the padded reference model or
+on the packed fast path (``path="packed"``); tests hold the two equal.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..bert import Bert
-from ..fast.packing import pack
+from ..errors import InputError
+from ..fast.packing import pack, unpack
 
-__all__ = ["GRAD_METHODS", "EmbeddingFunction", "Target", "embedding_function", "grad_input", "integrated_gradients",
-           "mean_pool", "similarity_target"]
+__all__ = ["GRAD_METHODS", "EmbeddingFunction", "Target", "class_target", "embedding_function", "grad_input",
+           "integrated_gradients", "mean_pool", "similarity_target"]
 
 GRAD_METHODS = ("grad-input", "integrated-gradients")
 
@@ -54,7 +54,8 @@ class Target:
     """One number per text from the encoder's last hidden state.
 
     name:  what it is, for people ("cosine similarity to 'A dog sleeps.'").
-    score: (last_hidden_state (K, T, C), attention_mask (K, T)) -> (K,).
+    score: (last_hidden_state (K, T, C), attention_mask (K, T)) -> (K,); row k of an
+        evaluation is text k mod B of the batch explained.
     """
 
     name: str
@@ -79,19 +80,48 @@ def similarity_target(bert: Bert, text_b: str) -> Target:
     return Target(name=f"cosine similarity to {short!r}", score=score)
 
 
-@contextmanager
-def _word_embeddings_replaced(model, replacement: torch.Tensor) -> Iterator[None]:
-    """Within the block, the embedding table's output is ``replacement`` (same shape)."""
-    def hook(module, inputs, output):
-        if output.shape != replacement.shape:
-            raise ValueError(f"embedding hook: expected {tuple(output.shape)}, got {tuple(replacement.shape)}")
-        return replacement
+def class_target(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 token_type_ids: torch.Tensor, label: int | str | None = None) -> Target:
+    """F = p(class | text), a classifier's softmax probability, for a padded batch of B texts.
 
-    handle = model.embeddings.word_embeddings.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+    label: a class index or name (``bert.labels``); None = each text's predicted class.
+    """
+    if not bert.is_classifier:
+        raise InputError("this model has no classification head: a class target needs a fine-tuned "
+                         "classifier (bertscope finetune), or explain a similarity (text_b)")
+    clf = bert.model
+    names = bert.labels
+    B = input_ids.shape[0]
+    if label is None:
+        was_training = clf.training
+        clf.eval()
+        try:
+            with torch.no_grad():
+                logits = clf(input_ids.to(bert.device), attention_mask.to(bert.device),
+                             token_type_ids.to(bert.device)).logits  # (B, K)
+        finally:
+            clf.train(was_training)
+        classes = logits.argmax(-1)  # (B,)
+    else:
+        if isinstance(label, str):
+            if label not in names:
+                raise InputError(f"unknown class {label!r}; the classifier's classes are: {', '.join(names)}")
+            index = names.index(label)
+        elif isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(names):
+            raise InputError(f"class {label!r} does not exist (the classifier has classes 0..{len(names) - 1})")
+        else:
+            index = label
+        classes = torch.full((B,), index, dtype=torch.long, device=bert.device)  # (B,)
+
+    def score(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        K = hidden.shape[0]
+        probs = torch.softmax(clf.logits_from_cls(hidden[:, 0]), dim=-1)  # (K, C) -> (K, n_classes)
+        return probs.gather(1, classes.repeat(K // B)[:, None])[:, 0]  # (K,)
+
+    which = "the predicted class" if label is None else f"class {names[int(classes[0])]!r}"
+    if label is None and B == 1:
+        which = f"the predicted class {names[int(classes[0])]!r}"
+    return Target(name=f"probability of {which}", score=score)
 
 
 @dataclass(frozen=True)
@@ -113,26 +143,26 @@ def embedding_function(bert: Bert, input_ids: torch.Tensor, attention_mask: torc
     """F(E) for a padded batch, on the reference model (``"padded"``) or the fast path (``"packed"``)."""
     if path not in ("padded", "packed"):
         raise ValueError(f"path must be 'padded' or 'packed', got {path!r}")
-    model = bert.model
+    encoder = bert.encoder
     dev = bert.device
     ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)
     B, T = ids.shape
     with torch.no_grad():
-        inputs = model.embeddings.word_embeddings(ids).detach()  # (B, T, C)
+        inputs = encoder.embeddings.word_embeddings(ids).detach()  # (B, T, C)
 
     def forward(E: torch.Tensor) -> torch.Tensor:
         K = E.shape[0]
         if K % B:
             raise ValueError(f"{K} rows of embeddings for a batch of {B} texts")
         reps = K // B
-        ids_k, mask_k, types_k = ids.repeat(reps, 1), mask.repeat(reps, 1), types.repeat(reps, 1)  # (K, T)
+        mask_k, types_k = mask.repeat(reps, 1), types.repeat(reps, 1)  # (K, T)
         if path == "padded":
-            with _word_embeddings_replaced(model, E):
-                hidden = model(ids_k, mask_k, types_k).last_hidden_state  # (K, T, C)
+            hidden = encoder(None, mask_k, types_k, inputs_embeds=E).last_hidden_state  # (K, T, C)
         else:
-            flat = pack(ids_k, mask_k, types_k).flat_index  # (N,) packed order in the (K·T) grid
-            with _word_embeddings_replaced(model, E.reshape(K * T, -1)[flat]):  # (N, C)
-                hidden = bert(ids_k, mask_k, types_k).last_hidden_state  # (K, T, C), packed inside
+            packed = pack(ids.repeat(reps, 1), mask_k, types_k)  # (N,) real tokens only
+            words = E.reshape(K * T, -1)[packed.flat_index]  # (K·T, C) -> (N, C) in packed order
+            x = bert.fast.encode(encoder, packed, inputs_embeds=words)  # (N, C)
+            hidden = unpack(x, packed, K)  # (K, T, C), zeros at PAD
         return target.score(hidden, mask_k)  # (K,)
 
     return EmbeddingFunction(inputs=inputs, forward=forward, mask=mask)

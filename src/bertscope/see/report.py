@@ -165,7 +165,7 @@ def analyze(bert: Bert, texts: list[str]) -> list[ReportText]:
             raise InputError("the text is empty" if i == 0 else "the second text is empty")
     batch = bert.encode(texts)
     dev = bert.device
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)
     probs = torch.stack(out.attentions, dim=1).float().cpu()  # (B, N, H, T, T)
     result = []
@@ -182,10 +182,25 @@ def analyze(bert: Bert, texts: list[str]) -> list[ReportText]:
     return result
 
 
-def build_report(bert: Bert, text: str, text_b: str | None = None) -> Report:
-    """Attention of ``text`` (and ``text_b``, shown side by side with the difference)."""
-    texts = [text] if text_b is None else [text, text_b]
+def build_report(bert: Bert, text: str, text_b: str | None = None, *, bert_b: Bert | None = None) -> Report:
+    """Attention of ``text`` (and ``text_b``, shown side by side with the difference).
+
+    With ``bert_b`` instead of ``text_b``: ``text`` through two models (A = ``bert``, B =
+    ``bert_b``, e.g. a base model and its fine-tuned classifier), side by side with the
+    difference A - B. The two must have the same shape (layers and heads).
+    """
     cfg = bert.config
     name = bert.name or (bert.path.name if bert.path else "BERT")
-    return Report(model_name=name, num_layers=cfg.num_hidden_layers,
-                  num_heads=cfg.num_attention_heads, texts=analyze(bert, texts))
+    if bert_b is None:
+        texts = [text] if text_b is None else [text, text_b]
+        return Report(model_name=name, num_layers=cfg.num_hidden_layers,
+                      num_heads=cfg.num_attention_heads, texts=analyze(bert, texts))
+    if text_b is not None:
+        raise InputError("give a second text or a second model, not both")
+    cb = bert_b.config
+    if (cb.num_hidden_layers, cb.num_attention_heads) != (cfg.num_hidden_layers, cfg.num_attention_heads):
+        raise InputError(f"the two models differ in shape ({cfg.num_hidden_layers}x{cfg.num_attention_heads} and "
+                         f"{cb.num_hidden_layers}x{cb.num_attention_heads} layers x heads)")
+    name_b = bert_b.name or (bert_b.path.name if bert_b.path else "BERT")
+    return Report(model_name=f"A = {name}, B = {name_b}", num_layers=cfg.num_hidden_layers,
+                  num_heads=cfg.num_attention_heads, texts=analyze(bert, [text]) + analyze(bert_b, [text]))

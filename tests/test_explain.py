@@ -18,7 +18,7 @@ from bertscope.errors import InputError
 from bertscope.explain import METHODS, Target, explain_batch, method_kind, similarity_target
 from bertscope.explain.decompose import attention_block_terms, head_vectors, mixed_vectors
 from bertscope.explain.gradients import embedding_function, grad_input, integrated_gradients
-from bertscope.explain.measures import (alti_layer_maps, attention_maps, map_methods, run_forward,
+from bertscope.explain.measures import (alti_layer_maps, map_methods, run_forward,
                                         value_zeroing_maps)
 
 from conftest import IT_ANIMAL

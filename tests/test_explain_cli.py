@@ -131,3 +131,50 @@ def test_explain_experiments_writes_its_own_section(tmp_path, capsys, bert):
     att = bertscope.attend(bert, IT_ANIMAL, "it")  # the seed's heads, as `attend` measures them
     best = att.heads_for(att.words.index("animal"), k=1)[0]
     assert f"| L{best[0]} H{best[1]} | attention | {best[2]:.2f} |" in section
+
+
+@pytest.fixture(scope="module")
+def classifier_folder(bert, tmp_path_factory):
+    """A two-class classifier folder (random head on the bundled encoder), as finetune writes one."""
+    import copy
+
+    import torch
+
+    from bertscope.core.classifier import BertForSequenceClassification
+    from bertscope.train.output import save_classifier
+
+    torch.manual_seed(0)
+    clf = BertForSequenceClassification(bert.config, 2, id2label={0: "neg", 1: "pos"},
+                                        encoder=copy.deepcopy(bert.encoder))
+    out = tmp_path_factory.mktemp("clf")
+    save_classifier(out, clf, bert.path, 128)
+    return out
+
+
+def test_classifier_model_explains_its_prediction(classifier_folder, capsys):
+    data = run_json(capsys, "--method", "grad-input", "--model", str(classifier_folder))
+    clf = bertscope.load(classifier_folder)
+    pred = clf.labels[int(clf.classify([IT_ANIMAL])[0].argmax())]
+    assert data["target"] == f"probability of the predicted class {pred!r}" and data["shape"] == [len(data["words"])]
+    other = "neg" if pred == "pos" else "pos"
+    flipped = run_json(capsys, "--method", "grad-input", "--model", str(classifier_folder), "--label", other)
+    np.testing.assert_allclose(flipped["maps"], -np.asarray(data["maps"]), atol=1e-5)
+    data = run_json(capsys, "--compare", "--token", "it", "--model", str(classifier_folder))
+    assert set(data["methods"]) == set(METHODS)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--method", "grad-input", "--label", "pos"], "--label needs a fine-tuned classifier"),
+    (["--method", "alti", "--label", "pos"], "--label is for grad-input"),
+    (["--method", "grad-input", "--label", "pos", "--similar-to", "x"], "not both"),
+])
+def test_label_errors(args, fragment, capsys):
+    assert main(["explain", IT_ANIMAL, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_unknown_label_on_a_classifier(classifier_folder, capsys):
+    assert main(["explain", IT_ANIMAL, "--method", "grad-input", "--model", str(classifier_folder),
+                 "--label", "meh"]) == 2
+    assert "unknown class 'meh'" in capsys.readouterr().err

@@ -20,7 +20,9 @@ methods (maps[i][j]: what word i takes from word j):
   alti                  L1-distance contributions, rolled out through the layers (Ferrando et al. 2022)
   rollout               (A + I) / 2 rolled out through the layers (Abnar & Zuidema 2020)
   grad-input            gradient x input of one output: the cosine similarity of TEXT's embedding
-  integrated-gradients  to --similar-to's (Sundararajan et al. 2017 for integrated gradients)
+  integrated-gradients  to --similar-to's, or, with a fine-tuned classifier as --model, the
+                        probability of its predicted class (or of --label)
+                        (integrated gradients: Sundararajan et al. 2017)
 
 Word level: what a word receives from another sums over that word's sub-tokens, what a word
 takes averages over its own; gradient attributions sum over sub-tokens. Layers and heads are
@@ -33,6 +35,7 @@ examples:
   bertscope explain "The animal didn't cross the street because it was too tired" --method norm --token it --layer 3 --head 1
   bertscope explain "The animal didn't cross the street because it was too tired" --compare --token it
   bertscope explain "A dog sleeps on the sofa" --method integrated-gradients --similar-to "A sleeping puppy" --json
+  bertscope explain "a gorgeous, witty film" --method grad-input --model sentiment/   # after bertscope finetune
 """
 
 
@@ -51,6 +54,8 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=5, metavar="K", help="words to list (default 5)")
     p.add_argument("--similar-to", metavar="TEXT_B",
                    help="for grad-input / integrated-gradients: explain the similarity to this text")
+    p.add_argument("--label", metavar="NAME",
+                   help="with a classifier: explain this class's probability (default: the predicted class)")
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON (word-level maps and the ranking)")
     p.set_defaults(func=run)
@@ -86,16 +91,26 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--head applies to the per-head methods (attention, norm); {args.method} "
                          "gives one map per layer")
     if kind == "input":
-        if args.similar_to is None:
-            raise InputError(f"{args.method} explains one output: give --similar-to TEXT_B (the similarity "
-                             "of TEXT's embedding to TEXT_B's)")
+        if args.similar_to is not None and args.label is not None:
+            raise InputError("give --similar-to or --label, not both")
         for flag, value in (("--token", args.token), ("--layer", args.layer), ("--head", args.head)):
             if value is not None:
                 raise InputError(f"{flag} does not apply to {args.method}: it attributes one output to "
                                  "every word of the input")
-    elif args.similar_to is not None:
-        raise InputError(f"--similar-to is for grad-input and integrated-gradients; {args.method} maps "
-                         "the text's words onto each other")
+    else:
+        for flag, value in (("--similar-to", args.similar_to), ("--label", args.label)):
+            if value is not None:
+                raise InputError(f"{flag} is for grad-input and integrated-gradients; {args.method} maps "
+                                 "the text's words onto each other")
+
+
+def _target_kwargs(args: argparse.Namespace, method: str) -> dict:
+    """What the gradient methods explain: --similar-to, or a classifier's class (--label or predicted)."""
+    from ..explain import method_kind
+
+    if method_kind(method) != "input":
+        return {}
+    return {"text_b": args.similar_to, "target": args.label}
 
 
 def _ranked_json(ranked) -> list[dict]:
@@ -125,13 +140,21 @@ def _locate(bert, exp, args) -> int | None:
 
 
 def _check_ranges(bert, args) -> None:
+    """Mistakes that need the model: layers and heads out of range, a gradient method without
+    an output to explain."""
     from ..errors import InputError
+    from ..explain import method_kind
 
     L, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     if args.layer is not None and args.layer >= L:
         raise InputError(f"--layer {args.layer} does not exist (the model has layers 0..{L - 1})")
     if args.head is not None and args.head >= H:
         raise InputError(f"--head {args.head} does not exist (each layer has heads 0..{H - 1})")
+    if args.label is not None and not bert.is_classifier:
+        raise InputError("--label needs a fine-tuned classifier as --model (this model has no classification head)")
+    if not args.compare and method_kind(args.method) == "input" and args.similar_to is None and not bert.is_classifier:
+        raise InputError(f"{args.method} explains one output: give --similar-to TEXT_B (the similarity of "
+                         "TEXT's embedding to TEXT_B's), or a fine-tuned classifier as --model")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 def _one(bert, args) -> int:
     from ..explain import METHOD_INFO, explain
 
-    exp = explain(bert, args.text, args.method, text_b=args.similar_to)
+    exp = explain(bert, args.text, args.method, **_target_kwargs(args, args.method))
     index = _locate(bert, exp, args)
     layer = None if exp.kind == "input" else (bert.config.num_hidden_layers - 1 if args.layer is None else args.layer)
     ranked = None
@@ -190,13 +213,14 @@ def _compare(bert, args) -> int:
     from ..explain import METHOD_INFO, METHODS, explain, method_kind
 
     layer = bert.config.num_hidden_layers - 1 if args.layer is None else args.layer
-    methods = [m for m in METHODS if method_kind(m) != "input" or args.similar_to is not None]
+    explains_output = args.similar_to is not None or bert.is_classifier
+    methods = [m for m in METHODS if method_kind(m) != "input" or explains_output]
     columns: dict[str, list[tuple[int, str, float]]] = {}
     index = None
     first = None
     target = None
     for m in methods:
-        exp = explain(bert, args.text, m, text_b=args.similar_to if method_kind(m) == "input" else None)
+        exp = explain(bert, args.text, m, **_target_kwargs(args, m))
         if index is None:
             first = exp
             index = _locate(bert, exp, args)

@@ -8,6 +8,7 @@ global state, no display needed), then written atomically with :func:`bertscope.
     heatmap_png, save_heatmap    a (layers, heads) table of numbers as a heatmap (heads, experiments)
     save_class_map               the pattern class of every head
     line_plot                    one value per layer, several series (experiments)
+    faithfulness_plot            mean ± sd per layer of each explain method's agreement, per reference
     scaling_plot                 S13: time and memory against length (bench)
 
 Shape legend: N layers, H heads, T tokens, W words.
@@ -28,8 +29,8 @@ from ..core.words import word_attention
 from ..files import write_bytes_atomic
 from .report import ReportText
 
-__all__ = ["FORMATS", "figure_bytes", "grid_figure", "head_figure", "heatmap_png", "line_plot", "save_class_map",
-           "save_figure", "save_heatmap", "scaling_plot", "units"]
+__all__ = ["FORMATS", "faithfulness_plot", "figure_bytes", "grid_figure", "head_figure", "heatmap_png", "line_plot",
+           "save_class_map", "save_figure", "save_heatmap", "scaling_plot", "units"]
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -187,6 +188,30 @@ def line_plot(path: str | Path, series: dict[str, list[float]], title: str, ylab
     ax.set_xticks(range(len(next(iter(series.values())))))
     ax.legend(fontsize=8)
     return write_bytes_atomic(path, figure_bytes(fig, "png", 100))
+
+
+def faithfulness_plot(path: str | Path, panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+                      title: str) -> Path:
+    """One panel per reference ({panel title: {method: (means per layer, sds per layer)}}):
+    each method's mean over sentences as a line, ± one standard deviation as a band; a PNG
+    written atomically."""
+    Figure = _matplotlib()
+    fig = Figure(figsize=(5.0 * len(panels), 3.6), layout="tight")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (name, series) in zip(axes, panels.items()):
+        for method, (mean, sd) in series.items():
+            x = np.arange(len(mean))
+            m, d = np.asarray(mean, dtype=float), np.asarray(sd, dtype=float)
+            (line,) = ax.plot(x, m, marker="o", label=method)
+            ax.fill_between(x, m - d, m + d, color=line.get_color(), alpha=0.12, linewidth=0)
+        ax.axhline(0.0, color="grey", linewidth=0.6)
+        ax.set_xlabel("layer")
+        ax.set_title(name, fontsize=10)
+        ax.set_xticks(range(len(next(iter(series.values()))[0])))
+    axes[0].set_ylabel("Spearman ρ (mean ± sd over sentences)")
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    return write_bytes_atomic(path, figure_bytes(fig, "png", 110))
 
 
 def scaling_plot(result: dict, fmt: str = "png") -> bytes:

@@ -101,6 +101,7 @@ def test_run_resumes_and_renders(clf, clf_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(fa, "score_sentence", boom)
     again = fa.run_faithfulness(clf, clf_folder, tmp_path, limit=3)
     assert [s.rho for s in again.sentences] == [s.rho for s in r.sentences]
+    assert r.cached == 0 and again.cached == 3 and again.scoring_seconds == pytest.approx(r.scoring_seconds)
     md = fa.render_faithfulness(again, "bertscope explain-experiments --faithfulness", "experiments/x.png")
     L = clf.config.num_hidden_layers
     assert md.count(f"| method | {' | '.join(f'L{l}' for l in range(L))} |") == 2

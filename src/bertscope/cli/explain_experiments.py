@@ -140,12 +140,16 @@ def run(args: argparse.Namespace) -> int:
         folder = fa.prepare_classifier(work, epochs=args.epochs, on_start=on_start, on_step=on_step)
         if bar is not None:
             bar.close()
+        description = (f"the bundled all-MiniLM-L6-v2 fine-tuned through the library (bertscope.train, as "
+                       f"`bertscope finetune` does: {args.epochs} epochs, lr 5e-5, max length 128, seed 0)")
     else:
         folder = Path(args.classifier)
+        description = f"the fine-tuned classifier in `{args.classifier}`"
     clf = load(folder)
     with tqdm(desc="faithfulness", unit="sentence", disable=args.quiet, file=sys.stderr) as bar:
         result = fa.run_faithfulness(clf, folder, work, limit=args.limit, ig_steps=args.ig_steps,
-                                     progress=bar.update, on_total=lambda n: setattr(bar, "total", n))
+                                     progress=bar.update, on_total=lambda n: setattr(bar, "total", n),
+                                     description=description)
     figure = None
     if not args.no_plots:
         from ..see.figures import faithfulness_plot

@@ -193,23 +193,23 @@ def line_plot(path: str | Path, series: dict[str, list[float]], title: str, ylab
 def faithfulness_plot(path: str | Path, panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
                       title: str) -> Path:
     """One panel per reference ({panel title: {method: (means per layer, sds per layer)}}):
-    each method's mean over sentences as a line, ± one standard deviation as a band; a PNG
-    written atomically."""
+    each method's mean over sentences, with ± one standard deviation as an error bar (methods
+    set slightly apart along x so the bars stay readable); a PNG written atomically."""
     Figure = _matplotlib()
-    fig = Figure(figsize=(5.0 * len(panels), 3.6), layout="tight")
+    fig = Figure(figsize=(5.2 * len(panels), 3.8), layout="tight")
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for ax, (name, series) in zip(axes, panels.items()):
-        for method, (mean, sd) in series.items():
-            x = np.arange(len(mean))
-            m, d = np.asarray(mean, dtype=float), np.asarray(sd, dtype=float)
-            (line,) = ax.plot(x, m, marker="o", label=method)
-            ax.fill_between(x, m - d, m + d, color=line.get_color(), alpha=0.12, linewidth=0)
+        k = len(series)
+        for j, (method, (mean, sd)) in enumerate(series.items()):
+            x = np.arange(len(mean)) + (j - (k - 1) / 2) * 0.07
+            ax.errorbar(x, np.asarray(mean, dtype=float), yerr=np.asarray(sd, dtype=float), marker="o",
+                        markersize=4, capsize=2, elinewidth=0.7, linewidth=1.4, label=method)
         ax.axhline(0.0, color="grey", linewidth=0.6)
         ax.set_xlabel("layer")
         ax.set_title(name, fontsize=10)
         ax.set_xticks(range(len(next(iter(series.values()))[0])))
     axes[0].set_ylabel("Spearman ρ (mean ± sd over sentences)")
-    axes[-1].legend(fontsize=7, loc="best")
+    axes[-1].legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
     return write_bytes_atomic(path, figure_bytes(fig, "png", 110))
 

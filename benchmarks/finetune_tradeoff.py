@@ -110,7 +110,14 @@ def render(res: dict, command: str) -> str:
         out.append(f"| {r['max_length']} | {r['dev_accuracy']:.3f} | {r['dev_macro_f1']:.3f} | {r['train_seconds']:.0f} | "
                    f"{r['train_tokens_per_s']:,.0f} | {r['inference_tokens_per_s']:,.0f} | "
                    f"{r['inference_s_per_text'] * 1000:.1f} |")
-    out += ["", "![accuracy and time against max_length](experiments/finetune_tradeoff.png)", ""]
+    losses = [r["train_loss"] for r in rows]
+    se_mid = (0.25 / s["dev"]) ** 0.5
+    out += ["", "![accuracy and time against max_length](experiments/finetune_tradeoff.png)", "",
+            f"These are short runs ({s['epochs']} epoch of {-(-s['train'] // s['batch_size'])} steps, sized so the whole "
+            f"sweep takes about {sum(r['run_wall_seconds'] for r in rows) / 60:.0f} minutes on this 2-core CPU): the "
+            f"mean training loss of the epoch was {min(losses):.2f}–{max(losses):.2f} (chance is 0.69), so absolute "
+            f"accuracies are low. Accuracy {'rises with the length at every step' if all(x['dev_accuracy'] < y['dev_accuracy'] for x, y in zip(rows, rows[1:])) else 'does not rise at every step'}; "
+            f"neighbouring lengths differ by about one standard error (≈ {se_mid * 100:.1f} points on {s['dev']} reviews), 64 against 512 by several.", ""]
     if 192 in by and 512 in by:
         a, b = by[192], by[512]
         se = (b["dev_accuracy"] * (1 - b["dev_accuracy"]) / s["dev"]) ** 0.5

@@ -166,8 +166,8 @@ def render(res: dict, command: str) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train", type=int, default=600)
-    p.add_argument("--dev", type=int, default=400)
+    p.add_argument("--train", type=int, default=400)
+    p.add_argument("--dev", type=int, default=300)
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=16)
@@ -206,7 +206,9 @@ def main() -> int:
                 res["runs"][k].append(r)
                 print(f"seed {seed} {k}: {r} ({time.perf_counter() - t0:.0f} s)", flush=True)
                 write_text_atomic(a.results, json.dumps(res, indent=1, allow_nan=False))
-    command = "python benchmarks/finetune_vs_hf.py"
+    import shlex
+
+    command = shlex.join(["python", "benchmarks/finetune_vs_hf.py", *sys.argv[1:]])
     md = render(res, command)
     print(md)
     if not a.no_doc:

@@ -117,7 +117,8 @@ def render(res: dict, command: str) -> str:
             f"sweep takes about {sum(r['run_wall_seconds'] for r in rows) / 60:.0f} minutes on this 2-core CPU): the "
             f"mean training loss of the epoch was {min(losses):.2f}–{max(losses):.2f} (chance is 0.69), so absolute "
             f"accuracies are low. Accuracy {'rises with the length at every step' if all(x['dev_accuracy'] < y['dev_accuracy'] for x, y in zip(rows, rows[1:])) else 'does not rise at every step'}; "
-            f"neighbouring lengths differ by about one standard error (≈ {se_mid * 100:.1f} points on {s['dev']} reviews), 64 against 512 by several.", ""]
+            f"neighbouring lengths differ by about one standard error (≈ {se_mid * 100:.1f} points on {s['dev']} reviews); the shortest against the longest by "
+            f"{(rows[-1]['dev_accuracy'] - rows[0]['dev_accuracy']) * 100:.1f} points.", ""]
     if 192 in by and 512 in by:
         a, b = by[192], by[512]
         se = (b["dev_accuracy"] * (1 - b["dev_accuracy"]) / s["dev"]) ** 0.5

@@ -300,3 +300,40 @@ def test_view_one_text_through_base_and_fine_tuned_model(trained, bert, tmp_path
     assert f"B = {out.name}" in page.read_text()
     with pytest.raises(bertscope.InputError, match="not both"):
         build_report(bert, text, "another text", bert_b=clf)
+
+
+def test_head_change_against_hf_attentions(trained, bert, hf_model):
+    """Per head, the mean total variation between base and fine-tuned attention rows, against the
+    same quantity computed from HF transformers' attentions of the two models."""
+    import transformers
+
+    from bertscope.train.tradeoff import head_change
+
+    out, _ = trained
+    clf = bertscope.load(out)
+    texts = ["the acting was wonderful", "i thought the story was dull and the music weak"]
+    ours = head_change(bert, clf, texts)
+    tuned = transformers.AutoModelForSequenceClassification.from_pretrained(str(out), attn_implementation="eager").eval()
+    ref = np.zeros_like(ours)
+    for t in texts:
+        b = bert.encode([t])
+        with torch.no_grad():
+            p = torch.stack([x[0] for x in hf_model(input_ids=b.input_ids, output_attentions=True).attentions])
+            q = torch.stack([x[0] for x in tuned(input_ids=b.input_ids, output_attentions=True).attentions])
+        ref += (0.5 * (p - q).abs().sum(-1).mean(-1)).numpy() / len(texts)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+    assert ours.max() > 1e-3
+    assert np.abs(head_change(bert, bert, texts)).max() == 0
+
+
+def test_movie_reviews_long_split_is_balanced_disjoint_and_long(bert):
+    from bertscope.train.tradeoff import long_review_split, reviews
+
+    rt = reviews("rt")
+    assert len(rt) == 8530 and {lab for _, lab in rt} == {"pos", "neg"}  # the package's Rotten Tomatoes set
+    rows = rt[:400] + rt[-400:]
+    train, dev = long_review_split(bert, rows, 20, 10, min_tokens=30, seed=1)
+    assert [r["label"] for r in train].count("pos") == 10 and [r["label"] for r in dev].count("neg") == 5
+    assert not {r["text"] for r in train} & {r["text"] for r in dev}
+    assert min(bert.tokenizer.count_tokens([r["text"] for r in train + dev])) >= 30
+    assert (train, dev) == long_review_split(bert, rows, 20, 10, min_tokens=30, seed=1)

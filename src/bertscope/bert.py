@@ -22,7 +22,7 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -155,11 +155,13 @@ class Bert:
         return out
 
     def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
-                  normalize: bool = True, *, batch_tokens: int | None = None) -> np.ndarray:
+                  normalize: bool = True, *, batch_tokens: int | None = None,
+                  progress: Callable[[int], None] | None = None) -> np.ndarray:
         """:meth:`embed` for texts already tokenized (lists of ids with [CLS] and [SEP]).
 
         Embedding is inference: the model runs in eval mode (no dropout), as
         sentence-transformers' ``encode`` does, and its mode is restored afterwards.
+        ``progress(n)`` is called after each packed batch with the number of texts it held.
         """
         C = self.config.hidden_size
         out = np.zeros((len(ids), C), dtype=np.float32)
@@ -179,6 +181,8 @@ class Bert:
                         pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
                     rows = [idx[j] for j in packed.order]  # packed order -> input rows
                     out[rows] = pooled.float().cpu().numpy()
+                    if progress is not None:
+                        progress(len(idx))
         finally:
             self.model.train(was_training)
         return out

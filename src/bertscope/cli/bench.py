@@ -21,7 +21,8 @@ By default (a) runs on a BERT-base-size model with random weights and (b) on the
 all-MiniLM-L6-v2; --model or --preset runs both on that model.
 
 --quick uses T = 32 for (a) (its JSON key stays "equal_T128"; "label" says "equal_T32") and
-a tiny model whose peak-memory values are too small for an exponent (shown as n/a).
+a tiny model whose times and peak-memory values are too small for an exponent (shown as n/a:
+a time exponent is fitted only when the longest input takes at least 1.5x the shortest's time).
 --corpus lines that are not UTF-8 are skipped with a warning naming them. --plot (.png, .svg or
 .pdf) is checked before the run and written, atomically, after the results are printed.
 
@@ -74,10 +75,9 @@ def run(args: argparse.Namespace) -> int:
                 pass
         except OSError as e:
             raise InputError(f"--plot: cannot write in {str(plot.parent)!r} ({e.strerror or e})") from None
-        import importlib.util
+        from ..see.figures import require_matplotlib
 
-        if importlib.util.find_spec("matplotlib") is None:
-            raise InputError("--plot needs matplotlib: pip install 'bertscope[plot]'")
+        require_matplotlib("--plot")
     corpus = None
     if args.corpus:
         corpus, warns = read_corpus(args.corpus)

@@ -21,7 +21,7 @@ f_h, T_i(x_j) and the LayerNorm split are in :mod:`bertscope.explain.decompose`.
 four per-layer maps sum to 1 at real tokens; ``norm`` is a raw vector length (not normalised,
 as in the paper), and ``attention`` rows sum to 1 per head.
 
-Everything runs on the padded reference path, ``bert.model(..., output_intermediates=True)``,
+Everything runs on the padded reference path, ``bert.encoder(..., output_intermediates=True)``,
 in eval mode (no dropout), so a map is a function of the text alone.
 """
 

@@ -19,6 +19,7 @@ word-level attention rows with and without the silenced heads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -139,8 +140,11 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
 
 
 @torch.inference_mode()
-def sweep(bert: Bert, text: str) -> HeadEffects:
-    """Silence every head alone, one forward pass each, and measure the output change."""
+def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None = None) -> HeadEffects:
+    """Silence every head alone, one forward pass each, and measure the output change.
+
+    ``progress(done, total)`` is called after each head (N·H forward passes in all).
+    """
     if not text.strip():
         raise InputError("the text is empty")
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
@@ -151,9 +155,13 @@ def sweep(bert: Bert, text: str) -> HeadEffects:
     emb = torch.zeros(N, H)
     for l in range(N):
         for h in range(H):
+            if progress is not None:
+                progress(l * H + h, N * H)
             mask = torch.ones(N, H)
             mask[l, h] = 0.0
             b = _run(bert, batch, mask, False).last_hidden_state.float().cpu()  # (1, T, C)
             tok[l, h] = 1 - F.cosine_similarity(a[0], b[0], dim=-1).mean()
             emb[l, h] = 1 - torch.dot(ea, _embedding(b))
+    if progress is not None:
+        progress(N * H, N * H)
     return HeadEffects(text=text, token_effect=tok, embedding_effect=emb)

@@ -44,6 +44,7 @@ import math
 import unicodedata
 import warnings as pywarnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -207,8 +208,12 @@ class HeadStats:
 
 @torch.inference_mode()
 def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
-               warnings: list[str] | None = None) -> HeadStats:
-    """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs)."""
+               warnings: list[str] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> HeadStats:
+    """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs).
+
+    ``progress(done, total)`` is called after each text (one forward pass each).
+    """
     items = [(i + 1, t) if isinstance(t, str) else t for i, t in enumerate(texts)]
     items = [(n, t) for n, t in items if t.strip()]
     if not items:
@@ -221,7 +226,9 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     rows_total = 0
     rows_nb = 0  # rows that have a previous (or next) neighbour
     dev = bert.device
-    for n, text in items:
+    for done, (n, text) in enumerate(items):
+        if progress is not None:
+            progress(done, len(items))
         with pywarnings.catch_warnings():  # said once, below, with the line number
             pywarnings.simplefilter("ignore", TruncationWarning)
             batch = bert.encode([text])
@@ -246,6 +253,8 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                 c = classify(float(pf["v"][li, hi]), float(pf["d"][li, hi]), float(pf["spread"][li, hi]),
                              float(pf["u"][li, hi]))
                 counts[c][li, hi] += 1
+    if progress is not None:
+        progress(len(items), len(items))
     stats = {k: (sums[k] / (rows_nb if k in ("prev", "next") else rows_total)).float() if
              (rows_nb if k in ("prev", "next") else rows_total) else sums[k].float() for k in STATS}
     stacked = torch.stack([counts[c] for c in CLASSES])  # (classes, N, H)

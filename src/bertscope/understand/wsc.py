@@ -27,7 +27,10 @@ from pathlib import Path
 from ..errors import InputError
 from ..files import read_input_bytes
 
-__all__ = ["Schema", "parse_wsc", "read_wsc", "twin_groups"]
+__all__ = ["BUNDLED_SCHEMAS", "Schema", "parse_wsc", "read_wsc", "twin_groups"]
+
+# bertscope's own 12 schemas in the WSC format, shipped with the package (`coref --bundled`)
+BUNDLED_SCHEMAS = Path(__file__).resolve().parent / "data" / "pronouns.xml"
 
 _DECL = re.compile(rb"<\?xml[^>]*encoding=[\"']([A-Za-z0-9._-]+)[\"']")
 _SCHEMA = re.compile(r"<schema\b[^>]*>.*?</schema\s*>", re.S)

@@ -76,20 +76,36 @@ class Report:
     warnings: list[str] = field(default_factory=list)
 
 
-def run_all(bert: Bert, wsc: str | Path | None = None, wsc_limit: int = 273) -> Report:
+def run_all(bert: Bert, wsc: str | Path | None = None, wsc_limit: int = 273, *,
+            progress: Callable[[int, int], None] | None = None) -> Report:
+    """Every experiment. ``progress(done, total)`` counts forward-pass work: each WSC schema,
+    each sentence of the head statistics, and each of the five claims S1, S3, S4, S11, S12."""
     t0 = time.perf_counter()
     texts = ex.builtin_sentences()
     warns: list[str] = []
-    coref = None
+    schemas: list = []
+    w: list[str] = []
     if wsc is not None:
         schemas, w = read_wsc(wsc)
-        coref = evaluate(bert, schemas, warnings=w, limit=wsc_limit)
+    n_wsc = sum(1 for s in schemas if s.number <= wsc_limit)
+    total = n_wsc + len(texts) + 5
+    tell = progress or (lambda done, total: None)
+    coref = None
+    if wsc is not None:
+        coref = evaluate(bert, schemas, warnings=w, limit=wsc_limit, progress=lambda d, _: tell(d, total))
         warns += coref.warnings
-    hs = head_stats(bert, texts)
-    return Report(model=bert.name, texts=len(texts), s1=ex.s1_self_match(bert, texts), s3=ex.s3_scaling(bert, texts),
-                  s4=ex.s4_padding(bert), s11=ex.s11_permutation(bert), s12=ex.s12_referent(bert),
-                  errata=ex.errata(), heads=hs, wsc=coref, wsc_path=str(wsc) if wsc else None,
-                  wsc_limit=wsc_limit if wsc else None,
+    hs = head_stats(bert, texts, progress=lambda d, _: tell(n_wsc + d, total))
+    done = n_wsc + len(texts)
+    claims = {}
+    for name, fn in (("s1", lambda: ex.s1_self_match(bert, texts)), ("s3", lambda: ex.s3_scaling(bert, texts)),
+                     ("s4", lambda: ex.s4_padding(bert)), ("s11", lambda: ex.s11_permutation(bert)),
+                     ("s12", lambda: ex.s12_referent(bert))):
+        claims[name] = fn()
+        done += 1
+        tell(done, total)
+    return Report(model=bert.name, texts=len(texts), s1=claims["s1"], s3=claims["s3"], s4=claims["s4"],
+                  s11=claims["s11"], s12=claims["s12"], errata=ex.errata(), heads=hs, wsc=coref,
+                  wsc_path=str(wsc) if wsc else None, wsc_limit=wsc_limit if wsc else None,
                   seconds=time.perf_counter() - t0, warnings=warns + hs.warnings)
 
 

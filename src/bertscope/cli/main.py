@@ -23,6 +23,8 @@ COMMAND_MODULES = [
     "embed", "bench",  # fast
     "view", "plot", "serve",  # see attention
     "trace", "heads", "coref", "ablate", "experiments",  # understand heads
+    "finetune", "predict",  # train
+    "explain", "explain_experiments",  # what tokens take from each other
 ]
 
 DESCRIPTION = """\
@@ -34,6 +36,7 @@ examples:
   bertscope attend "The animal didn't cross the street because it was too tired" --token it
   bertscope params --preset bert-base
   bertscope embed texts.txt --out texts.emb
+  bertscope finetune train.csv --dev dev.csv --out sentiment/
   bertscope bench --json
   bertscope COMMAND --help
 """

@@ -25,10 +25,14 @@ The file has no external resources: it opens from disk in any browser, offline. 
 stored to within 1/2048 (rows still sum to 1); queries, keys and values exactly, when they are
 small enough (--qk stores them always, --no-qk never).
 
+With --model-b, TEXT runs through two models instead (A = --model, B = --model-b), side by side
+with the difference: e.g. a base model and its fine-tune, to see which heads fine-tuning changed.
+
 examples:
   bertscope view "The animal didn't cross the street because it was too tired"
   bertscope view "The animal didn't cross the street because it was too tired" \\
                  "The animal didn't cross the street because it was too wide" --out compare.html
+  bertscope view "A moving, beautifully acted film" --model-b sentiment/ --out finetuned.html
   bertscope view "Where is the animal?" --pair "The animal is in the street." --out pair.html
   bertscope view "$(cat long.txt)" --span 100:180 --out long.html
 """
@@ -47,6 +51,8 @@ def register(sub) -> None:
     p.add_argument("--qk", action=argparse.BooleanOptionalAction, default=None,
                    help="store every head's q, k, v for the query-key view (default: when small)")
     add_model_arg(p)
+    p.add_argument("--model-b", metavar="PATH", default=None,
+                   help="a second model folder (e.g. a fine-tune): TEXT through both, with the difference")
     p.add_argument("--out", metavar="FILE.html", default="bertscope-report.html",
                    help="where to write the page (default: bertscope-report.html)")
     p.set_defaults(func=run)
@@ -60,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.text_b is not None and not args.text_b.strip():
         raise InputError("the second text is empty")
+    if args.text_b is not None and args.model_b is not None:
+        raise InputError("give TEXT_B or --model-b, not both (two texts, or one text through two models)")
     if args.pair is not None:
         if args.text_b is not None:
             raise InputError("give TEXT_B (a text to compare) or --pair TEXT_B (one sentence pair), not both")
@@ -71,7 +79,12 @@ def run(args: argparse.Namespace) -> int:
         parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
     out = check_output_file(args.out, "--out", (".html", ".htm"))
     bert = load_model(args)
-    report = build_report(bert, args.text, args.text_b, pair=args.pair, span=args.span, qk=args.qk)
+    bert_b = None
+    if args.model_b is not None:
+        from ..bert import load
+
+        bert_b = load(args.model_b)
+    report = build_report(bert, args.text, args.text_b, pair=args.pair, span=args.span, qk=args.qk, bert_b=bert_b)
     with writing(out):
         path = report.save(out).resolve()
     size = path.stat().st_size

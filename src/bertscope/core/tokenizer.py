@@ -209,6 +209,24 @@ class BertTokenizer:
                 self._tok.no_truncation()
         return [e.ids for e in encs], [bool(e.overflowing) for e in encs]
 
+    def encode_segments(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                        max_length: int | None = None) -> tuple[list[list[int]], list[list[int]], list[bool]]:
+        """Token ids and segment ids per text (or text pair: ``[CLS] A [SEP] B [SEP]`` with
+        segments 0 and 1), cut to ``max_length`` (the longer of a pair first), unpadded, and
+        whether each was cut. No warning: the caller reports truncation its own way."""
+        if isinstance(texts, str):
+            raise TypeError("encode_segments takes a list of texts, not one string")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError("texts and pairs must have the same length")
+        limit = max_length or self.max_length
+        with self._lock:
+            self._tok.enable_truncation(limit, strategy="longest_first")
+            try:
+                encs = self._tok.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
+            finally:
+                self._tok.no_truncation()
+        return [e.ids for e in encs], [e.type_ids for e in encs], [bool(e.overflowing) for e in encs]
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text with [CLS] and [SEP], before any truncation."""
         texts = check_texts(texts)

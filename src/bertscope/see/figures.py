@@ -8,7 +8,9 @@ global state, no display needed), then written atomically with :func:`bertscope.
     heatmap_png, save_heatmap    a (layers, heads) table of numbers as a heatmap (heads, experiments)
     save_class_map               the pattern class of every head
     line_plot                    one value per layer, several series (experiments)
+    faithfulness_plot            mean ± sd per layer of each explain method's agreement, per reference
     scaling_plot                 S13: time and memory against length (bench)
+    tradeoff_plot                fine-tuning at several max_lengths: accuracy and time (train)
 
 Shape legend: N layers, H heads, T tokens, W words.
 """
@@ -28,8 +30,9 @@ from ..core.words import word_attention
 from ..files import write_bytes_atomic
 from .report import ReportText
 
-__all__ = ["FORMATS", "PLOT_HINT", "figure_bytes", "has_matplotlib", "require_matplotlib", "grid_figure", "head_figure", "heatmap_png", "line_plot", "save_class_map",
-           "save_figure", "save_heatmap", "scaling_plot", "units"]
+__all__ = ["FORMATS", "PLOT_HINT", "faithfulness_plot", "figure_bytes", "grid_figure", "has_matplotlib", "head_figure",
+           "heatmap_png", "line_plot", "require_matplotlib", "save_class_map", "save_figure", "save_heatmap",
+           "scaling_plot", "tradeoff_plot", "units"]
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -266,6 +269,30 @@ def line_plot(path: str | Path, series: dict[str, list[float]], title: str, ylab
     return write_bytes_atomic(path, figure_bytes(fig, "png", 100))
 
 
+def faithfulness_plot(path: str | Path, panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+                      title: str) -> Path:
+    """One panel per reference ({panel title: {method: (means per layer, sds per layer)}}):
+    each method's mean over sentences, with ± one standard deviation as an error bar (methods
+    set slightly apart along x so the bars stay readable); a PNG written atomically."""
+    Figure = _matplotlib()
+    fig = Figure(figsize=(5.2 * len(panels), 3.8), layout="tight")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (name, series) in zip(axes, panels.items()):
+        k = len(series)
+        for j, (method, (mean, sd)) in enumerate(series.items()):
+            x = np.arange(len(mean)) + (j - (k - 1) / 2) * 0.07
+            ax.errorbar(x, np.asarray(mean, dtype=float), yerr=np.asarray(sd, dtype=float), marker="o",
+                        markersize=4, capsize=2, elinewidth=0.7, linewidth=1.4, label=method)
+        ax.axhline(0.0, color="grey", linewidth=0.6)
+        ax.set_xlabel("layer")
+        ax.set_title(name, fontsize=10)
+        ax.set_xticks(range(len(next(iter(series.values()))[0])))
+    axes[0].set_ylabel("Spearman ρ (mean ± sd over sentences)")
+    axes[-1].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    return write_bytes_atomic(path, figure_bytes(fig, "png", 110))
+
+
 def scaling_plot(result: dict, fmt: str = "png") -> bytes:
     """S13: time (log-log) and peak memory against tokens T, for attention alone and the whole
     model, from the dict :func:`bertscope.bench.scaling.scaling` returns; bytes of a png/svg/pdf."""
@@ -286,3 +313,29 @@ def scaling_plot(result: dict, fmt: str = "png") -> bytes:
             ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     return figure_bytes(fig, fmt, 110)
+
+
+def tradeoff_plot(path: str | Path, rows: Sequence[dict], title: str) -> Path:
+    """The max_length trade-off: dev accuracy (left) and seconds per training epoch and per 1,000
+    reviews classified (right, log scale) against max_length; one dict per length with keys
+    max_length, dev_accuracy, train_seconds, inference_s_per_text. A PNG written atomically."""
+    Figure = _matplotlib()
+    Ls = [r["max_length"] for r in rows]
+    fig = Figure(figsize=(10, 3.8), layout="tight")
+    left, right = fig.subplots(1, 2)
+    left.plot(Ls, [r["dev_accuracy"] for r in rows], "o-", color="tab:green")
+    for L, r in zip(Ls, rows):
+        left.annotate(f"{r['dev_accuracy']:.3f}", (L, r["dev_accuracy"]), textcoords="offset points",
+                      xytext=(0, 6), ha="center", fontsize=8)
+    left.set(xlabel="max_length (tokens)", ylabel="dev accuracy", title="what truncation costs")
+    left.set_xticks(Ls)
+    right.plot(Ls, [r["train_seconds"] for r in rows], "o-", label="training: s per epoch")
+    right.plot(Ls, [r["inference_s_per_text"] * 1000 for r in rows], "s-", label="inference: s per 1,000 reviews")
+    right.set_yscale("log")
+    right.set(xlabel="max_length (tokens)", ylabel="seconds", title="what it saves")
+    right.set_xticks(Ls)
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return write_bytes_atomic(path, buf.getvalue())

@@ -12,7 +12,7 @@ DecompressionStream.
 
 The query-key view needs each head's queries, keys and values (the seed's steps [3]-[5] worked
 out in the browser). They are read from the model's own intermediates
-(``bert.model(..., output_intermediates=True)``), kept exact (float32, as four byte planes,
+(``bert.encoder(..., output_intermediates=True)``), kept exact (float32, as four byte planes,
 deflated) and stored when they are small enough (:data:`QK_AUTO_BYTES` per text), or when asked.
 """
 
@@ -289,9 +289,9 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
     dev = bert.device
     cfg = bert.config
     want_qk = _want_qk(qk, cfg.num_hidden_layers, cfg.hidden_size, max(batch.lengths))
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
-                     batch.token_type_ids.to(dev), output_attentions=True,
-                     output_intermediates=want_qk)
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                       batch.token_type_ids.to(dev), output_attentions=True,
+                       output_intermediates=want_qk)
     probs = torch.stack(out.attentions, dim=1).float().cpu()  # (B, N, H, T, T)
     qkv = None
     if want_qk:  # the model's own q, k, v of every layer (step [2]): (3, B, N, H, T, D)
@@ -315,19 +315,34 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
 
 
 def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str | None = None,
-                 span: str | tuple[int, int] | None = None, qk: bool | None = None) -> Report:
+                 span: str | tuple[int, int] | None = None, qk: bool | None = None,
+                 bert_b: Bert | None = None) -> Report:
     """Attention of ``text`` (and ``text_b``, shown side by side with the difference).
 
     ``pair``: read ``text`` and ``pair`` as one sentence pair instead (segments A and B).
     ``span``: open the page on a window of tokens, "START:END" (the whole text stays available).
     ``qk``: store every head's q, k, v for the query-key view (None: if they are small enough).
+    ``bert_b`` instead of ``text_b``: ``text`` through two models (A = ``bert``, B = ``bert_b``,
+    e.g. a base model and its fine-tuned classifier), side by side with the difference A - B.
+    The two must have the same shape (layers and heads).
     """
     if text_b is not None and pair is not None:
         raise InputError("give a second text to compare, or a pair text, not both")
-    texts = [text] if text_b is None else [text, text_b]
     cfg = bert.config
     name = bert.name or (bert.path.name if bert.path else "BERT")
-    analysed = analyze(bert, texts, pair=pair, qk=qk)
+    if bert_b is None:
+        texts = [text] if text_b is None else [text, text_b]
+        analysed = analyze(bert, texts, pair=pair, qk=qk)
+    else:
+        if text_b is not None:
+            raise InputError("give a second text or a second model, not both")
+        cb = bert_b.config
+        if (cb.num_hidden_layers, cb.num_attention_heads) != (cfg.num_hidden_layers, cfg.num_attention_heads):
+            raise InputError(f"the two models differ in shape ({cfg.num_hidden_layers}x{cfg.num_attention_heads} and "
+                             f"{cb.num_hidden_layers}x{cb.num_attention_heads} layers x heads)")
+        name_b = bert_b.name or (bert_b.path.name if bert_b.path else "BERT")
+        name = f"A = {name}, B = {name_b}"
+        analysed = analyze(bert, [text], pair=pair, qk=qk) + analyze(bert_b, [text], pair=pair, qk=qk)
     options: dict[str, Any] = {}
     if span is not None:
         options["span"] = list(parse_span(span, max(len(t.tokens) for t in analysed)))

@@ -98,7 +98,7 @@ def _check_heads(bert: Bert, heads: list[tuple[int, int]]) -> None:
 
 def _run(bert: Bert, batch, head_mask: torch.Tensor | None, attentions: bool):
     dev = bert.device
-    return bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.token_type_ids.to(dev),
+    return bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.token_type_ids.to(dev),
                       output_attentions=attentions, head_mask=None if head_mask is None else head_mask.to(dev))
 
 

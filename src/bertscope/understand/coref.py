@@ -139,7 +139,7 @@ def score_schema(bert: Bert, schema: Schema) -> SchemaScores:
         raise InputError(f"{schema.label}: the pronoun {schema.pronoun!r} is not among the tokens"
                          + (" (the text was truncated)" if batch.truncated[0] else ""))
     dev = bert.device
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)
     probs = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (N, H, T, T)
     wa = word_attention(probs, words.token_words)  # (N, H, W, W)

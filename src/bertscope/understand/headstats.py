@@ -235,7 +235,7 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
             batch = bert.encode([text])
         if batch.truncated[0]:
             warns.append(f"line {n} is longer than {bert.tokenizer.max_length} tokens and was truncated")
-        out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+        out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                          batch.token_type_ids.to(dev), output_attentions=True)
         probs = torch.stack([a[0] for a in out.attentions]).double().cpu()  # (N, H, T, T)
         T = probs.shape[-1]

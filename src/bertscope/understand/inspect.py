@@ -77,7 +77,7 @@ def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResu
                              f"{bert.tokenizer.max_length} positions") from None
         raise
     dev = bert.device
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)
     probs = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (N, H, T, T)
     w = word_attention(probs, words.token_words)  # (N, H, W, W)

@@ -144,7 +144,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     dev = bert.device
     ids, mask, types = ids.to(dev), mask.to(dev), types.to(dev)
 
-    model = bert.model
+    model = bert.encoder
     out = model(ids, mask, types, output_intermediates=True)
     rec = out.intermediates[layer]  # this layer's every step, as the model computed it
     att = rec.attention  # q, k, v, scores, probs, context, output

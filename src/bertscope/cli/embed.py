@@ -35,7 +35,7 @@ this machine; on a cluster, run it on the head node with --address auto. OUTPUT 
 folder every worker can write (one machine, or a shared filesystem).
 
 Read the result back in Python:
-  from bertscope.embedjob import read_embeddings
+  from bertscope.fast.embedjob import read_embeddings
   emb, status = read_embeddings("OUTPUT")      # (rows, C) float32, and "ok"/"empty"/... per row
 or, for --format parquet:  pyarrow.parquet.read_table("OUTPUT")  (columns line, status, embedding)
 

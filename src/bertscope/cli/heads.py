@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, check_output_dir, load_model
+from .common import add_engine_args, add_model_arg, check_output_dir, engine_options, load_model
 from .guard import dumps_strict, print_json_strict, writing
 
 HELP = """\
@@ -18,10 +18,15 @@ rules: see `python -c "import bertscope.headstats as h; print(h.__doc__)"` or do
 With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs matplotlib:
 pip install 'bertscope[plot]'), the class map, and heads.json.
 
+With --engine ray the corpus is cut into shards of lines, Ray actors (each holding the model)
+sum each shard's statistics, and the sums are merged: the same result as the local engine
+(to float64 rounding), for corpora too big for one process.
+
 examples:
   bertscope heads corpus.txt
   bertscope heads corpus.txt --out heads-report/
   bertscope heads corpus.txt --json > heads.json
+  bertscope heads big-corpus.txt --engine ray --workers 4 --json > heads.json
 """
 
 
@@ -32,6 +37,7 @@ def register(sub) -> None:
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="DIR", help="write heatmaps (PNG) and heads.json into DIR")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -64,16 +70,24 @@ def run(args: argparse.Namespace) -> int:
     from ..files import read_lines
     from ..understand.headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
+    engine = engine_options(args)
     out = check_output_dir(args.out) if args.out else None
-    lines, warns = read_lines(args.corpus)
-    for w in warns:
-        print(f"bertscope: warning: {w}", file=sys.stderr)
-    if not lines:
-        from ..errors import InputError
+    if engine is not None:
+        from ..scale.heads import ray_head_stats
 
-        raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
-    bert = load_model(args)
-    hs = head_stats(bert, lines)
+        hs, warns = ray_head_stats(args.corpus, args.model, engine=engine)
+        for w in warns:
+            print(f"bertscope: warning: {w}", file=sys.stderr)
+    else:
+        lines, warns = read_lines(args.corpus)
+        for w in warns:
+            print(f"bertscope: warning: {w}", file=sys.stderr)
+        if not lines:
+            from ..errors import InputError
+
+            raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
+        bert = load_model(args)
+        hs = head_stats(bert, lines)
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     written: list[Path] = []

@@ -527,7 +527,8 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
                 if present and rec.get("sha256") != shard.sha256:
                     redone.append(shard.index)
                 rec_path.unlink()
-    _write_json(out / RUNS_FILE, runs)
+    if not complete:  # a finished job's resume computes nothing: not a run
+        _write_json(out / RUNS_FILE, runs)
     pending = [s for s in plan.shards if s.index not in done]
     return EmbedJob(plan=plan, out=out, fmt=fmt, batch_tokens=batch_tokens, job=job, run=run,
                     engine=engine, pending=pending, done=done, redone=redone, complete=complete,

@@ -231,7 +231,8 @@ def _remote_names(spec: str) -> tuple[str, list[str]]:
         if not names:
             raise InputError(f"the input folder {spec} holds no file")
     else:
-        names = sorted(n for n in files if match.match(n))
+        names = sorted(n for n in files if match.match(n)  # like glob.glob: hidden names only if asked
+                       and not any(p.startswith(".") for p in n[len(base):].split("/")))
         if not names:
             raise InputError(f"no input file matches {spec}")
     return root, names

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -116,7 +117,9 @@ def _quiet_ray(ray) -> None:
     """Ray Data's progress bars and per-dataset log lines off (the CLI draws its own bar)."""
     import ray.data
 
-    ctx = ray.data.DataContext.get_current()
+    with warnings.catch_warnings():  # Ray Data's deprecation notes, raised as it builds its context
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     for name in ("ray.data", "ray.data._internal.execution.streaming_executor", "ray._private.worker"):
@@ -208,16 +211,18 @@ def map_shards(ray, shard_indices: list[int], actor_cls: type, ctor_kwargs: dict
 
     workers = opts.workers or pool_size(ray, opts)
     log.info("%d worker(s) for %d shard(s)", workers, len(shard_indices))
-    ds = ray.data.from_items([{"shard": int(k)} for k in shard_indices],
-                             override_num_blocks=len(shard_indices))
-    remote: dict = {"num_cpus": opts.cpus_per_worker}
-    if opts.gpus_per_worker > 0:
-        remote["num_gpus"] = opts.gpus_per_worker
-    ds = ds.map_batches(actor_cls, fn_constructor_kwargs=ctor_kwargs, batch_size=1, batch_format="numpy",
-                        compute=ray.data.ActorPoolStrategy(size=min(workers, len(shard_indices)),
-                                                           max_tasks_in_flight_per_actor=2),
-                        **remote)
-    yield from ds.iter_rows()
+    with warnings.catch_warnings():  # Ray Data's own deprecation notes, raised as it copies its context
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ds = ray.data.from_items([{"shard": int(k)} for k in shard_indices],
+                                 override_num_blocks=len(shard_indices))
+        remote: dict = {"num_cpus": opts.cpus_per_worker}
+        if opts.gpus_per_worker > 0:
+            remote["num_gpus"] = opts.gpus_per_worker
+        ds = ds.map_batches(actor_cls, fn_constructor_kwargs=ctor_kwargs, batch_size=1, batch_format="numpy",
+                            compute=ray.data.ActorPoolStrategy(size=min(workers, len(shard_indices)),
+                                                               max_tasks_in_flight_per_actor=2),
+                            **remote)
+        yield from ds.iter_rows()
 
 
 def pool_size(ray, opts: EngineOptions) -> int:

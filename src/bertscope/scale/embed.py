@@ -222,5 +222,9 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
     ctor = {"model": _model_ref(model), "text_column": text_column, "batch_tokens": batch_tokens,
             "normalize": normalize, "threads": opts.threads, "device": opts.device}
     size = workers if workers is not None else pool_size(ray, opts)
-    return ds.map_batches(BatchEmbedder, fn_constructor_kwargs=ctor, batch_size=batch_size,
-                          batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size), **remote)
+    import warnings
+
+    with warnings.catch_warnings():  # Ray Data's own deprecation notes about its context
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ds.map_batches(BatchEmbedder, fn_constructor_kwargs=ctor, batch_size=batch_size,
+                              batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size), **remote)

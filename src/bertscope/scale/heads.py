@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import InputError
 from ..fast.jobinput import InputFile, InputPlan, plan_input, read_shard_bytes, resolve_inputs
 from ..understand.headstats import HeadStats, HeadSums, head_sums
-from .cluster import EngineOptions, check_engine_options, map_shards, ray_session, require_ray, unwrap_error
+from .cluster import EngineOptions, check_address, check_engine_options, map_shards, ray_session, require_ray, unwrap_error
 from .embed import _load_worker_model, _model_ref
 
 __all__ = ["HeadSumsWorker", "ray_head_stats"]
@@ -98,6 +98,7 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
     plan = _plan_corpus(corpus, shard_lines)
     if not _first_text(plan):
         raise InputError(f"the corpus {corpus} has no text (no non-blank UTF-8 line)")
+    check_address(opts.address)  # before the model loads
     from ..bert import load
 
     bert = model if hasattr(model, "config") else load(ref)  # checks the folder before Ray starts

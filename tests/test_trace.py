@@ -35,6 +35,9 @@ def test_trace_equals_model_and_hf(bert, hf_model, layer, head):
     # the scaled scores are the raw scores over sqrt(D), and softmax of them is the row
     torch.testing.assert_close(tr.scores, tr.raw_scores / math.sqrt(tr.head_size), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.softmax(tr.scores, -1), tr.weights, atol=1e-6, rtol=1e-5)
+    # the head's vectors: q·k is the raw row, and the weights times the values is the context
+    torch.testing.assert_close(tr.keys @ tr.query, tr.raw_scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tr.weights @ tr.values, tr.context, atol=1e-5, rtol=1e-5)
 
 
 def test_trace_shapes_and_params(bert):

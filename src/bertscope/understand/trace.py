@@ -2,10 +2,12 @@
 
 Shape legend: B batch (1 here), T tokens, H heads, D head size, C = H·D hidden size.
 
-The trace is computed by the model's own modules: the layer's ``query``/``key``/``value``/
-``output`` linears, its ``split_heads`` and :func:`bertscope.attention.attention_reference`, then
-the layer's own residual LayerNorm and feed-forward. Nothing is re-implemented here, so the
-trace is the model's computation made visible (a test holds it equal to the model and to HF).
+The trace reads the model's own intermediates: one forward with ``output_intermediates=True``
+returns, for every layer, the attention module's q, k, v, scores, probabilities, context and
+output and the layer's residuals and LayerNorm outputs (:class:`bertscope.core.layer.LayerRecord`).
+Nothing is recomputed here except what the model never forms on its own: one head's raw q·k
+row before ÷√D, and a seeded dropout sample. So the trace is the model's computation made
+visible (a test holds it equal to the model and to HF).
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..core.attention import attention_reference
-from ..errors import InputError
-from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert
 from ..core.masks import mask_to_bias
+from ..core.words import find_word, group_words, word_attention
+from ..errors import InputError
 
 __all__ = ["Trace", "trace"]
 
@@ -41,6 +42,9 @@ class Trace:
     layer_output: (B, T, C) the whole layer's output (residual, LayerNorm, feed-forward).
     probs:        (B, H, T, T) the layer's attention probabilities.
     params:       parameter counts of the layer's attention (and of one head's share).
+    query:        (D,) the traced token's query in the traced head; ``keys``, ``values`` (T, D)
+                  every token's key and value there; ``context`` (D,) the weighted sum of the
+                  values, the head's output for the token (before the merge and W_O).
     """
 
     text: str
@@ -67,6 +71,10 @@ class Trace:
     layer_output: torch.Tensor
     probs: torch.Tensor
     params: dict[str, int] = field(default_factory=dict)
+    query: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    context: torch.Tensor | None = None
 
     def top_tokens(self, k: int = 5) -> list[tuple[str, float]]:
         vals, idx = self.weights.topk(min(k, self.weights.numel()))
@@ -133,35 +141,29 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     ids, mask, types = ids.to(dev), mask.to(dev), types.to(dev)
 
     model = bert.model
-    out = model(ids, mask, types, output_hidden_states=True)
-    x = out.hidden_states[layer]  # (B, T, C): this layer's input
-    blk = model.layers[layer]
-    attn = blk.attention
+    out = model(ids, mask, types, output_intermediates=True)
+    rec = out.intermediates[layer]  # this layer's every step, as the model computed it
+    att = rec.attention  # q, k, v, scores, probs, context, output
+    attn = model.layers[layer].attention
+    x = rec.input  # (B, T, C): this layer's input
     B, T, C = x.shape
-    shapes: dict[str, tuple[int, ...]] = {"x": tuple(x.shape)}
-
-    # [1] project
-    q, k, v = attn.query(x), attn.key(x), attn.value(x)  # (B, T, C) each
-    shapes.update(Q=tuple(q.shape), K=tuple(k.shape), V=tuple(v.shape))
-    # [2] split heads
-    qh, kh, vh = attn.split_heads(q), attn.split_heads(k), attn.split_heads(v)  # (B, H, T, D) each
-    shapes.update({"Q heads": tuple(qh.shape), "K heads": tuple(kh.shape), "V heads": tuple(vh.shape)})
-    # [3] scores, mask, softmax (the model's own reference function; dropout off as in eval)
-    bias = mask_to_bias(mask, x.dtype)  # (B, 1, 1, T)
-    context, record = attention_reference(qh, kh, vh, bias, None)  # (B, H, T, D)
-    shapes.update(scores=tuple(record.scores.shape), weights=tuple(record.probs.shape),
-                  context=tuple(context.shape))
-    raw = qh[0, head, t] @ kh[0, head].transpose(0, 1)  # (D)@(D, T) -> (T,)
-    # [4] merge heads
-    merged = context.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
-    shapes["merged"] = tuple(merged.shape)
-    # [5] output projection
-    head_output = attn.output(merged)  # (B, T, C)
-    shapes["output"] = tuple(head_output.shape)
-    # the rest of the layer, by the layer's own modules
-    h = blk.attention_norm(x + head_output)  # (B, T, C)
-    layer_output = blk.output_norm(h + blk.feed_forward(h))  # (B, T, C)
-    shapes["layer output"] = tuple(layer_output.shape)
+    H, D = att.q.shape[1], att.q.shape[-1]
+    shapes: dict[str, tuple[int, ...]] = {
+        "x": (B, T, C),
+        # [1] project: Q = x·W_Q + b, K = x·W_K + b, V = x·W_V + b, each (B, T, C)
+        "Q": (B, T, C), "K": (B, T, C), "V": (B, T, C),
+        # [2] split heads: (B, T, C) -> (B, H, T, D)
+        "Q heads": tuple(att.q.shape), "K heads": tuple(att.k.shape), "V heads": tuple(att.v.shape),
+        # [3] scores, mask, softmax: (B, H, T, T); context = weights·V: (B, H, T, D)
+        "scores": tuple(att.scores.shape), "weights": tuple(att.probs.shape), "context": tuple(att.context.shape),
+        # [4] merge heads: (B, H, T, D) -> (B, T, C); [5] output projection W_O: (B, T, C)
+        "merged": (B, T, H * D), "output": tuple(att.output.shape),
+        "layer output": tuple(rec.output.shape),
+    }
+    raw = att.q[0, head, t] @ att.k[0, head].transpose(0, 1)  # (D)@(D, T) -> (T,): before ÷√D
+    bias = mask_to_bias(mask, x.dtype)  # (B, 1, 1, T): what the model added to the scores
+    record = att
+    head_output, layer_output = att.output, rec.output  # (B, T, C) each
 
     row = record.probs[0, head, t]  # (T,)
     p = attn.dropout_p
@@ -171,7 +173,6 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     n_real = int(batch.attention_mask.shape[1])
     ww = word_attention(record.probs[0, head, :n_real, :n_real].float().cpu(), words.token_words)  # (W, W)
 
-    D = attn.head_size
     per = {f"W_{n}": lin.weight.numel() + lin.bias.numel()
            for n, lin in (("Q", attn.query), ("K", attn.key), ("V", attn.value), ("O", attn.output))}
     params = {**per,
@@ -188,4 +189,6 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
         dropout_p=p, dropped=dropped, word_weights=ww[w],
         head_output=head_output.float().cpu(), layer_output=layer_output.float().cpu(),
         probs=record.probs.float().cpu(), params=params,
+        query=att.q[0, head, t].float().cpu(), keys=att.k[0, head].float().cpu(),
+        values=att.v[0, head].float().cpu(), context=att.context[0, head, t].float().cpu(),
     )

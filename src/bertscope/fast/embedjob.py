@@ -71,7 +71,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from ..files import TEMP_SUFFIX, write_atomic
+from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
@@ -553,7 +553,7 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
             for s in plan.shards:  # commit: move each staged shard into place
                 name = _shard_name(s.index, job.fmt)
                 if (staging / name).is_file():
-                    os.replace(staging / name, out / name)
+                    move_into_place(staging / name, out / name)
         problems: dict[str, list[int]] = {p: [] for p in _PROBLEMS}
         shards = []
         for s in plan.shards:

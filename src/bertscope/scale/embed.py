@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 WORKER_KILL_HOOK_ENV = "BERTSCOPE_RAY_KILL_WORKER_ONCE"
 
 
-def _model_ref(model) -> str | None:
+def model_ref(model) -> str | None:
     """What a worker loads: a folder path, or None for the bundled model."""
     if model is None:
         return None
@@ -60,7 +60,7 @@ def _model_ref(model) -> str | None:
     return str(Path(model).expanduser())
 
 
-def _load_worker_model(model: str | None, threads: int, device: str):
+def load_worker_model(model: str | None, threads: int, device: str):
     import torch
 
     from ..bert import load
@@ -73,7 +73,7 @@ class ShardEmbedder:
     """A Ray actor: holds one model; each call computes the shards of its batch (see the module doc)."""
 
     def __init__(self, model, plan, out_dir, fmt, batch_tokens, run, threads, device, die_once=None):
-        self.bert = _load_worker_model(model, threads, device)
+        self.bert = load_worker_model(model, threads, device)
         self.plan, self.out, self.fmt, self.batch_tokens, self.run = plan, out_dir, fmt, batch_tokens, run
         self.die_once = die_once
 
@@ -118,7 +118,7 @@ def run_ray_embed_job(
     opts = engine or EngineOptions()
     check_engine_options(opts)
     ray = require_ray()
-    ref = _model_ref(model)
+    ref = model_ref(model)
 
     def load():  # on the driver: checks the folder once, and gives dim and max_seq_length
         from ..bert import load as load_bert
@@ -163,7 +163,7 @@ class BatchEmbedder:
     """A Ray actor for :func:`embed_dataset`: one model; each call embeds one Arrow batch."""
 
     def __init__(self, model, text_column, batch_tokens, normalize, threads, device):
-        self.bert = _load_worker_model(model, threads, device)
+        self.bert = load_worker_model(model, threads, device)
         self.column, self.batch_tokens, self.normalize = text_column, batch_tokens, normalize
 
     def __call__(self, table):
@@ -219,7 +219,7 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
     remote: dict = {"num_cpus": cpus_per_worker}
     if gpus_per_worker > 0:
         remote["num_gpus"] = gpus_per_worker
-    ctor = {"model": _model_ref(model), "text_column": text_column, "batch_tokens": batch_tokens,
+    ctor = {"model": model_ref(model), "text_column": text_column, "batch_tokens": batch_tokens,
             "normalize": normalize, "threads": opts.threads, "device": opts.device}
     size = workers if workers is not None else pool_size(ray, opts)
     import warnings

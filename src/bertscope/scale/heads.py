@@ -24,7 +24,7 @@ from ..errors import InputError
 from ..fast.jobinput import InputFile, InputPlan, plan_input, read_shard_bytes, resolve_inputs
 from ..understand.headstats import HeadStats, HeadSums, head_sums
 from .cluster import EngineOptions, check_address, check_engine_options, map_shards, ray_session, require_ray, unwrap_error
-from .embed import _load_worker_model, _model_ref
+from .embed import load_worker_model, model_ref
 
 __all__ = ["HeadSumsWorker", "ray_head_stats"]
 
@@ -49,7 +49,7 @@ class HeadSumsWorker:
     """A Ray actor: one model; each call returns the pickled HeadSums of one shard of lines."""
 
     def __init__(self, model, plan, threads, device):
-        self.bert = _load_worker_model(model, threads, device)
+        self.bert = load_worker_model(model, threads, device)
         self.plan = plan
 
     def __call__(self, batch: dict) -> dict:
@@ -94,7 +94,7 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
     require_ray()
     if shard_lines < 1:
         raise InputError("the shard size must be at least 1")
-    ref = _model_ref(model)
+    ref = model_ref(model)
     plan = _plan_corpus(corpus, shard_lines)
     if not _first_text(plan):
         raise InputError(f"the corpus {corpus} has no text (no non-blank UTF-8 line)")

@@ -261,8 +261,9 @@ class _ShardCutter:
         return self.S - self._in
 
     def add(self, piece: Piece, records: int, content: bytes | None = None) -> None:
-        """Add ``records`` whole records (fewer than ``need``+1) of one file to the open shard."""
-        if records == 0:
+        """Add a piece of one file holding ``records`` record ends (at most ``need``) to the open
+        shard; a piece may also hold the start of a record not yet ended (0 records)."""
+        if records == 0 and piece.start == piece.stop:
             return
         if self._pieces and self._pieces[-1].file == piece.file and self._pieces[-1].stop == piece.start:
             last = self._pieces.pop()  # continues the last piece: one piece, one file prefix
@@ -285,32 +286,30 @@ class _ShardCutter:
 
 
 def _plan_text_file(cut: _ShardCutter, index: int, f) -> None:
-    """Feed one text/JSONL file to the cutter: shard boundaries fall just after a ``\\n``."""
-    pos = 0  # file offset of the first byte not yet given to a shard
-    read = 0  # bytes read so far
-    pending = b""  # bytes read but not yet part of a whole line given to the cutter
+    """Feed one text/JSONL file to the cutter, block by block: a shard ends just after a ``\n``.
+
+    The bytes of a line not yet ended belong to the open shard already (that line will be its
+    next record), so they are hashed as they come and no block is ever read twice.
+    """
+    pos = 0  # file offset of the first byte not yet given to the cutter
+    ended = True  # whether the bytes so far end with "\n"
     while True:
         block = f.read(_BLOCK)
         if not block:
             break
-        data = pending + block
-        read += len(block)
-        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)  # positions of "\n"
-        i, used = 0, 0  # next newline index; bytes of data consumed
-        while len(nl) - i >= cut.need:
-            j = int(nl[i + cut.need - 1]) + 1  # just after the need-th newline
+        nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)  # positions of "\n"
+        i, used = 0, 0  # newlines of the block given to the cutter; bytes of the block given
+        while len(nl) - i >= cut.need:  # enough newlines to close the open shard
             n = cut.need
-            cut.add(Piece(index, pos, pos + (j - used)), n, data[used:j])
-            pos += j - used
-            used, i = j, i + n
-        if len(nl) > i:  # whole lines that do not fill the shard: add them now
-            j = int(nl[-1]) + 1
-            cut.add(Piece(index, pos, pos + (j - used)), len(nl) - i, data[used:j])
-            pos += j - used
-            used = j
-        pending = data[used:]
-    if pending:  # a last line without "\n"
-        cut.add(Piece(index, pos, pos + len(pending)), 1, pending)
+            j = int(nl[i + n - 1]) + 1  # just after the n-th newline
+            cut.add(Piece(index, pos, pos + j - used), n, block[used:j])
+            pos, used, i = pos + j - used, j, i + n
+        if used < len(block):  # fewer lines than the shard needs, and maybe a line not yet ended
+            cut.add(Piece(index, pos, pos + len(block) - used), len(nl) - i, block[used:])
+            pos += len(block) - used
+        ended = block.endswith(b"\n")
+    if not ended:  # a last line without "\n" is a line
+        cut.add(Piece(index, pos, pos), 1, b"")
 
 
 def _text_column(pf, file: InputFile, field_name: str):

@@ -57,7 +57,8 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="OUTPUT", required=True, help="output folder (created)")
     add_model_arg(p)
     p.add_argument("--field", metavar="NAME", default=None,
-                   help='JSON Lines field holding the text (default "text"; implies JSON Lines input)')
+                   help='the JSON Lines field or Parquet column holding the text (default "text"; '
+                        'implies JSON Lines for files that are not Parquet)')
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default 2048 on CPU, 16384 on CUDA)")
     p.add_argument("--format", default="npy", metavar="npy|parquet",

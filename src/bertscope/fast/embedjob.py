@@ -75,8 +75,8 @@ from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
-           "STAGING", "STATUSES", "compute_shard", "decode_record", "embed_texts", "finish_embed_job",
-           "prepare_embed_job", "read_embeddings", "run_embed_job"]
+           "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record", "embed_texts",
+           "finish_embed_job", "prepare_embed_job", "read_embeddings", "run_embed_job", "write_error"]
 
 log = logging.getLogger(__name__)
 

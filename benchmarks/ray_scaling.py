@@ -1,7 +1,7 @@
 """The embedding job on Ray against the local engine, on one machine; Ray's own overhead; and a
 paper plan for 10^8 texts from the figures measured here and on the GPU.
 
-    flock /work/cpu.lock env PYTHONPATH=src python benchmarks/ray_scaling.py [--texts 4000] [--rounds 3]
+    flock /work/cpu.lock env PYTHONPATH=src python benchmarks/ray_scaling.py [--texts 3000] [--rounds 3]
 
 Writes benchmarks/results/ray_scaling.json and the sections "ray-scaling" and "ray-plan" of
 docs/BENCHMARKS.md (bertscope.files.update_section). Every engine embeds the same input file
@@ -47,7 +47,7 @@ class Identity:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--texts", type=int, default=4000)
+    p.add_argument("--texts", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--small-batches", type=int, default=200)
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "ray_scaling.json"))
@@ -188,7 +188,7 @@ def scaling_markdown(r: dict) -> str:
         f"torch {m['versions']['torch']}, Ray {r['ray']}. Reproduce (with the CPU lock held, so nothing else runs):",
         "",
         "```bash",
-        "flock /work/cpu.lock env PYTHONPATH=src python benchmarks/ray_scaling.py --texts 4000 --rounds 3",
+        "flock /work/cpu.lock env PYTHONPATH=src python benchmarks/ray_scaling.py --texts 3000 --rounds 3",
         "```",
         "",
         f"The same input for every engine: {n:,} texts of 5–128 tokens ({tok:,} real tokens), bundled "

@@ -148,6 +148,29 @@ def test_a_worker_killed_mid_shard_is_retried_and_every_row_is_written_once(clus
     assert np.abs(emb - bert.embed(texts)).max() <= 1e-6
 
 
+def test_a_job_begun_locally_is_finished_by_ray(cluster, tmp_path, bert, capsys):
+    inp = tmp_path / "in.txt"
+    texts = _sentences(120, seed=13)
+    inp.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out"
+
+    def stop_after_two_shards(n, seen=[0]):
+        seen[0] += n
+        if seen[0] > 80:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_embed_job(bert, inp, out, shard_rows=40, progress=stop_after_two_shards)
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "40", "--engine", "ray",
+                              "--workers", "1", "--resume", "--quiet"], capsys)
+    assert code == 0 and "(2 already done)" in stdout, err
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert [r["engine"] for r in manifest["runs"]] == ["local", "ray"]
+    assert [s["run"] for s in manifest["shards"]] == [1, 1, 2]
+    emb, status = read_embeddings(out)
+    assert status == ["ok"] * 120 and np.abs(emb - bert.embed(texts)).max() <= 1e-6
+
+
 def test_embed_dataset_equals_bert_embed_and_writes_parquet(cluster, tmp_path, bert):
     import ray.data
 

@@ -266,3 +266,22 @@ def test_ray_missing_is_one_line_with_the_install_hint(tmp_path, capsys, monkeyp
     assert code == 2 and err.strip().splitlines() == [
         "bertscope: error: --engine ray needs Ray (with Ray Data): pip install 'bertscope[ray]'"]
     assert not (tmp_path / "o").exists()
+
+
+class _Refuses:
+    """A worker whose every shard fails as bad input does."""
+
+    def __call__(self, batch):
+        from bertscope.errors import InputError
+
+        raise InputError("shard 0 cannot be read")
+
+
+def test_a_workers_input_error_reaches_the_driver_as_its_one_line(cluster):
+    from bertscope.errors import InputError
+    from bertscope.scale.cluster import map_shards, unwrap_error
+
+    with pytest.raises(Exception) as info:
+        list(map_shards(ray, [0], _Refuses, {}, EngineOptions(workers=1)))
+    inner = unwrap_error(info.value)
+    assert type(inner) is InputError and str(inner) == "shard 0 cannot be read"

@@ -237,15 +237,17 @@ def pool_size(ray, opts: EngineOptions) -> int:
 
 
 def unwrap_error(e: BaseException) -> BaseException:
-    """The BertscopeError inside a Ray error (a worker's InputError, say), else ``e`` itself."""
+    """The bertscope error inside a Ray error (a worker's InputError, say), else ``e`` itself.
+
+    Ray re-raises a worker's exception as a RayTaskError subclass of the same class, whose text
+    carries the remote traceback; the original, with its one-line message, is its ``cause``.
+    """
     seen = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, BertscopeError):
-            return cur
         seen.add(id(cur))
+        if isinstance(cur, BertscopeError) and type(cur).__module__.startswith("bertscope"):
+            return cur
         inner = getattr(cur, "cause", None)
-        if isinstance(inner, BertscopeError):
-            return inner
-        cur = cur.__cause__ or (inner if isinstance(inner, BaseException) else None) or cur.__context__
+        cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
     return e

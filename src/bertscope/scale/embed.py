@@ -34,8 +34,8 @@ import numpy as np
 from ..errors import InputError
 from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, compute_shard, decode_record, embed_texts,
                              finish_embed_job, prepare_embed_job)
-from .cluster import (EngineOptions, check_engine_options, map_shards, pool_size, ray_session, require_ray,
-                      unwrap_error)
+from .cluster import (EngineOptions, check_address, check_engine_options, map_shards, pool_size, ray_session,
+                      require_ray, unwrap_error)
 
 __all__ = ["BatchEmbedder", "ShardEmbedder", "embed_dataset", "run_ray_embed_job", "WORKER_KILL_HOOK_ENV"]
 
@@ -57,7 +57,7 @@ def model_ref(model) -> str | None:
         if path is None:
             raise InputError("this Bert has no folder to load on the workers; pass the model's folder")
         return None if Path(path) == bundled_model_path() else str(path)
-    return str(Path(model).expanduser())
+    return str(Path(model).expanduser().resolve())  # workers may start in another folder
 
 
 def load_worker_model(model: str | None, threads: int, device: str):
@@ -117,15 +117,13 @@ def run_ray_embed_job(
     """
     opts = engine or EngineOptions()
     check_engine_options(opts)
-    ray = require_ray()
+    require_ray()
     ref = model_ref(model)
 
     def load():  # on the driver: checks the folder once, and gives dim and max_seq_length
         from ..bert import load as load_bert
 
         return model if hasattr(model, "config") else load_bert(ref)
-
-    from .cluster import check_address
 
     job = prepare_embed_job(load, input_path, out_dir, field_name=field_name, batch_tokens=batch_tokens,
                             fmt=fmt, resume=resume, shard_rows=shard_rows, engine="ray",

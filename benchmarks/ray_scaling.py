@@ -101,6 +101,7 @@ def main() -> int:
 
         local()  # warm-up (oneDNN primitives), then timed
         res["local_s"], res["local_times"] = _median_time(local, a.rounds)
+        res["bert_embed_s"], res["bert_embed_times"] = _median_time(lambda: bert.embed(texts), a.rounds)
         ref, ref_status = read_embeddings(tmp / "local")
 
         t = time.perf_counter()
@@ -178,7 +179,8 @@ def main() -> int:
 def scaling_markdown(r: dict) -> str:
     m = r["machine"]
     n, tok = r["texts"], r["real_tokens"]
-    rows = [("local engine (1 process, 2 torch threads)", r["local_s"], None),
+    rows = [("`Bert.embed(texts)` in memory (no job: the reference)", r["bert_embed_s"], None),
+            ("local engine (1 process, 2 torch threads)", r["local_s"], None),
             ("Ray, 1 worker (1 CPU, 1 thread)", r["ray1_s"], r["ray1_max_abs_diff"]),
             ("Ray, 2 workers (1 CPU, 1 thread each)", r["ray2_s"], r["ray2_max_abs_diff"])]
     lines = [
@@ -238,6 +240,9 @@ def plan_markdown(r: dict, gpu: dict) -> str:
     gpu_bf16 = g["bf16"]["systems"]["bertscope"]["tokens_per_s"]
     gpu_fp32 = g["fp32"]["systems"]["bertscope"]["tokens_per_s"]
     cpu_tok = r["real_tokens"] / r["local_s"]  # this machine, 2 cores, whole job
+    cpu_table = json.loads((ROOT / "benchmarks" / "results" / "cpu.json").read_text())
+    amd = cpu_table["workloads"]["mixed"]["systems"]["bertscope"]["tokens_per_s"]
+    amd_cores = cpu_table["machine"]["logical_cpus"]
     cores = r["machine"]["logical_cpus"]
     tok_rate = r["tokenize_tokens_per_s"]
     C = 384
@@ -260,6 +265,8 @@ def plan_markdown(r: dict, gpu: dict) -> str:
         f"| GPU, fp32 | {gpu_fp32:,.0f} tokens/s | {total_tok / gpu_fp32:,.0f} s = {h(total_tok / gpu_fp32):.1f} GPU-hours |",
         f"| CPU, whole job (this machine, {cores} cores) | {cpu_tok:,.0f} tokens/s = {cpu_tok / cores:,.0f} per core | "
         f"{total_tok:.3g} / {cpu_tok / cores:,.0f} = **{h(total_tok / (cpu_tok / cores)):,.0f} core-hours** |",
+        f"| CPU, `Bert.embed` (the throughput table's {cpu_table['machine']['cpu']}, {amd_cores} cores) | "
+        f"{amd:,.0f} tokens/s = {amd / amd_cores:,.0f} per core | {h(total_tok / (amd / amd_cores)):,.0f} core-hours |",
         f"| tokenization alone (this machine) | {tok_rate:,.0f} tokens/s | {h(total_tok / tok_rate):.1f} hours on "
         f"{cores} cores |",
         f"| driver's pass over the input (one core) | {r['plan_mb_per_s']:.0f} MB/s | "
@@ -281,8 +288,11 @@ def plan_markdown(r: dict, gpu: dict) -> str:
         f"per core, one GPU's {gpu_bf16:,.0f} tokens/s need ≈ {gpu_bf16 / (tok_rate / cores):.0f} cores of "
         "tokenization (the H200 run had 16 and included it in its rate). Give each GPU worker enough "
         "`--cpus-per-worker`, or the bottleneck moves to tokenization.",
-        f"- **CPU only**: {h(total_tok / (cpu_tok / cores)):,.0f} core-hours; on 100 nodes of 16 cores, "
-        f"{h(total_tok / (cpu_tok / cores)) / 1600:.1f} h. The GEMMs are the bottleneck there.",
+        f"- **CPU only**: {h(total_tok / (amd / amd_cores)):,.0f} to {h(total_tok / (cpu_tok / cores)):,.0f} "
+        "core-hours, depending on the CPU (the two machines measured here differ by "
+        f"{(amd / amd_cores) / (cpu_tok / cores):.1f}× per core); on 100 nodes of 16 cores, "
+        f"{h(total_tok / (amd / amd_cores)) / 1600:.1f} to {h(total_tok / (cpu_tok / cores)) / 1600:.1f} h. "
+        "The GEMMs are the bottleneck there; tokenization takes a few percent of each core.",
         f"- **The driver**: its pass over the input ({N * tok_per_text * BYTES_PER_TOKEN / 2**20 / r['plan_mb_per_s'] / 60:.0f} "
         "min on one core, sequential) comes before any worker starts; with 10,000-line shards the plan has "
         "10⁴ shards and Ray's per-batch cost (above) is negligible. A resume re-reads the input once to "

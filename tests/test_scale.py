@@ -112,6 +112,9 @@ def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp
                              "40", "--format", "parquet", "--quiet", "--engine", "ray", "--address", cluster,
                              "--workers", "2"], env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # the driver died after 3 shards
+    deadline = time.monotonic() + 60  # Ray ends a dead driver's actors: wait until their CPUs are back
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
     staged = {int(p.name[6:11]): p.stat().st_mtime_ns for p in (out / "_staging").glob("_part-*.json")}
     assert 3 <= len(staged) < 10
     try:

@@ -20,7 +20,7 @@ from ..errors import BertscopeError
 
 COMMAND_MODULES = [
     "params", "attend",  # core
-    "embed", "bench",  # fast
+    "embed", "bench", "doctor",  # fast
     "view", "plot", "serve",  # see attention
     "trace", "heads", "coref", "ablate", "experiments",  # understand heads
 ]
@@ -35,6 +35,7 @@ examples:
   bertscope params --preset bert-base
   bertscope embed texts.txt --out texts.emb
   bertscope bench --json
+  bertscope doctor
   bertscope COMMAND --help
 """
 

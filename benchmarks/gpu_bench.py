@@ -147,7 +147,8 @@ def to_markdown(r: dict) -> str:
             lines.append(f"| {T} | {1e3 * s['attention']['time_s'][i]:.3f} | {1e3 * s['model']['time_s'][i]:.2f} | {am:.1f} | {mm:.1f} |")
         for kind in ("attention", "model"):
             e = s[kind]
-            lines.append(f"- {kind}: T^{e['time_exponent']:.2f}; 512 vs 192: {e.get('ratio_512_vs_192', float('nan')):.1f}× "
+            fitted = f"T^{e['time_exponent']:.2f}" if e.get("time_exponent") is not None else "exponent n/a"
+            lines.append(f"- {kind}: {fitted}; 512 vs 192: {e.get('ratio_512_vs_192', float('nan')):.1f}× "
                          f"(seed: {s['seed_claim_512_vs_192']:.1f}×)")
     return "\n".join(lines) + "\n"
 

@@ -1,12 +1,22 @@
-"""Shared fixtures. The bundled checkpoint is loaded once per test session."""
+"""Shared fixtures. The bundled checkpoint is loaded once per test session.
+
+Policy: a test never skips because something it needs is missing. Every test dependency is in
+pyproject.toml's ``[test]`` extra, and a missing one stops the run at once with one line
+(:func:`missing_test_dependencies`); no test uses ``importorskip`` or skips on an ImportError
+(tests/test_policy.py checks both). Browser tests need Debian's Chromium: missing, they fail
+too, unless BERTSCOPE_NO_BROWSER=1 asks to leave them out (then each is reported as skipped).
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -35,3 +45,41 @@ def hf_model(bundled_path):
     """HF transformers' BertModel on the same checkpoint, eager attention (the reference)."""
     import transformers  # a test dependency: a missing one must fail, not skip
     return transformers.BertModel.from_pretrained(str(bundled_path), attn_implementation="eager").eval()
+
+
+def declared_test_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """The ``[test]`` extra's requirements, read from pyproject.toml (the source of truth)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the installed package's metadata says the same
+        import importlib.metadata as md
+
+        return [r.split(";")[0].strip() for r in md.requires("bertscope") or [] if 'extra == "test"' in r]
+    with open(pyproject, "rb") as f:
+        return list(tomllib.load(f)["project"]["optional-dependencies"]["test"])
+
+
+def missing_test_dependencies(requirements: list[str] | None = None) -> list[str]:
+    """Each requirement that is not installed (or not at a wanted version), as "name (why)"."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for line in declared_test_requirements() if requirements is None else requirements:
+        req = Requirement(line)
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            missing.append(f"{req.name} (not installed)")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req.name} ({have} installed, {req.specifier} wanted)")
+    return missing
+
+
+def pytest_configure(config) -> None:
+    missing = missing_test_dependencies()
+    if missing:  # one line, and no test runs: a missing dependency is a failure, never a skip
+        raise pytest.UsageError(f"missing test dependencies: {', '.join(missing)}; "
+                                "run: pip install -e '.[test]' (or make test)")

@@ -61,6 +61,17 @@ def test_bench_quick_json(tmp_path, capsys):
         mem = s[kind].get("peak_mib")
         if mem and min(mem) <= 0.05:
             assert s[kind]["memory_exponent"] is None
+    # what the command prints without --json: an exponent only where the times grew measurably
+    from bertscope.bench.report import write_markdown
+
+    md = write_markdown(r)
+    assert "T^-" not in md
+    for kind in ("attention", "model"):
+        e = s[kind]
+        if e["time_exponent"] is None:
+            assert f"- {kind}: time exponent n/a" in md and e["time_s"][-1] < 1.5 * e["time_s"][0]
+        else:
+            assert e["time_exponent"] >= 0 and f"- {kind}: time grows as T^{e['time_exponent']:.2f}" in md
     assert (tmp_path / "s13.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert s["plot"] == str(tmp_path / "s13.png")
     assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
@@ -77,6 +88,20 @@ def test_memory_exponent_is_na_for_tiny_values():
     assert abs(e["memory_exponent"] - 2.0) < 0.05 and abs(e["memory_ratio_512_vs_192"] - 64 / 9) < 1e-9
 
 
+def test_time_exponent_only_when_the_time_grows():
+    from bertscope.bench.scaling import time_fit
+
+    e: dict = {}
+    time_fit(e, [16, 32, 64], [1.0e-4, 0.9e-4, 1.1e-4])  # overhead only: T^-0.0something means nothing
+    assert e["time_exponent"] is None and "n/a" in e["time_exponent_note"]
+    e = {}
+    time_fit(e, [16, 32, 64], [3e-4, 2e-4, 1e-4])  # shrinking times: noise, never a negative exponent
+    assert e["time_exponent"] is None
+    e = {}
+    time_fit(e, [64, 128, 256], [1.0, 4.0, 16.0])
+    assert abs(e["time_exponent"] - 2.0) < 1e-9
+
+
 def test_markdown_labels_the_true_length_and_na_exponent():
     from bertscope.bench.report import write_markdown
 
@@ -88,6 +113,9 @@ def test_markdown_labels_the_true_length_and_na_exponent():
     md = write_markdown(r)
     assert "### equal_T32:" in md and "equal_T128" not in md
     assert "peak memory exponent n/a" in md and "T^-" not in md
+    r["scaling"]["model"].update(time_exponent=None, time_exponent_note="n/a: too little growth")
+    md = write_markdown(r)
+    assert "- model: time exponent n/a (n/a: too little growth)" in md and "T^" not in md.split("- model:")[1]
 
 
 def _fake_result() -> dict:
@@ -170,9 +198,8 @@ def test_bench_corpus_with_no_text_is_one_line_error(tmp_path, capsys):
 
 
 def test_competitor_setup_silences_and_restores_progress_bars():
-    import pytest
+    import transformers.utils.logging as hf_logging
 
-    hf_logging = pytest.importorskip("transformers.utils.logging")
     from bertscope.bench.systems import quiet_hub_progress
 
     hf_logging.enable_progress_bar()

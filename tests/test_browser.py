@@ -2,12 +2,11 @@
 
 The numbers the page shows are compared with HF transformers' attentions, computed here (word
 level and the aggregates are computed here too, with numpy, independently of the page's code).
-Tolerance 1e-3: the report stores weights to within 1/2048 and shows 4 decimals.
+Tolerance 1e-3: the report stores weights to within 1/2048; the text it shows has 3 decimals
+(from a file) or 4 (from the server), so the text gets half a thousandth more.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from viewkit import artifact, chromium, served
 
 WIDE = "The animal didn't cross the street because it was too wide"
 TOL = 1e-3
+TEXT_TOL = TOL + 5e-4  # the shown text is rounded to 3 decimals
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def check_values(values: list[dict], expected_row: np.ndarray, head: str) -> Non
     assert len(mine) == len(expected_row), (len(mine), len(expected_row))
     for v in mine:
         assert abs(v["value"] - expected_row[v["to"]]) <= TOL, v
-        assert abs(v["text"] - expected_row[v["to"]]) <= TOL, v
+        assert abs(v["text"] - expected_row[v["to"]]) <= TEXT_TOL, v
 
 
 def lines_image(page, panel: int = 0) -> str:
@@ -150,7 +150,7 @@ def explore(page, ref: dict, words: list[str]) -> None:
 
 def matrix_readout(page, panel: str, fx: float, fy: float) -> tuple[float, float, float]:
     """Hover the matrix view's heatmap of ``panel`` at a fraction of its size; read (from, to, value)."""
-    canvas = page.locator(f"#bs-matrix-view .bs-panel[data-panel='{panel}'] canvas")
+    canvas = page.locator(f"#bs-matrix-view .bs-panel[data-panel='{panel}'] canvas.bs-grid")
     box = canvas.bounding_box()
     canvas.hover(position={"x": box["width"] * fx, "y": box["height"] * fy})
     out = page.locator(f"#bs-matrix-view .bs-panel[data-panel='{panel}'] .bs-mreadout")
@@ -175,8 +175,7 @@ def test_report_from_disk(browser, bert, hf_model, tmp_path):
     # two texts: B beside A, and A - B in the matrix view
     page.click(".bs-tab[data-view='head']")
     settle(page)
-    it = rep.texts[1].words.index("it")
-    click_token(page, it, panel=1)
+    it = rep.texts[1].words.index("it")  # "it" pinned in A is focused in B too (linked focus)
     check_values(shown_values(page, 1), ref_b["words"][5, 11, it], "11")
     page.screenshot(path=str(artifact("report-head-view.png")), full_page=True)
     page.click(".bs-tab[data-view='matrix']")
@@ -205,22 +204,300 @@ def test_served_app(browser, bert, hf_model):
         page.screenshot(path=str(artifact("serve-head-view.png")), full_page=True)
 
         page.fill("#bs-text", "x" * 2001)  # over the limit: the page shows the server's message
+        assert page.inner_text("#bs-text-count") == "2,001 / 2,000 characters"  # the counter knows the limit
+        assert "bs-over" in page.get_attribute("#bs-text-count", "class")
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
         assert "limit" in page.inner_text("#bs-error")
+
+        page.fill("#bs-text", "A short text.")  # Enter submits, and the old error goes away
+        page.press("#bs-text", "Enter")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert page.is_hidden("#bs-error")
+        assert page.input_value("#bs-text") == "A short text."  # Enter did not add a line
+        page.fill("#bs-text", "Another one.")
+        page.press("#bs-text", "Control+Enter")
+        page.wait_for_selector("#bs-head-view .bs-tok.bs-left:text-is('Another')", timeout=60_000)
         assert not errors, errors
         page.close()
 
 
-def test_long_report_size_and_open_time(browser, bert, tmp_path):
-    """512 tokens of a BERT-base-sized model (12 x 12 heads, random weights): < 30 MB, opens < 3 s."""
+def test_notebook_frame_renders(browser, bert):
+    """What Jupyter shows (_repr_html_): the explorer inside an isolated iframe, working."""
+    rep = build_report(bert, IT_ANIMAL)
+    page = browser.new_page()
+    page.set_content(f"<html><body><p>notebook cell</p>{rep._repr_html_()}</body></html>")
+    frame = page.frame_locator("iframe")
+    frame.locator("html[data-ready='1']").wait_for(state="attached", timeout=30_000)
+    assert frame.locator("#bs-head-view .bs-tok.bs-left").count() == len(rep.texts[0].words)
+    page.close()
+
+
+# ---------------------------------------------------------------------------- colour scales
+
+
+def _pixel(page, selector: str, x: int, y: int) -> list[int]:
+    return page.eval_on_selector(selector, f"c => Array.from(c.getContext('2d').getImageData({x}, {y}, 1, 1).data.slice(0, 3))")
+
+
+def _blueness(rgb: list[int]) -> float:
+    """How far a cell is from white toward the full-colour end of the scale (0 white, 1 full)."""
+    return (255 - rgb[0]) / (255 - 14)
+
+
+def test_diff_thumbnails_share_one_scale(browser, tmp_path):
+    """Two heads whose A - B differ by 0.001 and by 0.7 at one cell: on the shared scale the
+    first is (nearly) white and the second full colour; per panel both are full colour."""
+    from bertscope import show
+
+    T, N, H = 5, 2, 3
+    base = np.full((N, 2, H, T, T), 1.0 / T)  # (layers, batch of A and B, heads, T, T)
+    small, big = (0, 2, 1, 3), (1, 1, 2, 4)  # (layer, head, row, col): A - B = +0.001 and +0.7 there
+    for (l, h, i, j), d in ((small, 0.001), (big, 0.7)):
+        a_row = np.full(T, (1 - (1.0 / T + d)) / (T - 1))
+        a_row[j] = 1.0 / T + d
+        base[l, 0, h, i] = a_row
+        b_row = np.full(T, (1 - 1.0 / T) / (T - 1))
+        b_row[j] = 1.0 / T
+        base[l, 1, h, i] = b_row
+    tokens = ["[CLS]", "a", "b", "c", "[SEP]"]
+    rep = show([torch.tensor(base[l]) for l in range(N)], tokens, tokens_b=tokens)
+    path = rep.save(tmp_path / "scale.html")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(path.as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    page.click(".bs-segment button[data-text='diff']")
+    settle(page)
+    thumb = lambda l, h: f"canvas.bs-thumb[data-layer='{l}'][data-head='{h}']"  # noqa: E731
+    vmax = float(page.get_attribute("#bs-model-view .bs-legend", "data-vmax"))
+    assert abs(vmax - 0.7) < 2e-3, vmax  # the legend states the one scale: the largest |A - B| of all
+    assert "±0.70" in page.inner_text("#bs-model-view .bs-legend")
+    s_px = _pixel(page, thumb(small[0], small[1]), small[3], small[2])
+    b_px = _pixel(page, thumb(big[0], big[1]), big[3], big[2])
+    assert _blueness(b_px) > 0.95, b_px  # 0.7 of 0.7: full colour
+    assert _blueness(s_px) < 0.02, s_px  # 0.001 of 0.7: white to the eye
+    assert float(page.get_attribute(thumb(*small[:2]), "data-vmax")) == float(page.get_attribute(thumb(*big[:2]), "data-vmax"))
+    # pointing at a thumbnail tells its value
+    box = page.locator(thumb(big[0], big[1])).bounding_box()
+    page.mouse.move(box["x"] + (big[3] + 0.5) * box["width"] / T, box["y"] + (big[2] + 0.5) * box["height"] / T)
+    assert "+0.700" in page.inner_text("#bs-tip")
+
+    page.select_option("#bs-scale", "panel")  # per-panel: labelled, and each panel at full colour
+    settle(page)
+    assert "cannot be compared" in page.inner_text("#bs-model-view .bs-legend")
+    s_px = _pixel(page, thumb(small[0], small[1]), small[3], small[2])
+    assert _blueness(s_px) > 0.95, s_px
+    page.close()
+
+
+# ---------------------------------------------------------------------------- two texts
+
+
+LONGER = "The old animal didn't cross the street because it was too tired today"
+
+
+def test_word_alignment_marks_unmatched_words_and_links_focus(browser, bert, hf_model, tmp_path):
+    rep = build_report(bert, IT_ANIMAL, LONGER)
+    path = rep.save(tmp_path / "two.html")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    unmatched = lambda panel: page.eval_on_selector_all(  # noqa: E731
+        f"#bs-head-view .bs-panel[data-panel='{panel}'] .bs-tok.bs-left.bs-unmatched", "els => els.map(e => e.textContent)")
+    assert unmatched(0) == [] and unmatched(1) == ["old", "today"]
+
+    # the focus is linked: pin "it" in A, and B shows "it" (its own position) with B's numbers
+    ref_b = reference(bert, hf_model, LONGER)
+    wa, wb = rep.texts[0].words, rep.texts[1].words
+    click_token(page, wa.index("it"), panel=0)
+    values_b = shown_values(page, 1)
+    assert {v["from"] for v in values_b} == {wb.index("it")}
+    check_values(values_b, ref_b["words"][0, 0, wb.index("it")], "0")
+    # and the other way round: pinning "cross" in B moves the focus in A to A's "cross"
+    click_token(page, wb.index("cross"), panel=1)
+    assert {v["from"] for v in shown_values(page, 0)} == {wa.index("cross")}
+    assert {v["from"] for v in shown_values(page, 1)} == {wb.index("cross")}
+    # a word without a counterpart says so in the other panel
+    click_token(page, wb.index("old"), panel=1)
+    assert "no counterpart" in page.inner_text("#bs-head-view .bs-panel[data-panel='0'] .bs-readout")
+
+    # A - B pairs aligned words, not positions, and names the words it leaves out
+    ref_a = reference(bert, hf_model, IT_ANIMAL)
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    assert "B: old today" in page.inner_text("#bs-matrix-view .bs-unmatched-note")
+    for fx, fy in ((0.55, 0.45), (0.8, 0.7), (0.3, 0.9)):
+        frm, to, val = matrix_readout(page, "diff", fx, fy)
+        i, j = int(frm), int(to)  # A's word indices; B's are found by the words themselves
+        bi, bj = _same_word(wa, wb, i), _same_word(wa, wb, j)
+        assert abs(val - (ref_a["words"][0, 0, i, j] - ref_b["words"][0, 0, bi, bj])) <= 2 * TOL
+
+    # texts with no words in common: said plainly, no difference drawn
+    rep2 = build_report(bert, IT_ANIMAL, "그 동물은 너무 피곤해서 길을 건너지 않았다")
+    page.goto(rep2.save(tmp_path / "far.html").as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    assert "too different" in page.inner_text("#bs-matrix-view")
+    assert page.locator("#bs-matrix-view .bs-panel[data-panel='diff']").count() == 0
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    page.click(".bs-segment button[data-text='diff']")
+    settle(page)
+    assert "too different" in page.inner_text("#bs-model-view")
+    assert not errors, errors
+    page.close()
+
+
+def _same_word(wa: list[str], wb: list[str], i: int) -> int:
+    """B's index of A's word i, for these two texts (B = A with "old" after "The" and "today" at the end)."""
+    return i if i < 2 else i + 1
+
+
+def test_span_selector(browser, bert, hf_model, tmp_path):
+    rep = build_report(bert, IT_ANIMAL, span="7:13")  # sub-tokens 7..12: "the street because it was too"
+    path = rep.save(tmp_path / "span.html")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(path.as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    toks = rep.texts[0].tokens
+    labels = lambda: page.eval_on_selector_all(  # noqa: E731
+        "#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left", "els => els.map(e => e.textContent)")
+    assert labels() == ["the", "street", "because", "it", "was", "too"] == toks[7:13]
+    assert "rows not renormalised" in page.inner_text("#bs-head-view")
+    ref = reference(bert, hf_model, IT_ANIMAL)
+    it = rep.texts[0].words.index("it")
+    click_token(page, it)
+    vals = shown_values(page)
+    assert sorted(v["to"] for v in vals) == list(range(7, 13))  # word indices equal token indices here
+    for v in vals:  # the model's weights, not renormalised over the window
+        assert abs(v["value"] - ref["words"][0, 0, it, v["to"]]) <= TOL, v
+    # the control: widen the window in the page; the matrix view follows it too
+    page.fill("#bs-span-start", "1")
+    page.fill("#bs-span-end", "4")
+    page.press("#bs-span-end", "Enter")
+    settle(page)
+    assert labels() == [rep.texts[0].words[w] for w in sorted(set(rep.texts[0].token_words[1:4]))]
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    frm, to, val = matrix_readout(page, "0", 0.9, 0.9)
+    assert 1 <= frm < 4 and 1 <= to < 4 and abs(val - ref["words"][0, 0, int(frm), int(to)]) <= TOL
+    page.click("#bs-span-all")
+    settle(page)
+    page.click(".bs-tab[data-view='head']")
+    settle(page)
+    assert len(labels()) == len(rep.texts[0].words)
+    page.close()
+
+
+# ---------------------------------------------------------------------------- query-key view
+
+
+def test_query_key_view_equals_trace(browser, bert, tmp_path):
+    """The page's steps [3]-[5] for one head and query against `trace` (which reads the model's own
+    intermediates: q, k, v, scores, probabilities, context), within 1e-4."""
+    from bertscope.understand.trace import trace
+
+    layer, head = 3, 1
+    rep = build_report(bert, IT_ANIMAL)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(rep.save(tmp_path / "qk.html").as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    page.select_option("#bs-layer", str(layer))
+    settle(page)
+    page.click(f".bs-head[data-head='{head}']")
+    settle(page)
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    tr = trace(bert, IT_ANIMAL, "it", layer, head)
+    page.select_option("#bs-qk-query", str(tr.token_index))
+    settle(page)
+    rows = page.eval_on_selector_all("#bs-qk-view tr.bs-qk-row", "els => els.map(e => ({key: +e.dataset.key, "
+                                     "raw: +e.dataset.raw, scaled: +e.dataset.scaled, weight: +e.dataset.weight}))")
+    assert [r["key"] for r in rows] == list(range(len(tr.tokens)))
+    for r in rows:
+        assert abs(r["raw"] - float(tr.raw_scores[r["key"]])) <= 1e-4, r
+        assert abs(r["scaled"] - float(tr.scores[r["key"]])) <= 1e-4, r
+        assert abs(r["weight"] - float(tr.weights[r["key"]])) <= 1e-4, r
+    q = np.array([float(x) for x in page.get_attribute("#bs-qk-query-vec", "data-values").split(",")])
+    ctx = np.array([float(x) for x in page.get_attribute("#bs-qk-context", "data-values").split(",")])
+    assert np.abs(q - tr.query.numpy()).max() <= 1e-6  # stored exactly: the model's own q
+    assert np.abs(ctx - tr.context.numpy()).max() <= 1e-4  # Σ weight·v, the model's context
+    top = max(rows, key=lambda r: r["weight"])
+    assert rep.texts[0].tokens[top["key"]] == "animal"  # S12, seen step by step
+    page.close()
+
+
+# ---------------------------------------------------------------------------- any model's attention
+
+
+def test_show_of_hf_attentions_renders_and_equals_bertscope(browser, bert, hf_model, tmp_path):
+    from bertscope import show
+
+    b = bert.encode([IT_ANIMAL])
+    with torch.inference_mode():
+        out = hf_model(input_ids=b.input_ids, attention_mask=b.attention_mask,
+                       token_type_ids=b.token_type_ids, output_attentions=True)
+    import transformers
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(bert.path))
+    tokens = hf_tok.convert_ids_to_tokens(b.input_ids[0].tolist())
+    rep = show(out.attentions, tokens)
+    own = build_report(bert, IT_ANIMAL)
+    np.testing.assert_allclose(rep.texts[0].attentions, own.texts[0].attentions, atol=1e-5)
+    assert [w.lower() for w in rep.texts[0].words] == [w.lower() for w in own.texts[0].words]  # words rebuilt from "##" pieces
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(rep.save(tmp_path / "show.html").as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    page.select_option("#bs-layer", "5")
+    settle(page)
+    page.click(".bs-head[data-head='11']")
+    settle(page)
+    it = rep.texts[0].words.index("it")
+    click_token(page, it)
+    from bertscope.core.words import word_attention
+
+    mine = word_attention(torch.from_numpy(own.texts[0].attentions), own.texts[0].token_words).numpy()
+    check_values(shown_values(page), mine[5, 11, it], "11")
+    assert not errors, errors
+    page.close()
+
+
+# ---------------------------------------------------------------------------- a 512-token page
+
+
+OBSERVE = """
+window.__longtasks = [];
+window.__paint = {};
+new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__longtasks.push(e.duration); })
+  .observe({type: "longtask", buffered: true});
+new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__paint[e.name] = e.startTime; })
+  .observe({type: "paint", buffered: true});
+"""
+
+
+def test_512_token_page_paints_fast_and_never_blocks(browser, bert, tmp_path):
+    """512 tokens of a BERT-base-sized model (12 x 12 heads, random weights made peaky): under
+    30 MB; first paint under 2 s after navigation and no interaction holding the main thread
+    over 500 ms, both measured inside the page (Paint Timing, Long Tasks API), so a busy CPU
+    around the browser does not count."""
     import warnings
 
     from bertscope import Bert, BertConfig, BertModel
 
     torch.manual_seed(0)
     cfg = BertConfig.preset("bert-base")
-    big = Bert(config=cfg, model=BertModel(cfg).eval(), tokenizer=bert.tokenizer, name="bert-base (random)")
+    model = BertModel(cfg).eval()
+    with torch.no_grad():
+        for layer in model.layers:  # sharper attention than random weights give: many strong lines
+            layer.attention.query.weight.mul_(12.0)
+    big = Bert(config=cfg, model=model, tokenizer=bert.tokenizer, name="bert-base (random)")
     text = " ".join(f"token{i} and the animal" for i in range(200))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -232,32 +509,42 @@ def test_long_report_size_and_open_time(browser, bert, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    start = time.perf_counter()
+    page.add_init_script(OBSERVE)
     page.goto(path.as_uri(), wait_until="commit")
-    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
-    seconds = time.perf_counter() - start
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+    paint = page.evaluate("window.__paint")
+    assert paint.get("first-contentful-paint", 1e9) < 2000, paint
+    page.evaluate("window.__longtasks = []")  # loading is not an interaction; what follows is
+
+    def interact(action) -> float:
+        action()
+        settle(page)
+        page.wait_for_timeout(100)  # let a task that ends the interaction be reported
+        worst = max(page.evaluate("window.__longtasks"), default=0.0)
+        page.evaluate("window.__longtasks = []")
+        return worst
+
+    worst = {
+        "click a token": interact(lambda: click_token(page, 100)),
+        "all heads": interact(lambda: page.click("#bs-heads-all")),
+        "model view": interact(lambda: page.click(".bs-tab[data-view='model']")),
+        "matrix view": interact(lambda: page.click(".bs-tab[data-view='matrix']")),
+        "zoom in": interact(lambda: page.click("#bs-matrix-view button[data-zoom='1']")),
+        "a window of tokens": interact(lambda: (page.fill("#bs-span-start", "100"), page.fill("#bs-span-end", "300"),
+                                                page.press("#bs-span-end", "Enter"))),
+        "head view": interact(lambda: page.click(".bs-tab[data-view='head']")),
+    }
+    with artifact("long-report.txt").open("w") as f:
+        f.write(f"512 tokens, 12 layers x 12 heads: {size / 1e6:.1f} MB; first paint "
+                f"{paint.get('first-contentful-paint'):.0f} ms; longest main-thread task per interaction (ms): {worst}\n")
+    assert all(v <= 500 for v in worst.values()), worst
     assert not errors, errors
-    assert seconds < 3.0, f"{seconds:.2f} s to open"
-    # and it is usable: a token's numbers match the model's
-    click_token(page, 100)
+    # and the page tells the model's numbers: a token's row matches
+    click_token(page, 150)
     vals = [v for v in shown_values(page) if v["head"] == "0"]
     row = rep.texts[0].attentions[0, 0]
     tw = np.array(rep.texts[0].token_words)
-    frm_tokens = np.where(tw == 100)[0]
     expected = np.zeros(tw.max() + 1)
-    np.add.at(expected, tw, row[frm_tokens].mean(0))
-    assert max(abs(v["value"] - expected[v["to"]]) for v in vals) <= TOL
-    page.close()
-    with artifact("long-report.txt").open("w") as f:
-        f.write(f"512 tokens, 12 layers x 12 heads: {size / 1e6:.1f} MB, ready in {seconds:.2f} s\n")
-
-
-def test_notebook_frame_renders(browser, bert):
-    """What Jupyter shows (_repr_html_): the explorer inside an isolated iframe, working."""
-    rep = build_report(bert, IT_ANIMAL)
-    page = browser.new_page()
-    page.set_content(f"<html><body><p>notebook cell</p>{rep._repr_html_()}</body></html>")
-    frame = page.frame_locator("iframe")
-    frame.locator("html[data-ready='1']").wait_for(state="attached", timeout=30_000)
-    assert frame.locator("#bs-head-view .bs-tok.bs-left").count() == len(rep.texts[0].words)
+    np.add.at(expected, tw, row[np.where(tw == 150)[0]].mean(0))
+    assert vals and max(abs(v["value"] - expected[v["to"]]) for v in vals) <= TOL
     page.close()

@@ -65,14 +65,16 @@ def test_embed_rows_in_order_with_bad_lines_reported(tmp_path, bert, capsys):
 
 
 def test_embed_parquet_reads_back_equal_to_npy(tmp_path, capsys):
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow.parquet as pq  # a test dependency: missing, it fails (see conftest)
     inp = _write_input(tmp_path / "in.txt")
     assert _run_cli(["embed", str(inp), "--out", str(tmp_path / "n"), "--quiet"], capsys)[0] == 0
     assert _run_cli(["embed", str(inp), "--out", str(tmp_path / "p"), "--format", "parquet",
                      "--shard-rows", "4", "--quiet"], capsys)[0] == 0
     a, sa = read_embeddings(tmp_path / "n")
     b, sb = read_embeddings(tmp_path / "p")
-    assert sa == sb and np.array_equal(a, b)
+    # Shards of 4 and of 10,000 rows batch the texts differently, and a GEMM's rounding may
+    # depend on its shape and the CPU: equal within fp32 noise, not necessarily bit for bit.
+    assert sa == sb and a.shape == b.shape and np.abs(a - b).max() < 1e-6
     table = pq.read_table(tmp_path / "p")  # the folder reads as one dataset
     assert table.column("line").to_pylist() == list(range(1, len(TEXTS) + 1))
     assert table.column("status").to_pylist() == sa

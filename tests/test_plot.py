@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from bertscope.see.figures import grid_figure, head_figure, units
 from bertscope.see.report import analyze
@@ -43,7 +42,6 @@ def test_plot_user_errors(tmp_path):
 
 
 def test_figure_shows_the_models_attention(bert, hf_model):
-    pytest.importorskip("matplotlib")
     import torch
 
     [rt] = analyze(bert, [IT_ANIMAL])
@@ -62,13 +60,58 @@ def test_figure_shows_the_models_attention(bert, hf_model):
     ref_w = (assign / assign.sum(0)).T @ ref.numpy() @ assign
     np.testing.assert_allclose(np.asarray(shown), ref_w, atol=1e-5)
     assert [t.get_text() for t in ax.get_xticklabels()] == labels
-    assert len(grid_figure(rt).axes) == 6 * 12
+    assert len(grid_figure(rt).axes) == 6 * 12 + 1  # and one colour bar
 
 
-def test_plot_bad_output_paths(tmp_path):
+def test_grid_has_one_scale_and_a_colour_bar_unless_per_panel(bert):
+    [rt] = analyze(bert, [IT_ANIMAL])
+    _, att = units(rt, words=True)
+    fig = grid_figure(rt)
+    limits = {ax.images[0].get_clim() for ax in fig.axes if ax.images}
+    assert limits == {(0.0, float(att.max()))}  # one scale: 0 .. the largest weight of all panels
+    assert any("one scale" in ax.get_ylabel() for ax in fig.axes)  # the colour bar says so
+    fig = grid_figure(rt, shared=False)
+    limits = [ax.images[0].get_clim()[1] for ax in fig.axes if ax.images]
+    assert len(fig.axes) == 6 * 12 and len(set(limits)) > 30  # each its own, and no shared bar
+    assert "not comparable" in fig._suptitle.get_text()
+    fig = grid_figure(rt, vmax=0.5)
+    assert {ax.images[0].get_clim() for ax in fig.axes if ax.images} == {(0.0, 0.5)}
+
+
+def test_vmax_and_span(bert):
+    [rt] = analyze(bert, [IT_ANIMAL])
+    fig = head_figure(rt, 3, 1, vmax=1.0)
+    assert fig.axes[0].images[0].get_clim() == (0.0, 1.0)  # two figures with --vmax 1 compare
+    labels, att = units(rt, words=True)
+    span = (7, 13)  # sub-tokens 7..12: "the street because it was too" (one token per word here)
+    fig = head_figure(rt, 3, 1, span=span)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == labels[7:13] == rt.tokens[7:13]
+    np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), att[3, 1, 7:13, 7:13])  # not renormalised
+    assert "tokens 7–12" in ax.get_title()
+
+
+def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
+    from bertscope.cli.main import main
+
+    out = tmp_path / "w.png"
+    assert main(["plot", IT_ANIMAL, "--layer", "3", "--head", "1", "--span", "7:13", "--vmax", "1", "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    for args, why in ((["--vmax", "0"], "--vmax"), (["--vmax", "nan"], "--vmax"), (["--per-panel"], "--grid"),
+                      (["--span", "50:60"], "selects no token"), (["--span", "x"], "START:END")):
+        assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, (args, err)
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_plot_bad_output_paths(tmp_path, capsys):
+    from bertscope.cli.main import main
+
     folder = tmp_path / "d.png"
     folder.mkdir()
-    r = _cli("T", "--out", str(folder))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a folder" in r.stderr
-    r = _cli("T", "--out", str(tmp_path / "missing" / "x.png"))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
+    for out, why in ((folder, "is a folder"), (tmp_path / "missing" / "x.png", "does not exist")):
+        assert main(["plot", "T", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, err

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import bertscope
-from bertscope.see.report import QUANT_SCALE, build_report, quantize_rows
+from bertscope.see.report import QUANT_SCALE, align_units, build_report, parse_span, quantize_rows, render_page
 
 from conftest import IT_ANIMAL
+from viewkit import external_references
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDE = "The animal didn't cross the street because it was too wide"
@@ -77,10 +78,7 @@ def _embedded(html: str):
 def test_html_is_self_contained_and_carries_the_numbers(bert, hf_model):
     rep = build_report(bert, IT_ANIMAL, WIDE)
     html = rep.to_html()
-    # no network: no external scripts, styles, images, fonts or fetches
-    assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', html, re.I)
-    assert "<link" not in html and "@import" not in html and "url(http" not in html
-    assert "cdn" not in html.lower()
+    assert external_references(html) == []  # no network: nothing to load from outside the page
     cfg, q = _embedded(html)
     assert cfg["mode"] == "file"
     meta = cfg["meta"]
@@ -94,6 +92,40 @@ def test_html_is_self_contained_and_carries_the_numbers(bert, hf_model):
         assert meta["texts"][t]["tokens"][0] == "[CLS]" and len(meta["texts"][t]["tokens"]) == T
 
 
+@pytest.mark.parametrize("inject", [
+    '<script src="https://cdn.example.com/lib.js"></script>',
+    '<script src="//cdn.example.com/lib.js"></script>',
+    '<script src="lib.js"></script>',
+    '<link rel="stylesheet" href="https://fonts.example.com/a.css">',
+    '<img src="http://tracker.example.com/p.gif">',
+    '<style>@import url("theme.css");</style>',
+    '<style>body { background: url(https://example.com/bg.png); }</style>',
+    '<div style="background-image: url(\'bg.png\')"></div>',
+    '<script>fetch("https://api.example.com/x")</script>',
+    '<script>const u = "https://api.example.com/x";</script>',
+])
+def test_self_containment_check_finds_external_resources(bert, inject):
+    html = build_report(bert, "a short text").to_html()
+    assert external_references(html) == []
+    bad = html.replace("</head>", inject + "\n</head>", 1)
+    assert external_references(bad), inject
+
+
+def test_self_containment_check_ignores_any_payload_bytes(bert):
+    """The data payload may hold any bytes ("CdN", "//", "https" in base64, URLs in a text): it is
+    data, and the check never reads it."""
+    import os
+
+    rep = build_report(bert, "see https://cdn.example.com/x.js and <script src='//evil.example/x.js'>")
+    meta = rep.meta()
+    crafted = base64.b64encode(b"\x09\xd3\x4d" * 50).decode() + "httpsCdNcdn//cdn/example//AAAA"
+    payloads = [crafted] + [base64.b64encode(os.urandom(4096)).decode() for _ in range(20)]
+    for blob in payloads:
+        page = render_page(meta, mode="file", blob=blob, qk_blob=blob[::-1])
+        assert external_references(page) == [], blob[:40]
+    assert external_references(rep.to_html()) == []
+
+
 def test_texts_cannot_break_out_of_the_page(bert):
     rep = build_report(bert, "</script><script>alert(1)</script> <!-- x")
     html = rep.to_html()
@@ -102,10 +134,13 @@ def test_texts_cannot_break_out_of_the_page(bert):
     assert cfg["meta"]["texts"][0]["text"].startswith("</script>")
 
 
-def test_repr_html_is_an_isolated_frame(bert):
+def test_repr_html_is_an_isolated_resizable_frame(bert):
     rep = build_report(bert, "a short text")
     frame = rep._repr_html_()
-    assert frame.startswith("<iframe srcdoc=") and "bertscope-config" in frame and "<script" not in frame
+    assert "<iframe srcdoc=" in frame and "bertscope-config" in frame and "<script" not in frame
+    assert "resize:vertical" in frame and "height:100%" in frame  # not a fixed 720 px: drag it taller
+    long = build_report(bert, " ".join(["word"] * 60))
+    assert long.frame_height() > rep.frame_height()  # a first height that follows the text
 
 
 def test_empty_text_is_an_input_error(bert):
@@ -148,3 +183,159 @@ def test_cli_view_bad_output_paths(tmp_path):
         r = _cli("view", "text", "--out", "/proc/x.html")
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith("bertscope: error: --out") and ".tmp" not in r.stderr
+
+
+# ---------------------------------------------------------------------------- two texts, pairs, windows
+
+
+def test_words_align_by_sequence_not_position():
+    a = "[CLS] the animal didn ' t cross the street [SEP]".split()
+    b = "[CLS] the old animal didn ' t cross [SEP]".split()
+    pairs = align_units(a, b)
+    # every word of A is paired with the same word of B, however far it moved; "old" and "the street" are not
+    assert all(a[i] == b[j] for i, j in pairs)
+    assert [a[i] for i, _ in pairs] == "[CLS] the animal didn ' t cross [SEP]".split()
+    assert 2 not in [j for _, j in pairs]  # "old"
+    assert {(2, 3), (6, 7), (9, 8)} <= {tuple(p) for p in pairs}
+
+
+def test_alignment_meta_says_when_texts_are_too_different(bert):
+    close = build_report(bert, IT_ANIMAL, WIDE).meta()["alignment"]
+    assert close["share"] > close["min_share"] and close["matched_words"] == 12  # all but tired / wide
+    far = build_report(bert, IT_ANIMAL, "그 동물은 너무 피곤해서 길을 건너지 않았다").meta()["alignment"]
+    assert far["share"] < far["min_share"] and far["matched_words"] == 0
+
+
+def test_parse_span():
+    assert parse_span("2:5", 10) == (2, 5)
+    assert parse_span(":3", 10) == (0, 3) and parse_span("7:", 10) == (7, 10) and parse_span("-2:", 10) == (8, 10)
+    assert parse_span("0:99", 10) == (0, 10)
+    for bad in ("5", "a:b", "5:5", "9:2", "20:30"):
+        with pytest.raises(bertscope.InputError):
+            parse_span(bad, 10)
+
+
+def test_cli_view_pair_uses_segments_like_hf(tmp_path, bert, hf_model):
+    """`view TEXT --pair TEXT_B` reads one sentence pair: HF's tokenizer gives the ids and segment
+    ids 0/1, HF's BertModel with those token_type_ids the attention; the page must hold the same."""
+    import transformers
+
+    a, b = "Where is the animal?", "The animal is in the street."
+    out = tmp_path / "pair.html"
+    r = _cli("view", a, "--pair", b, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    cfg, q = _embedded(out.read_text(encoding="utf-8"))
+    text = cfg["meta"]["texts"][0]
+    enc = transformers.AutoTokenizer.from_pretrained(str(bert.path))(a, b, return_tensors="pt")
+    assert text["segments"] == enc["token_type_ids"][0].tolist() and set(text["segments"]) == {0, 1}
+    assert text["tokens"] == transformers.AutoTokenizer.from_pretrained(str(bert.path)).convert_ids_to_tokens(enc["input_ids"][0])
+    with torch.inference_mode():
+        ref = hf_model(**enc, output_attentions=True).attentions
+    ref = torch.stack([x[0] for x in ref]).numpy()  # (N, H, T, T)
+    off = cfg["meta"]["data"]["layout"][0]["attn"]
+    got = q[off:off + ref.size].reshape(ref.shape) / QUANT_SCALE
+    assert np.abs(got - ref).max() <= 1 / QUANT_SCALE
+    assert "street" in text["words"] and text["words"].count("animal") == 2  # B's words spelled from B
+    # the segments matter: reading B as segment 0 gives other attention
+    with torch.inference_mode():
+        flat = hf_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True).attentions
+    assert np.abs(torch.stack([x[0] for x in flat]).numpy() - ref).max() > 1e-3
+
+
+def test_cli_view_pair_and_span_errors(tmp_path):
+    r = _cli("view", "a text", "another", "--pair", "third", "--out", str(tmp_path / "x.html"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not both" in r.stderr
+    r = _cli("view", "a text", "--span", "40:50", "--out", str(tmp_path / "x.html"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "selects no token" in r.stderr
+    r = _cli("view", "a text", "--span", "nope", "--out", str(tmp_path / "x.html"))
+    assert r.returncode == 2 and "START:END" in r.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_query_key_vectors_are_the_models_own_and_stored_when_small(bert):
+    rep = build_report(bert, IT_ANIMAL)
+    qkv = rep.texts[0].qkv  # (3, N, H, T, D)
+    b = bert.encode([IT_ANIMAL])
+    with torch.inference_mode():
+        recs = bert.model(b.input_ids, b.attention_mask, b.token_type_ids, output_intermediates=True).intermediates
+    for layer in (0, 3, 5):
+        att = recs[layer].attention
+        for i, x in enumerate((att.q, att.k, att.v)):
+            np.testing.assert_array_equal(qkv[i, layer], x[0].numpy())
+    cfg, _ = _embedded(rep.to_html())
+    assert cfg["meta"]["qk"]["layout"][0]["shape"] == list(qkv.shape)
+    assert build_report(bert, IT_ANIMAL, qk=False).texts[0].qkv is None
+    assert "qk" not in build_report(bert, IT_ANIMAL, qk=False).meta()
+
+
+def test_rollout_stays_on_the_inputs_device():
+    from bertscope import attention_rollout
+
+    x = torch.rand(2, 3, 4, 4, device="meta")  # no data: only where the tensors live is checked
+    assert attention_rollout(x).device.type == "meta"
+    if torch.cuda.is_available():
+        y = torch.softmax(torch.rand(2, 3, 4, 4, device="cuda"), -1)
+        out = attention_rollout(y)
+        assert out.device.type == "cuda"
+        torch.testing.assert_close(out.cpu(), attention_rollout(y.cpu()))
+
+
+# ---------------------------------------------------------------------------- show(): any model's attention
+
+
+def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
+    """A batch of two texts from HF (the shorter one padded) becomes A and B without the padding."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert.path))
+    enc = tok([IT_ANIMAL, "Tokenization splits rare words"], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        att = hf_model(**enc, output_attentions=True).attentions  # N x (2, H, T, T)
+    n_b = int(enc["attention_mask"][1].sum())
+    toks_a = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    toks_b = tok.convert_ids_to_tokens(enc["input_ids"][1][:n_b])
+    rep = bertscope.show(att, toks_a, tokens_b=toks_b)
+    a, b = rep.texts
+    assert rep.num_layers == 6 and rep.num_heads == 12
+    np.testing.assert_allclose(b.attentions, torch.stack([x[1, :, :n_b, :n_b] for x in att]).numpy(), atol=1e-6)
+    np.testing.assert_allclose(b.attentions.sum(-1), 1.0, atol=1e-5)
+    assert "tokenization" in b.words and "##ization" not in b.words  # WordPiece pieces joined into words
+    assert b.token_words[b.tokens.index("##ization")] == b.words.index("tokenization")
+    own = build_report(bert, "Tokenization splits rare words").texts[0]
+    np.testing.assert_allclose(b.rollout, own.rollout, atol=1e-5)
+    # one (N, H, T, T) array works too
+    one = bertscope.show(np.stack([x[0].numpy() for x in att]), toks_a)
+    np.testing.assert_allclose(one.texts[0].attentions, a.attentions)
+
+
+@pytest.mark.parametrize("attentions, tokens, kw, message", [
+    ([], ["a"], {}, "empty"),
+    ([np.full((1, 2, 3, 4), 0.25)], ["a", "b", "c"], {}, "square"),
+    ([np.full((1, 2, 3, 3), 1 / 3), np.full((1, 2, 4, 4), 0.25)], ["a"] * 3, {}, "same shape"),
+    ([np.full((1, 2, 3, 3), 1 / 3)], ["a"] * 4, {}, "4 tokens"),
+    ([np.full((2, 2, 3, 3), 1 / 3)], ["a"] * 3, {}, "tokens_b"),
+    ([np.full((1, 2, 3, 3), 1 / 3)], ["a"] * 3, {"tokens_b": ["b"] * 3}, "exactly 2"),
+    ([np.full((1, 2, 3, 3), 2.0)], ["a"] * 3, {}, "probabilities"),
+    ([np.full((1, 2, 3, 3), np.nan)], ["a"] * 3, {}, "NaN"),
+    ([np.full((1, 2, 4, 4), 0.25)], ["a"] * 3, {}, "sums to"),
+    ([np.full((1, 2, 3, 3), 1 / 3)], "a b c", {}, "list of token strings"),
+    ([np.full((1, 2, 3, 3), 1 / 3)], ["a", None, "c"], {}, "not a string"),
+    ("not attention", ["a"], {}, "not an array"),
+])
+def test_show_refuses_what_does_not_fit_with_one_sentence(attentions, tokens, kw, message):
+    with pytest.raises(bertscope.InputError) as e:
+        bertscope.show(attentions, tokens, **kw)
+    text = str(e.value)
+    assert message in text and "\n" not in text, text
+
+
+def test_words_from_tokens_of_other_tokenizers():
+    from bertscope.see.show import words_from_tokens
+
+    words, tw, special = words_from_tokens(["<s>", "▁The", "▁anim", "al", "▁is", "</s>"])  # SentencePiece
+    assert words == ["<s>", "The", "animal", "is", "</s>"] and tw == [0, 1, 2, 2, 3, 4]
+    assert special == [True, False, False, False, False, True]
+    words, tw, _ = words_from_tokens(["<|endoftext|>", "The", "Ġanimal", "Ġis"])  # byte-level BPE
+    assert words == ["<|endoftext|>", "The", "animal", "is"]
+    words, tw, _ = words_from_tokens(["[CLS]", "token", "##ization", "[SEP]", "##x"])  # WordPiece
+    assert words == ["[CLS]", "tokenization", "[SEP]", "##x"] and tw == [0, 1, 1, 2, 3]

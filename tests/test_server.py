@@ -5,7 +5,10 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import subprocess
+import sys
 import urllib.parse
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,6 +18,8 @@ import torch
 from conftest import IT_ANIMAL
 from viewkit import served
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -22,13 +27,18 @@ def server():
         yield base
 
 
-def request(base: str, method: str, path: str, body=None, raw: bytes | None = None, timeout=60):
-    """One HTTP request with the path sent exactly as given (no client-side normalisation)."""
+def request(base: str, method: str, path: str, body=None, raw: bytes | None = None, timeout=60,
+            host: str | None = None):
+    """One HTTP request with the path sent exactly as given (no client-side normalisation);
+    ``host``: the Host header to send instead of the server's address."""
     u = urllib.parse.urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     try:
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if host is not None:
+            headers["Host"] = host
+        conn.request(method, path, body=data, headers=headers)
         r = conn.getresponse()
         payload = r.read()
         try:
@@ -168,11 +178,12 @@ def test_analyzer_cache_is_bounded_by_bytes(bert):
 
     assert CACHE_BYTES == 256 * 2**20
     texts = [f"{IT_ANIMAL} ({k} times)" for k in range(6)]
-    one = sum(rt.attentions.nbytes + rt.rollout.nbytes for rt in Analyzer(bert, max_bytes=0)([texts[0]]))
+    size = lambda rt: rt.attentions.nbytes + rt.rollout.nbytes + rt.qkv.nbytes  # noqa: E731  (q, k, v kept for /api/qk)
+    one = sum(size(rt) for rt in Analyzer(bert, max_bytes=0)([texts[0]]))
     a = Analyzer(bert, size=16, max_bytes=int(2.5 * one))
     for t in texts:
         a([t])
-        held = sum(rt.attentions.nbytes + rt.rollout.nbytes for v in a._cache.values() for rt in v)
+        held = sum(size(rt) for v in a._cache.values() for rt in v)
         assert held == a.nbytes <= a.max_bytes
     assert len(a) == 2  # only the last two fit in 2.5 texts' worth
     assert list(a._cache) == [(texts[4],), (texts[5],)]
@@ -198,3 +209,102 @@ def test_port_in_use_and_bad_host_are_one_line_errors(capsys):
     cap = capsys.readouterr()
     assert cap.err.startswith("bertscope: error: cannot listen on 999.1.1.1:0 (") and cap.err.count("\n") == 1
     assert "serving" not in cap.err + cap.out
+
+
+# ---------------------------------------------------------------------------- DNS rebinding, bad text
+
+
+def test_host_header_must_name_this_server(server):
+    port = urllib.parse.urlsplit(server).port
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil.example:80"):
+        status, body = request(server, "GET", "/api/health", host=host)
+        assert status == 421, (host, status)
+        assert "DNS rebinding" in body["detail"]
+        status, _ = request(server, "POST", "/api/analyze", {"text": IT_ANIMAL}, host=host)
+        assert status == 421
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", f"LOCALHOST:{port}"):
+        assert request(server, "GET", "/api/health", host=host)[0] == 200, host
+
+
+def test_allowed_hosts_rules():
+    import socket
+
+    from bertscope.see.server import allowed_host, is_all_interfaces
+
+    assert allowed_host("127.0.0.1:8000", "127.0.0.1") and allowed_host("[::1]:8000", "127.0.0.1")
+    assert not allowed_host("192.168.1.7:8000", "127.0.0.1")  # bound to loopback: only loopback names
+    assert allowed_host("192.168.1.7:8000", "192.168.1.7")
+    assert allowed_host("bert.example.org", "127.0.0.1", frozenset({"bert.example.org"}))
+    # bound to every interface: any address literal and this machine's own name, never other names
+    assert is_all_interfaces("0.0.0.0") and is_all_interfaces("::") and not is_all_interfaces("127.0.0.1")
+    assert allowed_host("10.0.0.5:8000", "0.0.0.0") and allowed_host("[fe80::1]:8000", "::")
+    assert allowed_host(socket.gethostname(), "0.0.0.0")
+    assert not allowed_host("evil.example", "0.0.0.0") and not allowed_host("evil.example", "::")
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"text": 5}', b'{"text": null}', b'{"text": ["a"]}', b'{"text": {"a": 1}}',
+    b'{"text": "\\ud800"}', b'{"text": "ok", "text_b": "\\udfff x"}', b'{"text": "ok", "pair": 3}',
+    b'{"text": "\xff\xfe not utf-8"}', b'\xff\xfe',
+])
+def test_text_that_is_not_unicode_or_not_a_string_gets_422(server, raw):
+    for path in ("/api/analyze", "/api/attention", "/api/qk"):
+        body = raw if path == "/api/analyze" else raw[:-1] + b', "layer": 0, "heads": [0], "head": 0}' if raw.endswith(b"}") else raw
+        status, answer = request(server, "POST", path, raw=body)
+        assert status == 422, (path, raw, status, answer)
+        assert isinstance(answer, dict) and isinstance(answer["detail"], str), answer  # one line for the page
+        assert "\n" not in answer["detail"]
+    status, answer = request(server, "POST", "/api/analyze", raw=b'{"text": "\\ud800"}')
+    assert "not valid Unicode" in answer["detail"] or "valid string" in answer["detail"]
+    assert request(server, "GET", "/api/health")[0] == 200
+
+
+def test_qk_route_gives_the_models_q_k_v_and_pairs_have_segments(server, bert):
+    status, body = request(server, "POST", "/api/qk", {"text": IT_ANIMAL, "layer": 3, "head": 1})
+    assert status == 200, body
+    T, D = body["tokens"], body["head_size"]
+    b = bert.encode([IT_ANIMAL])
+    with torch.inference_mode():
+        att = bert.model(b.input_ids, b.attention_mask, b.token_type_ids, output_intermediates=True).intermediates[3].attention
+    for name, ref in (("q", att.q), ("k", att.k), ("v", att.v)):
+        got = np.frombuffer(base64.b64decode(body[name]), dtype="<f4").reshape(T, D)
+        np.testing.assert_array_equal(got, ref[0, 1].numpy())
+    status, meta = request(server, "POST", "/api/analyze", {"text": "Where is it?", "pair": "It is here."})
+    assert status == 200 and len(meta["texts"]) == 1 and set(meta["texts"][0]["segments"]) == {0, 1}
+    assert request(server, "POST", "/api/qk", {"text": "x", "layer": 0, "head": 99})[0] == 400
+    assert request(server, "POST", "/api/qk", {"text": "x", "layer": 0, "head": 0, "which": 1})[0] == 400
+
+
+def _serve_cli(*args: str, block: str = "") -> subprocess.CompletedProcess:
+    """`bertscope serve ...` in a fresh interpreter; ``block`` names modules made unimportable."""
+    code = (f"import sys\nfor m in {block.split()!r}: sys.modules[m] = None\n"
+            "import bertscope.bert as b\n"
+            "def nope(*a, **k):\n    raise SystemExit('LOADED THE MODEL')\n"
+            "b.load = nope\n"
+            "from bertscope.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-c", code, "serve", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_serve_warns_when_listening_on_every_interface():
+    import socket
+
+    with socket.socket() as taken:  # a port in use: the command warns, then fails to bind, never serves
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _serve_cli("--host", "0.0.0.0", "--port", str(port))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 2, r.stderr
+    assert lines[0].startswith("bertscope: warning: --host 0.0.0.0 listens on every network interface")
+    assert lines[1].startswith("bertscope: error: cannot listen on 0.0.0.0:")
+    r = _serve_cli("--host", "127.0.0.1", "--port", str(port))  # no warning for loopback
+    assert "warning" not in r.stderr
+
+
+def test_serve_without_fastapi_fails_before_anything():
+    r = _serve_cli("--port", "0", block="fastapi uvicorn")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "bertscope: error: serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'\n"
+    assert r.stdout == "" and "LOADED" not in r.stderr + r.stdout

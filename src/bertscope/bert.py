@@ -5,6 +5,11 @@
     bert(input_ids, attention_mask)         # the same outputs, computed packed (no PAD arithmetic)
     bert.embed(["a text", ...])             # sentence embeddings on the packed path
 
+    clf = bertscope.load("fine-tuned/")     # a folder whose config names BertForSequenceClassification
+    clf.model                               # the BertForSequenceClassification (reference path)
+    clf.encoder                             # its encoder, clf.model.bert (what embed, view... use)
+    clf.classify(["a text", ...])           # (N, K) probabilities, columns named by clf.labels
+
 ``bert.model(...)`` is always the exact reference (it can return attentions, hidden states and
 every intermediate). Plain forwards (``bert(...)``), ``embed`` and the embedding jobs take the
 packed fast path (:mod:`bertscope.fast`), which the facade owns: its GEMM backend, caches,
@@ -34,17 +39,18 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from .core.checkpoint import bundled_model_path, read_checkpoint
+from .core.classifier import BertForSequenceClassification
 from .core.config import BertConfig
 from .core.model import BertModel
 from .core.outputs import BertOutput
-from .core.tokenizer import BertTokenizer, TruncationWarning
-from .errors import InputError, InputTypeError
+from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
+from .errors import InputError, NonFiniteError
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
 from .fast.gemm import PRECISIONS, GemmBackend
@@ -70,33 +76,18 @@ def calibration_texts() -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def check_texts(texts: object, what: str = "texts") -> list[str]:
-    """A list of texts from a caller, checked: a sequence of str, each valid Unicode.
-
-    Raises InputTypeError (an InputError and a TypeError; one line) for a single string or a
-    non-string item (None, a number), and InputError for a that cannot be encoded as UTF-8 (a lone surrogate such as "\\ud800")."""
-    if isinstance(texts, (str, bytes)):
-        raise InputTypeError(f"{what} must be a list of strings, not one {type(texts).__name__}")
-    try:
-        items = list(texts)  # type: ignore[call-overload]
-    except TypeError:
-        raise InputTypeError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
-    for i, t in enumerate(items):
-        if not isinstance(t, str):
-            raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InputError(f"{what}[{i}] is not valid Unicode text ({e.reason} at character {e.start})") from None
-    return items
-
-
 @dataclass
 class Bert:
-    """A loaded checkpoint: ``.config``, ``.model`` (eval mode), ``.tokenizer`` and ``.fast``."""
+    """A loaded checkpoint: ``.config``, ``.model`` (eval mode), ``.tokenizer`` and ``.fast``.
+
+    ``.model`` is a :class:`BertModel`, or for a fine-tuned classifier folder a
+    :class:`~bertscope.core.classifier.BertForSequenceClassification`; ``.encoder`` is the
+    :class:`BertModel` in both cases, and everything that reads attention or hidden states
+    (embed, view, trace, heads...) uses it.
+    """
 
     config: BertConfig
-    model: BertModel
+    model: BertModel | BertForSequenceClassification
     tokenizer: BertTokenizer
     path: Path | None = None
     max_seq_length: int = 512  # sentence-transformers' limit for embed(), when the folder sets one
@@ -110,9 +101,23 @@ class Bert:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def encoder(self) -> BertModel:
+        """The encoder: ``.model`` itself, or a classifier's ``.model.bert``."""
+        return self.model.bert if isinstance(self.model, BertForSequenceClassification) else self.model
+
+    @property
+    def is_classifier(self) -> bool:
+        return isinstance(self.model, BertForSequenceClassification)
+
+    @property
+    def labels(self) -> list[str] | None:
+        """A classifier's class names (column k of :meth:`classify` is ``labels[k]``); else None."""
+        return self.model.labels if isinstance(self.model, BertForSequenceClassification) else None
+
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  token_type_ids: torch.Tensor | None = None, **kwargs) -> BertOutput:
-        """Encode a padded batch, as ``bert.model(...)`` does, on the fastest exact path.
+        """Encode a padded batch, as ``bert.encoder(...)`` does, on the fastest exact path.
 
         A plain forward (last hidden state and pooler) runs packed: no arithmetic on padding,
         PAD positions of ``last_hidden_state`` are zeros; it works under autograd and in
@@ -124,8 +129,8 @@ class Bert:
         args = (input_ids.to(dev), None if attention_mask is None else attention_mask.to(dev),
                 None if token_type_ids is None else token_type_ids.to(dev))
         if any(v is not None and v is not False for v in kwargs.values()):
-            return self.model(*args, **kwargs)
-        return self.fast.forward(self.model, *args)
+            return self.encoder(*args, **kwargs)
+        return self.fast.forward(self.encoder, *args)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                max_length: int | None = None):
@@ -160,11 +165,13 @@ class Bert:
         return out
 
     def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
-                  normalize: bool = True, *, batch_tokens: int | None = None) -> np.ndarray:
+                  normalize: bool = True, *, batch_tokens: int | None = None,
+                  progress: Callable[[int], None] | None = None) -> np.ndarray:
         """:meth:`embed` for texts already tokenized (lists of ids with [CLS] and [SEP]).
 
         Embedding is inference: the model runs in eval mode (no dropout), as
         sentence-transformers' ``encode`` does, and its mode is restored afterwards.
+        ``progress(n)`` is called after each packed batch with the number of texts it held.
         """
         C = self.config.hidden_size
         out = np.zeros((len(ids), C), dtype=np.float32)
@@ -180,12 +187,72 @@ class Bert:
                                     else DEFAULT_BATCH_TOKENS.get(self.device.type, 2048))
                 for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
                     packed = pack_ids([ids[i] for i in idx], device=self.device)
-                    x = self.fast.encode(self.model, packed)  # (N, C) real tokens only
+                    x = self.fast.encode(self.encoder, packed)  # (N, C) real tokens only
                     pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
+                    if not bool(torch.isfinite(pooled).all()):  # never a NaN row that looks like a result
+                        n_bad = int((~torch.isfinite(pooled).all(1)).sum())
+                        raise NonFiniteError(
+                            f"the model computed NaN or infinite values for {n_bad} text(s) in "
+                            f"{x.dtype}; nothing was returned (check the weights, or use float32)")
                     if normalize:
                         pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
                     rows = [idx[j] for j in packed.order]  # packed order -> input rows
                     out[rows] = pooled.float().cpu().numpy()
+                    if progress is not None:
+                        progress(len(idx))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def classify(self, texts: Sequence[str], batch_size: int | None = None, *,
+                 pairs: Sequence[str] | None = None, batch_tokens: int | None = None,
+                 max_length: int | None = None) -> np.ndarray:
+        """Class probabilities (N, K) of a fine-tuned classifier; column k is ``labels[k]``.
+
+        Each text (or pair ``texts[i]``, ``pairs[i]``, segments 0 and 1) is cut to
+        ``max_length`` tokens (default: the length the model was fine-tuned at, from its
+        folder; at most its positions), with a :class:`TruncationWarning`. Texts run on the
+        packed path, length-sorted in batches of at most ``batch_tokens`` real tokens and
+        ``batch_size`` texts, in eval mode (no dropout); rows come back in input order.
+        Raises InputError if the model has no classification head.
+        """
+        if not isinstance(self.model, BertForSequenceClassification):
+            raise InputError("this model has no classification head (its config.json does not name "
+                             "BertForSequenceClassification); fine-tune one with: bertscope finetune")
+        texts = check_texts(texts)
+        if pairs is not None:
+            pairs = check_texts(pairs, "pairs")
+            if len(pairs) != len(texts):
+                raise InputError(f"texts and pairs differ in length ({len(texts)} and {len(pairs)})")
+        limit = self.max_seq_length if max_length is None else max_length
+        if not 2 <= limit <= self.config.max_position_embeddings:
+            raise InputError(f"max_length must be 2..{self.config.max_position_embeddings}, got {limit}")
+        ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)
+        if any(truncated):
+            warnings.warn(f"{sum(truncated)} text(s) longer than {limit} tokens were truncated "
+                          f"(first: text {truncated.index(True) + 1})", TruncationWarning, stacklevel=2)
+        return self.classify_ids(ids, types, batch_size=batch_size, batch_tokens=batch_tokens)
+
+    def classify_ids(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None = None,
+                     *, batch_size: int | None = None, batch_tokens: int | None = None) -> np.ndarray:
+        """:meth:`classify` for texts already tokenized (ids with [CLS] and [SEP], and segments)."""
+        if not isinstance(self.model, BertForSequenceClassification):
+            raise InputError("this model has no classification head")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if batch_tokens is None:
+            batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
+        out = np.zeros((len(ids), self.model.num_labels), dtype=np.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
+                    packed = pack_ids([ids[i] for i in idx], None if type_ids is None else [type_ids[i] for i in idx],
+                                      device=self.device)
+                    logits = self.fast.classify(self.model, packed)  # (B, K) in packed order
+                    probs = torch.softmax(logits.float(), dim=-1)  # (B, K)
+                    out[[idx[j] for j in packed.order]] = probs.cpu().numpy()
         finally:
             self.model.train(was_training)
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError"]
+__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError"]
 
 
 class BertscopeError(Exception):
@@ -19,3 +19,7 @@ class InputError(BertscopeError, ValueError):
 
 class InputTypeError(InputError, TypeError):
     """Input of the wrong kind: one string where a list is wanted, None or a number for a text."""
+
+
+class NonFiniteError(BertscopeError):
+    """The model computed NaN or infinity (e.g. fp16 overflow); nothing is returned or written."""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterable
 
 from .errors import InputError
 
 __all__ = ["TEMP_SUFFIX", "read_input_bytes", "read_lines", "update_section", "write_atomic",
-           "write_bytes_atomic", "write_text_atomic"]
+           "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
@@ -55,6 +56,88 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bo
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_folder_atomic(path: str | os.PathLike, fill: Callable[[Path], Iterable[str | os.PathLike]],
+                        *, before_commit: Callable[[], object] | None = None) -> list[Path]:
+    """Write several output files into the folder ``path`` all at once, or not at all.
+
+    ``fill(stage)`` writes every output into an empty staging folder (subfolders allowed) and
+    returns the paths it wrote there. Nothing in ``path`` changes while it runs, so a failure
+    (a plotting error, a full disk, an interrupt) leaves ``path`` exactly as it was and removes
+    the staging folder. Then the outputs are committed:
+
+    * ``path`` does not exist yet: the staging folder (``.NAME.RANDOM.tmp`` beside it) is
+      renamed to ``path``, one atomic step;
+    * ``path`` exists (it may hold other files, which are left alone): the staging folder is
+      made inside it (``.bertscope-stage-RANDOM.tmp``) and each output is renamed over its old
+      version (``os.replace``: no file is ever half-written). Should a rename fail, the ones
+      already done are undone, old versions restored from hard links kept for the purpose.
+
+    Returns the outputs' final paths, in the order ``fill`` gave them. ``before_commit`` runs
+    between filling and committing (a test hook).
+    """
+    path = Path(path)
+    fresh = not path.exists()
+    parent = path.parent if str(path.parent) else Path(".")
+    if fresh:
+        parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=parent))
+    else:
+        stage = Path(tempfile.mkdtemp(prefix=".bertscope-stage-", suffix=TEMP_SUFFIX, dir=path))
+    try:
+        rel = [Path(p).resolve().relative_to(stage.resolve()) for p in fill(stage)]
+        if before_commit is not None:
+            before_commit()
+        if fresh:
+            os.chmod(stage, 0o755)  # mkdtemp makes 0700 folders; outputs are ordinary folders
+            try:
+                os.rename(stage, path)
+                return [path / r for r in rel]
+            except OSError:
+                if not path.is_dir():
+                    raise
+                # another writer made the folder meanwhile: commit file by file into it
+        _commit_files(stage, path, rel)
+        return [path / r for r in rel]
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _commit_files(stage: Path, path: Path, rel: list[Path]) -> None:
+    """Rename each staged file over its place in ``path``; on failure undo the renames done."""
+    backup = stage / ".old"
+    done: list[tuple[Path, Path | None]] = []  # (destination, its backup or None if it was new)
+    made: list[Path] = []  # folders created for the outputs, removed again on failure
+    try:
+        for r in rel:
+            src, dst = stage / r, path / r
+            missing = [d for d in [dst.parent, *dst.parent.parents] if not d.exists()]
+            for d in reversed(missing):
+                d.mkdir()
+                made.append(d)
+            old = None
+            if dst.exists():
+                old = backup / r
+                old.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(dst, old)  # the old version stays reachable until the commit is done
+                except OSError:  # a file system without hard links
+                    shutil.copy2(dst, old)
+            os.replace(src, dst)
+            done.append((dst, old))
+    except BaseException:
+        for dst, old in reversed(done):
+            if old is not None:
+                os.replace(old, dst)
+            else:
+                dst.unlink(missing_ok=True)
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
 
 
 def update_section(path: str | os.PathLike, name: str, markdown: str, *, title: str | None = None) -> Path:

@@ -108,7 +108,10 @@ def write_markdown(r: dict) -> str:
     lines.append("")
     for kind in ("attention", "model"):
         e = s[kind]
-        txt = f"- {kind}: time grows as T^{e['time_exponent']:.2f}"
+        if e.get("time_exponent") is not None:
+            txt = f"- {kind}: time grows as T^{e['time_exponent']:.2f}"
+        else:
+            txt = f"- {kind}: time exponent n/a ({e.get('time_exponent_note', 'not fitted')})"
         if e.get("memory_exponent") is not None:
             txt += f", peak memory as T^{e['memory_exponent']:.2f}"
         elif "memory_exponent" in e:

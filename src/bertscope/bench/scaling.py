@@ -25,7 +25,7 @@ import torch
 from ..core.config import BertConfig
 from .timing import median_time
 
-__all__ = ["MIN_FIT_MIB", "fit_exponent", "memory_fit", "scaling"]
+__all__ = ["MIN_FIT_MIB", "MIN_TIME_GROWTH", "fit_exponent", "memory_fit", "scaling", "time_fit"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,22 @@ def _peak_memory(config: BertConfig, kind: str, lengths: list[int], threads: int
 
 
 MIN_FIT_MIB = 0.05  # peak-memory values at or below this are noise: no exponent is fitted
+MIN_TIME_GROWTH = 1.5  # the longest input must take this many times the shortest's time to fit an exponent
+
+
+def time_fit(entry: dict, lengths: list[int], times: list[float]) -> None:
+    """Add the time exponent to ``entry`` when the times grow measurably with T: the longest
+    input takes at least MIN_TIME_GROWTH x the shortest's time and the fit is not negative.
+    Otherwise (a tiny model, where a call's fixed overhead hides the work) ``time_exponent`` is
+    None, with a note saying why: an exponent fitted to overhead and noise means nothing."""
+    growth = times[-1] / times[0] if times and times[0] > 0 else float("nan")
+    exponent = fit_exponent(lengths, times) if growth >= MIN_TIME_GROWTH else None
+    if exponent is None or not exponent >= 0:
+        entry["time_exponent"] = None
+        entry["time_exponent_note"] = (f"n/a: T = {lengths[-1]} took {growth:.2f}x the time of T = {lengths[0]}, "
+                                       "too little growth to fit (fixed per-call overhead dominates)")
+        return
+    entry["time_exponent"] = exponent
 
 
 def memory_fit(entry: dict, lengths: list[int], mem: list[float] | None) -> None:
@@ -158,7 +174,8 @@ def scaling(config: BertConfig, lengths: Sequence[int], threads: int, device: st
     units = Units(config, device)
     for kind in ("attention", "model"):
         times = [median_time(units(kind, T), device=device) for T in lengths]
-        entry: dict = {"time_s": times, "time_exponent": fit_exponent(lengths, times)}
+        entry: dict = {"time_s": times}
+        time_fit(entry, lengths, times)
         if 192 in lengths and 512 in lengths:
             entry["ratio_512_vs_192"] = times[lengths.index(512)] / times[lengths.index(192)]
         if memory and device != "cpu":  # CUDA: the allocator's own peak, per T

@@ -6,6 +6,7 @@ import argparse
 
 from .common import add_model_arg, load_model
 from .guard import print_json_strict
+from .progress import add_progress_args, bar
 
 HELP = """\
 Silence attention heads (their output is zeroed before W_O, through the model's head_mask) and
@@ -14,7 +15,8 @@ without the heads, and between the sentence embeddings. With --token WORD, also 
 attention moves in every later layer (total variation distance of its word-level row).
 
 --sweep silences every head alone and ranks the heads by how much the output changes
-(after Michel et al. 2019, who ranked heads by the change of a task's loss).
+(after Michel et al. 2019, who ranked heads by the change of a task's loss); a progress bar on
+stderr counts the heads (when stderr is a terminal; --quiet hides it).
 
 Layers and heads are numbered from 0. Repeat --layer/--head to silence several heads at once.
 
@@ -36,6 +38,7 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=10, metavar="K", help="heads to list with --sweep (default 10)")
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--top must be at least 1")
     bert = load_model(args)
     if args.sweep:
-        eff = sweep(bert, args.text)
+        with bar(args, "ablate --sweep", "head") as progress:
+            eff = sweep(bert, args.text, progress=progress)
         if args.json:
             print_json_strict(eff.to_json())
             return 0
@@ -76,12 +80,15 @@ def run(args: argparse.Namespace) -> int:
         first = min(l for l, _ in heads)
         print(f'  how "{res.word}"\'s attention moves (total variation distance, 0 = unchanged, 1 = disjoint):')
         N, H = res.word_shift.shape
-        for l in range(first, N):
+        print(f"    L{first}: the silenced heads' own layer: largest move {float(res.word_shift[first].max()):.3f} "
+              "(its attention is computed before the heads are silenced)")
+        for l in range(first + 1, N):
             row = res.word_shift[l]
             hmax = int(row.argmax())
             b, a = res.before[l, hmax], res.after[l, hmax]
             top_b, top_a = int(b.argmax()), int(a.argmax())
             print(f"    L{l}: mean {float(row.mean()):.3f}, most moved H{hmax} {float(row[hmax]):.3f} "
-                  f"(top word {res.words[top_b]} {float(b[top_b]):.2f} -> {res.words[top_a]} {float(a[top_a]):.2f})"
-                  + ("  (silenced heads' own layer: probabilities unchanged)" if l == first else ""))
+                  f"(top word {res.words[top_b]} {float(b[top_b]):.2f} -> {res.words[top_a]} {float(a[top_a]):.2f})")
+        if first + 1 >= N:
+            print("    (no layer comes after it)")
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 HELP = """\
@@ -21,7 +20,8 @@ By default (a) runs on a BERT-base-size model with random weights and (b) on the
 all-MiniLM-L6-v2; --model or --preset runs both on that model.
 
 --quick uses T = 32 for (a) (its JSON key stays "equal_T128"; "label" says "equal_T32") and
-a tiny model whose peak-memory values are too small for an exponent (shown as n/a).
+a tiny model whose times and peak-memory values are too small for an exponent (shown as n/a:
+a time exponent is fitted only when the longest input takes at least 1.5x the shortest's time).
 --corpus lines that are not UTF-8 are skipped with a warning naming them. --plot (.png, .svg or
 .pdf) is checked before the run and written, atomically, after the results are printed.
 
@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..files import write_bytes_atomic
     from .common import check_output_file
+    from .guard import dumps_strict, null_non_finite
 
     if args.preset:
         try:
@@ -74,10 +75,9 @@ def run(args: argparse.Namespace) -> int:
                 pass
         except OSError as e:
             raise InputError(f"--plot: cannot write in {str(plot.parent)!r} ({e.strerror or e})") from None
-        import importlib.util
+        from ..see.figures import require_matplotlib
 
-        if importlib.util.find_spec("matplotlib") is None:
-            raise InputError("--plot needs matplotlib: pip install 'bertscope[plot]'")
+        require_matplotlib("--plot")
     corpus = None
     if args.corpus:
         corpus, warns = read_corpus(args.corpus)
@@ -98,8 +98,12 @@ def run(args: argparse.Namespace) -> int:
         for name, why in w["skipped"].items():
             print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)
     if args.json:  # the results first: a failure to write the plot must not lose them
-        json.dump(res, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        res, non_finite = null_non_finite(res)  # strict JSON: a NaN measurement becomes null
+        if non_finite:
+            res["non_finite"] = non_finite
+            print(f"bertscope: warning: {len(non_finite)} measurement(s) were NaN or infinite and are "
+                  f"null in the JSON (first: {non_finite[0]})", file=sys.stderr)
+        sys.stdout.write(dumps_strict(res, indent=1) + "\n")
     else:
         sys.stdout.write(write_markdown(res))
     sys.stdout.flush()

@@ -6,6 +6,7 @@ import argparse
 
 from .common import add_model_arg, load_model
 from .guard import print_json_strict
+from .progress import add_progress_args, bar
 
 HELP = """\
 Read a file in the Winograd Schema Challenge XML format and ask the attention, with no
@@ -20,11 +21,17 @@ training, which candidate each pronoun refers to:
   baselines    first candidate, nearest candidate, chance (with the 95% noise band)
 
 Schemas that cannot be used (malformed XML, a candidate not in the text) are named on stderr
-and skipped; the others are scored.
+and skipped; the others are scored. A progress bar on stderr counts the schemas (when stderr
+is a terminal; --quiet hides it).
+
+--bundled scores bertscope's own 12 schemas (understand/data/pronouns.xml, shipped with the
+package). WSC273 itself is not shipped: it is the first 273 schemas of WSCollection.xml, the
+Winograd Schema Challenge collection by Levesque, Davis and Morgenstern (CC BY 4.0), from
+https://cs.nyu.edu/faculty/davise/papers/WinogradSchemas/WS.html.
 
 examples:
-  bertscope coref ../shared/data/wsc/WSCollection.xml --limit 273      # WSC273
-  bertscope coref "$(python -c 'import bertscope.understand.coref as c, pathlib; print(pathlib.Path(c.__file__).parent / "data/pronouns.xml")')"
+  bertscope coref --bundled
+  bertscope coref WSCollection.xml --limit 273      # WSC273, once downloaded
   bertscope coref schemas.xml --json
 """
 
@@ -32,12 +39,14 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser("coref", help="pronoun resolution by attention on WSC-format schemas",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="a WSC XML file (<schema> elements)")
+    p.add_argument("file", metavar="FILE", nargs="?", default=None, help="a WSC XML file (<schema> elements)")
+    p.add_argument("--bundled", action="store_true", help="score bertscope's own 12 schemas (no FILE)")
     p.add_argument("--limit", type=int, metavar="K", default=None,
                    help="only the first K schemas of the file (273 for WSC273)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="heads to list (default 5)")
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON (with per-schema details)")
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -46,19 +55,23 @@ def run(args: argparse.Namespace) -> int:
 
     from ..understand.coref import evaluate
     from ..errors import InputError
-    from ..understand.wsc import read_wsc
+    from ..understand.wsc import BUNDLED_SCHEMAS, read_wsc
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")
     if args.top < 1:
         raise InputError("--top must be at least 1")
-    schemas, warns = read_wsc(args.file)
+    if args.bundled == (args.file is not None):
+        raise InputError("give a WSC XML FILE or --bundled (bertscope's own 12 schemas), one of the two")
+    path = BUNDLED_SCHEMAS if args.bundled else args.file
+    schemas, warns = read_wsc(path)
     if not schemas:
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)
-        raise InputError(f"{args.file}: no usable schema ({len(warns)} skipped)")
+        raise InputError(f"{path}: no usable schema ({len(warns)} skipped)")
     bert = load_model(args)
-    res = evaluate(bert, schemas, warnings=warns, limit=args.limit)
+    with bar(args, "coref", "schema") as progress:
+        res = evaluate(bert, schemas, warnings=warns, limit=args.limit, progress=progress)
     for w in res.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     if args.json:

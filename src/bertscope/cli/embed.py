@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_model_arg
+from .common import add_model_arg, load_model
+from .progress import add_progress_args, progress_enabled
 
 HELP = """\
 Embed every line of INPUT with the packed, length-batched fast path, and write OUTPUT as a
@@ -22,7 +23,8 @@ is not a string) -- and over-long texts are cut to the model's max_seq_length (t
 is reported with its line numbers, here and in the manifest. But if NO line holds a text (every
 non-blank line fails), the input is refused at once: that is the wrong --field or file.
 Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
-file; --resume finishes a job without redoing shards.
+file; --resume finishes a job without redoing shards. A progress bar on stderr counts the
+texts as they are embedded (when stderr is a terminal; --quiet hides it, --progress forces it).
 
 Read the result back in Python:
   from bertscope.embedjob import read_embeddings
@@ -60,7 +62,7 @@ def register(sub) -> None:
     p.add_argument("--shard-rows", type=int, default=10_000, metavar="N",
                    help="input lines per shard (default 10000)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted job in OUTPUT")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -90,15 +92,13 @@ def run(args: argparse.Namespace) -> int:
     loaded = []
 
     def load():  # called by the job only once INPUT and OUTPUT have been checked
-        from ..bert import load as load_bert
-
-        loaded.append(load_bert(args.model, precision=args.precision))
+        loaded.append(load_model(args))
         return loaded[0]
 
     def on_total(total: int, done: int) -> None:  # the bar starts once everything is checked
         nonlocal bar
-        bar = tqdm(total=total, initial=done, unit="text", file=sys.stderr, disable=args.quiet,
-                   dynamic_ncols=True, desc="embed")
+        bar = tqdm(total=total, initial=done, unit="text", file=sys.stderr, disable=not progress_enabled(args),
+                   dynamic_ncols=True, desc="embed", mininterval=0.2)
 
     def progress(n: int) -> None:
         if bar is not None:

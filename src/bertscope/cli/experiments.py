@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 
 from .common import add_model_arg, check_output_dir, load_model
+from .progress import add_progress_args, bar
 
 HELP = """\
 Run every experiment on the seed's claims and write OUT/EXPERIMENTS.md, with plots and a
-results.json in OUT/experiments/ (plots need matplotlib: pip install 'bertscope[plot]'):
+results.json in OUT/experiments/. Plots need matplotlib (pip install 'bertscope[plot]'): without
+it the command stops at once, before any work, unless --no-plots is given. A progress bar on
+stderr counts the work (when stderr is a terminal; --quiet hides it).
 
   S1   with Q = K = x, how often a token's best match is itself, against the learned W_Q, W_K
   S3   softmax with and without ÷√d_head: entropy and largest weight per layer
@@ -19,8 +22,10 @@ results.json in OUT/experiments/ (plots need matplotlib: pip install 'bertscope[
   the seed's errata (its softmax example; the 7x claim as FLOPs)
 
 examples:
-  bertscope experiments --out docs/ --wsc ../shared/data/wsc/WSCollection.xml
+  bertscope experiments --out my-experiments/
+  bertscope experiments --out my-experiments/ --wsc WSCollection.xml    # with WSC273
   bertscope experiments --out /tmp/exp --no-plots
+(the repository's own docs/EXPERIMENTS.md is made with --out docs/ by its maintainers)
 """
 
 
@@ -31,8 +36,9 @@ def register(sub) -> None:
     p.add_argument("--wsc", metavar="FILE", help="a WSC XML file; its first --wsc-limit schemas are scored")
     p.add_argument("--wsc-limit", type=int, default=None, metavar="K",
                    help="with --wsc: score the first K schemas (default 273: WSC273)")
-    p.add_argument("--no-plots", action="store_true", help="write the Markdown and JSON only")
+    p.add_argument("--no-plots", action="store_true", help="write the Markdown and JSON only (no matplotlib needed)")
     add_model_arg(p)
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -66,8 +72,13 @@ def run(args: argparse.Namespace) -> int:
     if args.wsc is not None and not Path(args.wsc).is_file():
         raise InputError(f"--wsc: {args.wsc} does not exist or is not a file")
     out = check_output_dir(args.out)
+    if not args.no_plots:
+        from ..see.figures import require_matplotlib
+
+        require_matplotlib("experiments (for its plots; --no-plots skips them)")
     bert = load_model(args)
-    report = run_all(bert, args.wsc, 273 if args.wsc_limit is None else args.wsc_limit)
+    with bar(args, "experiments", "step") as progress:
+        report = run_all(bert, args.wsc, 273 if args.wsc_limit is None else args.wsc_limit, progress=progress)
     for w in report.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     for p in write_report(report, out, plots=not args.no_plots, command=command_line(args)):

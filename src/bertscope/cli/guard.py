@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -25,6 +26,27 @@ def dumps_strict(obj: Any, **kw: Any) -> str:
     have written ``null`` (with a note saying why).
     """
     return json.dumps(obj, ensure_ascii=False, allow_nan=False, **kw)
+
+
+def null_non_finite(obj: Any, where: str = "") -> tuple[Any, list[str]]:
+    """A copy of a JSON-able value with every NaN and ±Infinity replaced by None (JSON null),
+    and the dotted paths where that happened (for a note beside the output)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, [where or "(top level)"]
+    if isinstance(obj, dict):
+        out, paths = {}, []
+        for k, v in obj.items():
+            out[k], p = null_non_finite(v, f"{where}.{k}" if where else str(k))
+            paths += p
+        return out, paths
+    if isinstance(obj, (list, tuple)):
+        items, paths = [], []
+        for i, v in enumerate(obj):
+            item, p = null_non_finite(v, f"{where}[{i}]")
+            items.append(item)
+            paths += p
+        return items, paths
+    return obj, []
 
 
 def print_json_strict(obj: Any) -> None:

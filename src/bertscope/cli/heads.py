@@ -6,6 +6,7 @@ import argparse
 
 from .common import add_model_arg, check_output_dir, load_model
 from .guard import dumps_strict, print_json_strict, writing
+from .progress import add_progress_args, bar
 
 HELP = """\
 For every layer and head, over a corpus (a UTF-8 text file, one text per line, blank lines
@@ -16,7 +17,8 @@ Kovaleva et al. 2019 (vertical, diagonal, vertical+diagonal, block, heterogeneou
 rules: see `python -c "import bertscope.headstats as h; print(h.__doc__)"` or docs/EXPERIMENTS.md.
 
 With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs matplotlib:
-pip install 'bertscope[plot]'), the class map, and heads.json.
+pip install 'bertscope[plot]'; checked before any work), the class map, and heads.json.
+A progress bar on stderr counts the texts (when stderr is a terminal; --quiet hides it).
 
 examples:
   bertscope heads corpus.txt
@@ -32,6 +34,7 @@ def register(sub) -> None:
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="DIR", help="write heatmaps (PNG) and heads.json into DIR")
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -65,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from ..understand.headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
     out = check_output_dir(args.out) if args.out else None
+    if out is not None:
+        from ..see.figures import require_matplotlib
+
+        require_matplotlib("heads --out (for its heatmaps)")
     lines, warns = read_lines(args.corpus)
     for w in warns:
         print(f"bertscope: warning: {w}", file=sys.stderr)
@@ -73,13 +80,16 @@ def run(args: argparse.Namespace) -> int:
 
         raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
     bert = load_model(args)
-    hs = head_stats(bert, lines)
+    with bar(args, "heads", "text") as progress:
+        hs = head_stats(bert, lines, progress=progress)
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     written: list[Path] = []
-    if out is not None:
+    if out is not None:  # every file or none: staged, then renamed into place
+        from ..files import write_folder_atomic
+
         with writing(out):
-            written += _write_maps(out, hs)
+            written += write_folder_atomic(out, lambda stage: _write_maps(stage, hs))
     if args.json:
         print_json_strict(hs.to_json())
         return 0

@@ -23,6 +23,8 @@ COMMAND_MODULES = [
     "embed", "bench", "doctor",  # fast
     "view", "plot", "serve",  # see attention
     "trace", "heads", "coref", "ablate", "experiments",  # understand heads
+    "finetune", "predict",  # train
+    "explain", "explain_experiments",  # what tokens take from each other
 ]
 
 DESCRIPTION = """\
@@ -34,6 +36,7 @@ examples:
   bertscope attend "The animal didn't cross the street because it was too tired" --token it
   bertscope params --preset bert-base
   bertscope embed texts.txt --out texts.emb
+  bertscope finetune train.csv --dev dev.csv --out sentiment/
   bertscope bench --json
   bertscope doctor
   bertscope COMMAND --help
@@ -69,6 +72,29 @@ def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
     return out, debug
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, in one line, any argument that is not valid Unicode text.
+
+    Python decodes argv with "surrogateescape": a byte that is not UTF-8 (say 0xff, from a
+    Latin-1 terminal) arrives as a lone surrogate (U+DCFF) that no tokenizer, JSON writer or
+    file system call downstream accepts. Checked here once, for every command and every
+    argument (texts, words, paths, field names), before any work.
+    """
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if not isinstance(v, str):
+                continue
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                code = ord(v[e.start])
+                what = (f"byte 0x{code - 0xDC00:02x}, which is not UTF-8," if 0xDC80 <= code <= 0xDCFF
+                        else f"a lone surrogate U+{code:04X}")
+                raise BertscopeError(f"argument {dest.replace('_', '-')} holds {what} at character "
+                                     f"{e.start}; bertscope takes UTF-8 text and file names") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="bertscope", description=DESCRIPTION,
@@ -95,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="bertscope: %(levelname)s: %(message)s")
     warnings.showwarning = _warning_line
     try:
+        check_arguments(args)
         return int(args.func(args) or 0)
     except BertscopeError as e:
         if args.debug:

@@ -13,10 +13,16 @@ labels, or with --grid every layer x head as small heatmaps, and save it as PNG,
 (chosen by the file's suffix). Rows attend, columns are attended to. Layers and heads are
 numbered from 0. Needs matplotlib (pip install 'bertscope[plot]').
 
+Colour scales: one head is scaled to its own largest weight unless --vmax fixes the darkest
+value (draw two figures with the same --vmax to compare them). --grid draws every panel on
+one scale with one colour bar; --per-panel scales each panel to its own maximum instead.
+--span START:END plots only a window of tokens of a long text (positions from 0, END excluded).
+
 examples:
   bertscope plot "The animal didn't cross the street because it was too tired" --layer 3 --head 1 --out it.png
   bertscope plot "The animal didn't cross the street because it was too tired" --grid --out grid.svg
   bertscope plot "Tokenization splits rare words" --layer 0 --head 0 --tokens --out tokens.pdf
+  bertscope plot "$(cat long.txt)" --layer 2 --head 5 --span 40:80 --vmax 1 --out window.png
 """
 
 
@@ -30,20 +36,34 @@ def register(sub) -> None:
     p.add_argument("--tokens", action="store_true", help="sub-tokens instead of words")
     p.add_argument("--out", metavar="FILE", required=True, help="FILE.png, FILE.svg or FILE.pdf")
     p.add_argument("--dpi", type=int, default=200, help="resolution of a PNG (default 200)")
+    p.add_argument("--span", metavar="START:END", default=None, help="only a window of tokens (e.g. 40:80)")
+    p.add_argument("--vmax", type=float, default=None, metavar="V",
+                   help="the weight drawn darkest (default: the largest shown), to compare figures")
+    p.add_argument("--per-panel", action="store_true",
+                   help="with --grid: scale each panel to its own maximum (default: one scale)")
     add_model_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
     from ..errors import InputError
-    from ..see.figures import FORMATS, grid_figure, head_figure, save_figure
-    from ..see.report import analyze
+    from ..see.figures import FORMATS, grid_figure, head_figure, require_matplotlib, save_figure
+    from ..see.report import analyze, parse_span
 
     if not args.text.strip():
         raise InputError("the text is empty")
     out = check_output_file(args.out, "--out", tuple(f".{f}" for f in FORMATS))
     if not 20 <= args.dpi <= 1200:
         raise InputError("--dpi must be between 20 and 1200")
+    if args.vmax is not None and not (math.isfinite(args.vmax) and args.vmax > 0):
+        raise InputError(f"--vmax must be a number above 0, got {args.vmax}")
+    if args.per_panel and not args.grid:
+        raise InputError("--per-panel goes with --grid (one head is one panel)")
+    if args.span is not None:
+        parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
+    require_matplotlib()  # before the model loads
     bert = load_model(args)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     if not args.grid:
@@ -51,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--layer must be 0..{N - 1}, got {args.layer}")
         if not 0 <= args.head < H:
             raise InputError(f"--head must be 0..{H - 1}, got {args.head}")
-    [rt] = analyze(bert, [args.text])
+    [rt] = analyze(bert, [args.text], qk=False)
+    span = parse_span(args.span, len(rt.tokens))
     words = not args.tokens
-    fig = grid_figure(rt, words=words) if args.grid else head_figure(rt, args.layer, args.head, words=words)
+    if args.grid:
+        fig = grid_figure(rt, words=words, span=span, shared=not args.per_panel, vmax=args.vmax)
+    else:
+        fig = head_figure(rt, args.layer, args.head, words=words, span=span, vmax=args.vmax)
     with writing(out):
         path = save_figure(fig, out, dpi=args.dpi)
     print(f"wrote {path}")

@@ -12,12 +12,16 @@ views as `bertscope view`, computed on demand (only the layer and heads you look
 Binds to 127.0.0.1 unless --host says otherwise; an address in use or not this machine's is a
 one-line error. Texts longer than --max-chars get HTTP 413. The last analyses are kept in memory
 (at most 16, and at most 256 MiB of attention arrays).
+Requests must name this server in their Host header (localhost, 127.0.0.1, [::1], the --host
+address, or a name given with --allow-host); others get HTTP 421, so a web page elsewhere cannot
+reach it through DNS rebinding. Binding to every interface (0.0.0.0 or ::) prints a warning.
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C.
 
 examples:
   bertscope serve                       # then open http://127.0.0.1:8000/
   bertscope serve --port 8080 --max-chars 5000
   bertscope serve --model ./my-bert-folder --host 0.0.0.0   # reachable from other machines
+  bertscope serve --host 0.0.0.0 --allow-host bert.example.org
 """
 
 
@@ -29,6 +33,8 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-chars", type=int, default=2000, metavar="N",
                    help="longest text accepted, in characters (default 2000); longer gets HTTP 413")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -36,13 +42,17 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..errors import InputError
-    from ..see.server import bind
+    from ..see.server import bind, is_all_interfaces, require_serve_extra
     from ..see.server import run as serve
 
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be 0..65535, got {args.port}")
     if args.max_chars < 1:
         raise InputError("--max-chars must be at least 1")
+    require_serve_extra()  # before anything is bound, loaded or printed
+    if is_all_interfaces(args.host):
+        print(f"bertscope: warning: --host {args.host or '(empty)'} listens on every network interface: anyone "
+              "who can reach this machine can use this server", file=sys.stderr, flush=True)
     sock = bind(args.host, args.port)  # before the model loads: a port in use is a one-line error
     try:
         bert = load_model(args)
@@ -50,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"bertscope: serving {bert.name} on http://{host}:{port}/ (Ctrl-C stops)",
               file=sys.stderr, flush=True)
-        serve(bert, max_chars=args.max_chars, sock=sock)
+        serve(bert, host=args.host, max_chars=args.max_chars, sock=sock,
+              allowed_hosts=tuple(args.allow_host))
     finally:
         sock.close()
     return 0

@@ -8,17 +8,33 @@ from .common import add_model_arg, check_output_file, load_model
 from .guard import writing
 
 HELP = """\
-Write one HTML file that shows the attention of TEXT (and TEXT_B, side by side with the
-difference) in every layer and head: a head view (lines from each token to the tokens it
-attends to), a model view (every layer x head as a thumbnail), a matrix view (the heatmap with
-exact values), word or sub-token level, [CLS]/[SEP] hidden or shown, the mean over heads and
-attention rollout. The file has no external resources: it opens from disk in any browser,
-offline. Weights are stored to within 1/2048 (rows still sum to 1).
+Write one HTML file that shows the attention of TEXT in every layer and head: a head view
+(lines from each token to the tokens it attends to, with the exact numbers beside them), a
+model view (every layer x head as a thumbnail, on one stated colour scale), a matrix view (the
+heatmap with exact values, zoomable), and a query-key view (for one head and one query token:
+q and every k over the head's dimensions, q·k, ÷√D, the mask, the softmax and the weighted sum
+of the values -- the seed's steps on the model's own numbers). Words or sub-tokens, [CLS]/[SEP]
+hidden or shown, the mean over heads and attention rollout; a window of tokens for long texts.
+
+With TEXT_B the two texts are shown side by side with their difference A - B (words aligned by
+sequence alignment; unmatched words are marked). With --pair TEXT_B the two are read as ONE
+input, a sentence pair: [CLS] TEXT [SEP] TEXT_B [SEP] with segment ids 0 and 1, as BERT reads
+pairs, and the A/B boundary is drawn.
+
+The file has no external resources: it opens from disk in any browser, offline. Weights are
+stored to within 1/2048 (rows still sum to 1); queries, keys and values exactly, when they are
+small enough (--qk stores them always, --no-qk never).
+
+With --model-b, TEXT runs through two models instead (A = --model, B = --model-b), side by side
+with the difference: e.g. a base model and its fine-tune, to see which heads fine-tuning changed.
 
 examples:
   bertscope view "The animal didn't cross the street because it was too tired"
   bertscope view "The animal didn't cross the street because it was too tired" \\
                  "The animal didn't cross the street because it was too wide" --out compare.html
+  bertscope view "A moving, beautifully acted film" --model-b sentiment/ --out finetuned.html
+  bertscope view "Where is the animal?" --pair "The animal is in the street." --out pair.html
+  bertscope view "$(cat long.txt)" --span 100:180 --out long.html
 """
 
 
@@ -28,7 +44,15 @@ def register(sub) -> None:
     p.add_argument("text", metavar="TEXT", help="the text to run through the model")
     p.add_argument("text_b", metavar="TEXT_B", nargs="?", default=None,
                    help="a second text, shown side by side with the difference")
+    p.add_argument("--pair", metavar="TEXT_B", default=None,
+                   help="read TEXT and TEXT_B as one sentence pair ([CLS] A [SEP] B [SEP], segments 0/1)")
+    p.add_argument("--span", metavar="START:END", default=None,
+                   help="open on a window of tokens (positions from 0, END excluded; e.g. 100:180)")
+    p.add_argument("--qk", action=argparse.BooleanOptionalAction, default=None,
+                   help="store every head's q, k, v for the query-key view (default: when small)")
     add_model_arg(p)
+    p.add_argument("--model-b", metavar="PATH", default=None,
+                   help="a second model folder (e.g. a fine-tune): TEXT through both, with the difference")
     p.add_argument("--out", metavar="FILE.html", default="bertscope-report.html",
                    help="where to write the page (default: bertscope-report.html)")
     p.set_defaults(func=run)
@@ -42,9 +66,25 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.text_b is not None and not args.text_b.strip():
         raise InputError("the second text is empty")
+    if args.text_b is not None and args.model_b is not None:
+        raise InputError("give TEXT_B or --model-b, not both (two texts, or one text through two models)")
+    if args.pair is not None:
+        if args.text_b is not None:
+            raise InputError("give TEXT_B (a text to compare) or --pair TEXT_B (one sentence pair), not both")
+        if not args.pair.strip():
+            raise InputError("the --pair text is empty")
+    if args.span is not None:
+        from ..see.report import parse_span
+
+        parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
     out = check_output_file(args.out, "--out", (".html", ".htm"))
     bert = load_model(args)
-    report = build_report(bert, args.text, args.text_b)
+    bert_b = None
+    if args.model_b is not None:
+        from ..bert import load
+
+        bert_b = load(args.model_b)
+    report = build_report(bert, args.text, args.text_b, pair=args.pair, span=args.span, qk=args.qk, bert_b=bert_b)
     with writing(out):
         path = report.save(out).resolve()
     size = path.stat().st_size

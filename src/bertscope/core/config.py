@@ -81,6 +81,16 @@ class BertConfig:
         """D, the width of one head (64 in BERT-base)."""
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def num_parameters(self) -> int:
+        """Every parameter of the encoder and pooler, by formula (count_params counts a built model):
+        embeddings (V + P + types)·C + LayerNorm 2C; per layer 4(C² + C) attention, 2·2C
+        LayerNorms, C·I + I + I·C + C feed-forward; pooler C² + C."""
+        C, I = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * C + 2 * C
+        layer = 4 * (C * C + C) + 2 * (2 * C) + (C * I + I) + (I * C + C)
+        return embeddings + self.num_hidden_layers * layer + (C * C + C)
+
     @classmethod
     def preset(cls, name: str) -> "BertConfig":
         """A named size: "bert-base", "bert-large" or "minilm-l6" (the bundled model's shape)."""

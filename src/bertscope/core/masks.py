@@ -20,20 +20,22 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InputError
+
 __all__ = ["check_attention_mask", "mask_to_bias", "to_key_padding_mask"]
 
 
 def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) -> None:
-    """Raise ValueError unless the mask is (B, T) and holds only 0s and 1s."""
+    """Raise InputError (a ValueError) unless the mask is (B, T) and holds only 0s and 1s."""
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, tokens):
-        raise ValueError(
+        raise InputError(
             f"attention_mask must have shape (B, T) = ({batch}, {tokens}), "
             f"got {tuple(attention_mask.shape)}"
         )
     if attention_mask.dtype != torch.bool and not bool(
         ((attention_mask == 0) | (attention_mask == 1)).all()
     ):
-        raise ValueError("attention_mask must hold only 1 (token) and 0 (PAD)")
+        raise InputError("attention_mask must hold only 1 (token) and 0 (PAD)")
 
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import InputError
 from .attention import AttentionRecord
 from .config import BertConfig
 from .layer import BertLayer, FeedForward, LayerRecord
@@ -39,15 +40,21 @@ class BertEmbeddings(nn.Module):
         self.norm = nn.LayerNorm(C, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor | None, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None, *,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) ids -> (B, T, C); or, with ``position_ids`` given, ids of any shape, e.g. the
-        (N,) tokens of a packed batch -> (N, C)."""
+        (N,) tokens of a packed batch -> (N, C).
+
+        ``inputs_embeds`` (B, T, C), given instead of ``input_ids``, stands in for the word
+        embeddings (as in HF transformers): gradient attributions differentiate through it.
+        """
+        words = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         if position_ids is None:
-            T = input_ids.shape[1]
-            position_ids = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+            T = words.shape[1]
+            position_ids = torch.arange(T, device=words.device)[None, :]  # (1, T)
         x = (
-            self.word_embeddings(input_ids)  # (B, T, C)
+            words  # (B, T, C)
             + self.position_embeddings(position_ids)  # (1, T, C)
             + self.token_type_embeddings(token_type_ids)  # (B, T, C)
         )
@@ -65,38 +72,52 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))  # (B, T, C) -> (B, C)
 
 
-def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 token_type_ids: torch.Tensor | None, head_mask: torch.Tensor | None = None) -> None:
-    """Raise ValueError (one sentence) unless the batch fits the model: ids (B, T) with
-    1 <= T <= positions and every id in the vocabulary; a 0/1 mask and segment ids in range of
-    the same shape; a (layers, heads) head_mask. Run once per forward (each check that reads
-    values is one reduction, and one host sync on a GPU)."""
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
-    B, T = input_ids.shape
-    if input_ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
-        raise ValueError(f"input_ids must be integer token ids, got {input_ids.dtype}")
+def check_inputs(config: BertConfig, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                 token_type_ids: torch.Tensor | None, head_mask: torch.Tensor | None = None, *,
+                 inputs_embeds: torch.Tensor | None = None) -> None:
+    """Raise InputError (a ValueError; one sentence) unless the batch fits the model: ids (B, T) with
+    1 <= T <= positions and every id in the vocabulary (or, instead of ids, ``inputs_embeds``
+    (B, T, C) floats); a 0/1 mask and segment ids in range of the same shape; a (layers, heads)
+    head_mask. Run once per forward (each check that reads values is one reduction, and one
+    host sync on a GPU)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise InputError("give input_ids or inputs_embeds (exactly one of them)")
+    if inputs_embeds is not None:
+        C = config.hidden_size
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != C:
+            raise InputError(f"inputs_embeds must be (B, T, {C}), got {tuple(inputs_embeds.shape)}")
+        if not inputs_embeds.is_floating_point():
+            raise InputError(f"inputs_embeds must be floating point, got {inputs_embeds.dtype}")
+        B, T = inputs_embeds.shape[:2]
+    else:
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise InputError(f"input_ids must be integer token ids, got {input_ids.dtype}")
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
+            raise InputError(f"input_ids must lie in 0..{config.vocab_size - 1} (the vocabulary), "
+                             f"got {int(input_ids.min())}..{int(input_ids.max())}")
     if T == 0 and B > 0:
-        raise ValueError("input_ids has no tokens (T = 0): a BERT input holds at least [CLS]")
+        raise InputError("the input has no tokens (T = 0): a BERT input holds at least [CLS]")
     if T > config.max_position_embeddings:
-        raise ValueError(f"{T} tokens exceed the model's {config.max_position_embeddings} positions")
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-        raise ValueError(f"input_ids must lie in 0..{config.vocab_size - 1} (the vocabulary), "
-                         f"got {int(input_ids.min())}..{int(input_ids.max())}")
+        raise InputError(f"{T} tokens exceed the model's {config.max_position_embeddings} positions")
     if attention_mask is not None:
         check_attention_mask(attention_mask, B, T)
     if token_type_ids is not None:
         if tuple(token_type_ids.shape) != (B, T):
-            raise ValueError(f"token_type_ids must have the shape of input_ids ({B}, {T}), "
+            raise InputError(f"token_type_ids must have the shape of input_ids ({B}, {T}), "
                              f"got {tuple(token_type_ids.shape)}")
+        if token_type_ids.is_floating_point() or token_type_ids.dtype == torch.bool:
+            raise InputError(f"token_type_ids must be integer segment ids, got {token_type_ids.dtype}")
         n = config.type_vocab_size
         if token_type_ids.numel() and (int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= n):
-            raise ValueError(f"token_type_ids must lie in 0..{n - 1} (the model has {n} segment types), "
+            raise InputError(f"token_type_ids must lie in 0..{n - 1} (the model has {n} segment types), "
                              f"got {int(token_type_ids.min())}..{int(token_type_ids.max())}")
     if head_mask is not None:
         N, H = config.num_hidden_layers, config.num_attention_heads
         if tuple(head_mask.shape) != (N, H):
-            raise ValueError(f"head_mask must be (layers, heads) = ({N}, {H}), got {tuple(head_mask.shape)}")
+            raise InputError(f"head_mask must be (layers, heads) = ({N}, {H}), got {tuple(head_mask.shape)}")
 
 
 class BertModel(nn.Module):
@@ -127,7 +148,7 @@ class BertModel(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         output_attentions: bool = False,
@@ -135,6 +156,7 @@ class BertModel(nn.Module):
         head_mask: torch.Tensor | None = None,
         *,
         output_intermediates: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> BertOutput:
         """Encode a padded batch.
 
@@ -152,10 +174,12 @@ class BertModel(nn.Module):
             a :class:`bertscope.core.outputs.BertOutput`. Outputs at PAD positions are whatever
             arithmetic on the PAD embeddings gave: nobody should use them.
         """
-        check_inputs(self.config, input_ids, attention_mask, token_type_ids, head_mask)
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids, head_mask,
+                     inputs_embeds=inputs_embeds)
         if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)  # (B, T)
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+            given = input_ids if inputs_embeds is None else inputs_embeds
+            token_type_ids = torch.zeros(given.shape[:2], dtype=torch.long, device=given.device)  # (B, T)
+        x = self.embeddings(input_ids, token_type_ids, inputs_embeds=inputs_embeds)  # (B, T, C)
         # The mask is checked above and turned into an additive bias here, once for every layer.
         bias = None if attention_mask is None else mask_to_bias(attention_mask, x.dtype)  # (B, 1, 1, T)
         want_attn = output_attentions or output_intermediates

@@ -17,15 +17,49 @@ import torch
 from tokenizers import Encoding, Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InputError, InputTypeError
 
-__all__ = ["Batch", "BertTokenizer", "TruncationWarning"]
+__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts"]
 
 log = logging.getLogger(__name__)
 
 
 class TruncationWarning(UserWarning):
     """A text was longer than the model's positions and was cut."""
+
+
+def check_text(text: object, what: str = "the text") -> str:
+    """One text from a caller, checked: a str that is valid Unicode (encodable as UTF-8).
+
+    Raises InputTypeError (an InputError and a TypeError; one line) for None, a number or any
+    other non-string, and InputError for a string holding a lone surrogate ("\\ud800", or the
+    "\\udcff" Python makes of a non-UTF-8 byte in a command-line argument)."""
+    if not isinstance(text, str):
+        raise InputTypeError(f"{what} is {type(text).__name__}, not a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        raise InputError(f"{what} is not valid Unicode text (a lone surrogate U+{ord(bad):04X} "
+                         f"at character {e.start}; non-UTF-8 bytes look like this)") from None
+    return text
+
+
+def check_texts(texts: object, what: str = "texts") -> list[str]:
+    """A list of texts from a caller, checked: a sequence of str, each valid Unicode.
+
+    Raises InputTypeError (an InputError and a TypeError; one line) for a single string or a
+    non-string item (None, a number), and InputError for a text that cannot be encoded as UTF-8
+    (a lone surrogate such as "\\ud800")."""
+    if isinstance(texts, (str, bytes)):
+        raise InputTypeError(f"{what} must be a list of strings, not one {type(texts).__name__}")
+    try:
+        items = list(texts)  # type: ignore[call-overload]
+    except TypeError:
+        raise InputTypeError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
+    for i, t in enumerate(items):
+        check_text(t, f"{what}[{i}]")
+    return items
 
 
 @dataclass(frozen=True)
@@ -113,11 +147,12 @@ class BertTokenizer:
         max_length: int | None = None,
     ) -> Batch:
         """Tokenize and pad a batch; texts over ``max_length`` tokens are cut with a warning."""
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, not one string")
+        texts = check_texts(texts)
+        if pairs is not None:
+            pairs = check_texts(pairs, "pairs")
+            if len(pairs) != len(texts):
+                raise InputError(f"texts and pairs must have the same length ({len(texts)} and {len(pairs)})")
         limit = max_length or self.max_length
-        if pairs is not None and len(pairs) != len(texts):
-            raise ValueError("texts and pairs must have the same length")
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:
@@ -164,8 +199,7 @@ class BertTokenizer:
                    ) -> tuple[list[list[int]], list[bool]]:
         """Token ids per text (with [CLS] and [SEP], cut to ``max_length``), unpadded, and
         whether each text was cut. No warning: the caller reports truncation its own way."""
-        if isinstance(texts, str):
-            raise TypeError("encode_ids takes a list of texts, not one string")
+        texts = check_texts(texts)
         limit = max_length or self.max_length
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
@@ -175,10 +209,29 @@ class BertTokenizer:
                 self._tok.no_truncation()
         return [e.ids for e in encs], [bool(e.overflowing) for e in encs]
 
+    def encode_segments(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                        max_length: int | None = None) -> tuple[list[list[int]], list[list[int]], list[bool]]:
+        """Token ids and segment ids per text (or text pair: ``[CLS] A [SEP] B [SEP]`` with
+        segments 0 and 1), cut to ``max_length`` (the longer of a pair first), unpadded, and
+        whether each was cut. No warning: the caller reports truncation its own way."""
+        if isinstance(texts, str):
+            raise TypeError("encode_segments takes a list of texts, not one string")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError("texts and pairs must have the same length")
+        limit = max_length or self.max_length
+        with self._lock:
+            self._tok.enable_truncation(limit, strategy="longest_first")
+            try:
+                encs = self._tok.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
+            finally:
+                self._tok.no_truncation()
+        return [e.ids for e in encs], [e.type_ids for e in encs], [bool(e.overflowing) for e in encs]
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text with [CLS] and [SEP], before any truncation."""
+        texts = check_texts(texts)
         with self._lock:
-            return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+            return [len(e.ids) for e in self._tok.encode_batch(texts)]
 
 
 def _read_do_lower_case(folder: Path) -> bool | None:

@@ -2,14 +2,20 @@
 
 The checkpoint's names follow HF's ``BertModel`` module tree; bertscope's tree is organised
 around the seed (the attention module owns W_O). The map between the two is declared once,
-below, as a table of patterns. Loading is strict: a missing, unexpected or mis-shaped weight
-raises :class:`~bertscope.errors.CheckpointError` naming the key (and both shapes).
+below, as a table of patterns. Loading is strict: a missing, unexpected or mis-shaped weight,
+or one holding NaN or infinity, raises :class:`~bertscope.errors.CheckpointError` naming the
+key (and both shapes).
 
 Both key layouts found in the wild load: bare (``encoder.layer.0...``, as saved by
 ``BertModel``) and prefixed (``bert.encoder.layer.0...``, as saved by ``BertForPreTraining``
 and task models). In a prefixed checkpoint, the task heads outside ``bert.`` (``cls.*``,
 ``classifier.*``, ``qa_outputs.*``) are not part of the encoder and are set aside with a log
 line; anything else unexpected is an error.
+
+A sequence classifier (:class:`~bertscope.core.classifier.BertForSequenceClassification`,
+whose parameters are ``bert.*`` and ``classifier.*``) loads strictly too: its encoder through
+the same map, and ``classifier.weight`` / ``classifier.bias`` must be present with the right
+shapes. :func:`to_hf_state_dict` is the way back, for writing a folder HF transformers loads.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["NAME_MAP", "convert_state_dict", "load_state_dict_file", "load_weights", "to_checkpoint_name"]
+__all__ = ["CLASSIFIER_KEYS", "NAME_MAP", "convert_classifier_state_dict", "convert_state_dict", "count_non_finite",
+           "load_state_dict_file", "load_weights", "to_checkpoint_name", "to_hf_state_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,8 @@ NAME_MAP: list[tuple[str, str]] = [
 _IGNORED_BUFFERS = ("embeddings.position_ids",)
 # Task heads outside the encoder in prefixed (``bert.``) checkpoints.
 _HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
+# The classification head's parameters (the same names in HF and here).
+CLASSIFIER_KEYS = ("classifier.weight", "classifier.bias")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIX = {"gamma": "weight", "beta": "bias"}
 
@@ -69,11 +78,25 @@ def _translate(name: str, table: list[tuple[re.Pattern[str], str]]) -> str | Non
 
 
 def to_checkpoint_name(name: str) -> str:
-    """bertscope parameter name -> the HF checkpoint's name (for error messages and export)."""
+    """bertscope parameter name -> the HF checkpoint's name (for error messages and export).
+
+    A classifier's names map too: ``bert.layers.0.attention.query.weight`` ->
+    ``bert.encoder.layer.0.attention.self.query.weight``; ``classifier.*`` stay as they are.
+    """
+    if name in CLASSIFIER_KEYS:
+        return name
+    if name.startswith("bert."):
+        return "bert." + to_checkpoint_name(name[len("bert."):])
     out = _translate(name, _BACKWARD)
     if out is None:
         raise KeyError(name)
     return out
+
+
+def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under HF's names (BertModel's, or BertForSequenceClassification's),
+    detached, contiguous and on the CPU: what a model.safetensors for HF transformers holds."""
+    return {to_checkpoint_name(k): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
 
 
 def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -137,14 +160,53 @@ def convert_state_dict(
             raise CheckpointError(
                 f"weight {origin[name]!r} has shape {tuple(tensor.shape)}, but the config needs {want}"
             )
+        bad = count_non_finite(tensor)
+        if bad:
+            raise CheckpointError(f"weight {origin[name]!r} holds {bad:,} NaN or infinite value(s) "
+                                  f"of {tensor.numel():,}; the checkpoint is damaged")
+    return converted
+
+
+def count_non_finite(tensor: torch.Tensor) -> int:
+    """How many entries of a floating-point tensor are NaN or ±inf (0 for integer tensors)."""
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0
+    return int((~torch.isfinite(tensor)).sum())
+
+
+def convert_classifier_state_dict(
+    checkpoint: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """:func:`convert_state_dict` for a sequence classifier: the encoder's weights (``bert.*``)
+    through the name map, and the head's (``classifier.weight``, ``classifier.bias``) strictly.
+
+    Raises CheckpointError naming a missing or mis-shaped head weight, or the first encoder
+    weight that does not fit.
+    """
+    for key in CLASSIFIER_KEYS:
+        if key not in checkpoint:
+            raise CheckpointError(f"missing weight {key!r}: the config names a sequence classifier, "
+                                  f"but the checkpoint has no classification head")
+        want = tuple(expected[key].shape)
+        if tuple(checkpoint[key].shape) != want:
+            raise CheckpointError(f"weight {key!r} has shape {tuple(checkpoint[key].shape)}, but the "
+                                  f"config needs {want} (hidden size x number of labels in id2label)")
+    rest = {k: v for k, v in checkpoint.items() if k not in CLASSIFIER_KEYS}
+    encoder_expected = {k[len("bert."):]: v for k, v in expected.items() if k.startswith("bert.")}
+    converted = {"bert." + k: v for k, v in convert_state_dict(rest, encoder_expected).items()}
+    converted.update({k: checkpoint[k] for k in CLASSIFIER_KEYS})
     return converted
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Load a checkpoint file into ``model`` strictly (see :func:`convert_state_dict`)."""
+    """Load a checkpoint file into ``model`` strictly (see :func:`convert_state_dict`; a model
+    with a classification head: :func:`convert_classifier_state_dict`)."""
     checkpoint = load_state_dict_file(path)
     expected = model.state_dict()
-    converted = convert_state_dict(checkpoint, expected)
+    if all(k in expected for k in CLASSIFIER_KEYS):
+        converted = convert_classifier_state_dict(checkpoint, expected)
+    else:
+        converted = convert_state_dict(checkpoint, expected)
     with torch.no_grad():
         for name, tensor in converted.items():
             expected[name].copy_(tensor.to(expected[name].dtype))

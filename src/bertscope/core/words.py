@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError
-from .tokenizer import Batch
+from .tokenizer import Batch, check_text
 
 __all__ = ["Words", "find_word", "group_words", "word_attention"]
 
@@ -33,11 +33,17 @@ class Words:
     token_words: list[int]
 
 
-def group_words(batch: Batch, text: str, index: int = 0) -> Words:
-    """Group the tokens of text ``index`` of a batch into words (the tokenizer's pre-tokenized words)."""
+def group_words(batch: Batch, text: str, index: int = 0, pair: str | None = None) -> Words:
+    """Group the tokens of text ``index`` of a batch into words (the tokenizer's pre-tokenized words).
+
+    For a sentence pair ([CLS] A [SEP] B [SEP], segment ids 0 and 1) give the second text as
+    ``pair``: its words are then cut from it by their character offsets, as A's are from ``text``
+    (without it, a word of B is spelled by its first sub-token).
+    """
     words: list[str] = []
     token_words: list[int] = []
     last: tuple[int, int | None] | None = None  # (sequence id, word id) of the previous token
+    first_offset = 0  # character offset of the current word's first sub-token
     for t, (tok, wid, (s, e)) in enumerate(zip(batch.tokens[index], batch.word_ids[index],
                                              batch.offsets[index])):
         if wid is None:
@@ -46,14 +52,13 @@ def group_words(batch: Batch, text: str, index: int = 0) -> Words:
             last = None
             continue
         key = (int(batch.token_type_ids[index, t]), wid)
+        source = text if key[0] == 0 else pair
         if key != last:
-            words.append(text[s:e] if key[0] == 0 else tok)
+            words.append(source[s:e] if source is not None else tok)
+            first_offset = s
             last = key
-        else:
-            # extend the word's text to cover this sub-token
-            if key[0] == 0:
-                first_token = token_words.index(len(words) - 1)
-                words[-1] = text[batch.offsets[index][first_token][0]:e]
+        elif source is not None:
+            words[-1] = source[first_offset:e]  # extend the word's text to cover this sub-token
         token_words.append(len(words) - 1)
     return Words(words=words, token_words=token_words)
 
@@ -76,6 +81,7 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
 
 def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
     """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive)."""
+    check_text(word, "the word")
     if not word.strip():
         raise InputError("the --token word is empty")
     target = word.strip().lower()

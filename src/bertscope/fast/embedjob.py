@@ -317,11 +317,10 @@ def run_embed_job(
             for i, c in zip(todo, cut):
                 if c:
                     statuses[i] = "truncated"
-            for a in range(0, len(todo), _CHUNK):  # chunks, so the progress bar moves within a shard
+            for a in range(0, len(todo), _CHUNK):  # chunks of texts sorted and embedded together
                 part = todo[a:a + _CHUNK]
-                emb[part] = bert.embed_ids(ids[a:a + _CHUNK], batch_tokens=batch_tokens)
-                if progress is not None:
-                    progress(len(part))
+                emb[part] = bert.embed_ids(ids[a:a + _CHUNK], batch_tokens=batch_tokens,
+                                           progress=progress)  # counts texts batch by batch
         if progress is not None and len(lines) > len(todo):
             progress(len(lines) - len(todo))
         problems = {p: [ln for ln, s in zip(lines, statuses) if s == p] for p in _PROBLEMS}

@@ -77,18 +77,21 @@ class PackedEncoder:
         self.gemm.int8_kernel = choice.int8_kernel
 
     def encode(self, model, packed: PackedBatch, *, attention_impl: str = "auto",
-               slack: float | None = None, linears: list[LayerLinears] | None = None) -> torch.Tensor:
+               slack: float | None = None, linears: list[LayerLinears] | None = None,
+               inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Embeddings and every layer (no pooler) on packed tokens: (N,) ids -> (N, C).
 
         ``attention_impl``: "auto", "groups" (SDPA per length bucket; any device) or "varlen"
         (CUDA flash kernel). ``slack`` bounds the padding inside an attention bucket (default:
         the measured choice for this model, if one was made, else the device's default).
         ``linears`` replaces the GEMM backend's linears (the kernel choice and the int8
-        calibration time and compare their own).
+        calibration time and compare their own). ``inputs_embeds`` (N, C), given, stands in
+        for the packed tokens' word embeddings (gradient attributions differentiate through it).
         """
         if linears is None:
             self.prepare(model)
-        x = model.embeddings(packed.input_ids, packed.token_type_ids, packed.position_ids)  # (N, C)
+        ids = packed.input_ids if inputs_embeds is None else None
+        x = model.embeddings(ids, packed.token_type_ids, packed.position_ids, inputs_embeds=inputs_embeds)  # (N, C)
         if linears is None:
             linears = self.gemm.linears(model, x)
         N = x.shape[0]
@@ -123,6 +126,17 @@ class PackedEncoder:
         packed = pack(input_ids, attention_mask, token_type_ids)  # (N,) real tokens only
         x = unpack(self.encode(model, packed), packed, B)  # (N, C) -> (B, T, C)
         return BertOutput(last_hidden_state=x, pooler_output=model.pooler(x))
+
+    def classify(self, model, packed: PackedBatch) -> torch.Tensor:
+        """A sequence classifier's logits on packed tokens: (N,) ids -> (B, K), in packed order.
+
+        ``model`` is a :class:`~bertscope.core.classifier.BertForSequenceClassification`; its
+        encoder runs packed and its own head reads each sequence's first token ([CLS]). Works
+        under autograd and in training mode (the training path of ``bertscope finetune``).
+        """
+        x = self.encode(model.bert, packed)  # (N, C)
+        cls = x.index_select(0, packed.cu_seqlens[:-1])  # (B, C): the first token of each sequence
+        return model.logits_from_cls(cls)  # (B, K)
 
 
 def packed_encode(model, packed: PackedBatch, attention_impl: str = "auto",

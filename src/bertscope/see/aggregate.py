@@ -28,10 +28,10 @@ def attention_rollout(attentions: torch.Tensor) -> torch.Tensor:
     """(N, H, T, T) -> (N, T, T): the rollout after each layer (Abnar & Zuidema 2020)."""
     A = mean_heads(attentions).double()  # (N, T, T); float64 so 24 products stay exact
     N, T, _ = A.shape
-    A = A + torch.eye(T, dtype=A.dtype)  # (N, T, T): the residual path
+    A = A + torch.eye(T, dtype=A.dtype, device=A.device)  # (N, T, T): the residual path
     A = A / A.sum(dim=-1, keepdim=True)  # (N, T, T): rows sum to 1 again
     out = torch.empty_like(A)
-    rolled = torch.eye(T, dtype=A.dtype)  # (T, T)
+    rolled = torch.eye(T, dtype=A.dtype, device=A.device)  # (T, T), on the input's device
     for layer in range(N):
         rolled = A[layer] @ rolled  # (T, T)@(T, T) -> (T, T)
         out[layer] = rolled

@@ -8,7 +8,9 @@ global state, no display needed), then written atomically with :func:`bertscope.
     heatmap_png, save_heatmap    a (layers, heads) table of numbers as a heatmap (heads, experiments)
     save_class_map               the pattern class of every head
     line_plot                    one value per layer, several series (experiments)
+    faithfulness_plot            mean ± sd per layer of each explain method's agreement, per reference
     scaling_plot                 S13: time and memory against length (bench)
+    tradeoff_plot                fine-tuning at several max_lengths: accuracy and time (train)
 
 Shape legend: N layers, H heads, T tokens, W words.
 """
@@ -28,81 +30,159 @@ from ..core.words import word_attention
 from ..files import write_bytes_atomic
 from .report import ReportText
 
-__all__ = ["FORMATS", "figure_bytes", "grid_figure", "head_figure", "heatmap_png", "line_plot", "save_class_map",
-           "save_figure", "save_heatmap", "scaling_plot", "units"]
+__all__ = ["FORMATS", "PLOT_HINT", "faithfulness_plot", "figure_bytes", "grid_figure", "has_matplotlib", "head_figure",
+           "heatmap_png", "line_plot", "require_matplotlib", "save_class_map", "save_figure", "save_heatmap",
+           "scaling_plot", "tradeoff_plot", "units"]
 
 FORMATS = ("png", "svg", "pdf")
+
+
+PLOT_HINT = "plotting needs matplotlib: pip install 'bertscope[plot]'"
+
+
+def has_matplotlib() -> bool:
+    """Whether matplotlib can be imported, found without importing it (a blocked or missing
+    module is False)."""
+    import importlib.util
+    import sys
+
+    if "matplotlib" in sys.modules:
+        return sys.modules["matplotlib"] is not None
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_matplotlib(what: str = "plotting") -> None:
+    """InputError (one line, with the pip hint) unless matplotlib is installed: call it before
+    any long work whose output includes a figure."""
+    if not has_matplotlib():
+        raise InputError(f"{what} needs matplotlib, which is not installed: pip install 'bertscope[plot]'")
 
 
 def _matplotlib():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise InputError("plotting needs matplotlib: pip install 'bertscope[plot]'") from None
+        raise InputError(PLOT_HINT) from None
     return Figure
 
 
-def units(rt: ReportText, words: bool = True) -> tuple[list[str], np.ndarray]:
-    """Labels and attention (N, H, U, U) of a text, at word (U = W) or sub-token (U = T) level."""
+def units(rt: ReportText, words: bool = True, span: tuple[int, int] | None = None) -> tuple[list[str], np.ndarray]:
+    """Labels and attention (N, H, U, U) of a text, at word (U = W) or sub-token (U = T) level.
+
+    ``span`` (start, end): only the units inside that window of token positions (a word is kept
+    if one of its sub-tokens is); rows are not renormalised.
+    """
     if not words:
-        return list(rt.tokens), rt.attentions
-    w = word_attention(torch.from_numpy(rt.attentions), rt.token_words)  # (N, H, W, W)
-    return list(rt.words), w.numpy()
+        labels, att = list(rt.tokens), rt.attentions
+        keep = list(range(len(labels)))
+        if span is not None:
+            keep = [i for i in keep if span[0] <= i < span[1]]
+    else:
+        w = word_attention(torch.from_numpy(rt.attentions), rt.token_words)  # (N, H, W, W)
+        labels, att = list(rt.words), w.numpy()
+        keep = list(range(len(labels)))
+        if span is not None:
+            inside = {rt.token_words[t] for t in range(span[0], min(span[1], len(rt.tokens)))}
+            keep = [i for i in keep if i in inside]
+    if len(keep) != len(labels):
+        idx = np.array(keep)
+        att = att[:, :, idx[:, None], idx[None, :]]  # (N, H, U, U)
+        labels = [labels[i] for i in keep]
+    return labels, att
 
 
-def head_figure(rt: ReportText, layer: int, head: int, *, words: bool = True):
-    """A heatmap of one head: rows attend (from), columns are attended to (to)."""
+def _ticks(ax, labels: list[str]) -> None:
+    """Row and column labels that stay readable: smaller type for longer texts, and only every
+    k-th label once there are more than 80."""
+    U = len(labels)
+    fs = 10 if U <= 30 else max(5, 10 - (U - 30) // 10)
+    step = max(1, -(-U // 80))
+    pos = list(range(0, U, step))
+    ax.set_xticks(pos, [labels[i] for i in pos], rotation=90, fontsize=fs)
+    ax.set_yticks(pos, [labels[i] for i in pos], fontsize=fs)
+    ax.tick_params(length=0)
+
+
+def head_figure(rt: ReportText, layer: int, head: int, *, words: bool = True,
+                span: tuple[int, int] | None = None, vmax: float | None = None):
+    """A heatmap of one head: rows attend (from), columns are attended to (to).
+
+    ``vmax``: the weight drawn darkest (default: this map's largest), so that two figures can be
+    drawn on the same scale; ``span``: a window of token positions (start, end).
+    """
     Figure = _matplotlib()
-    labels, att = units(rt, words)
+    labels, att = units(rt, words, span)
     N, H = att.shape[:2]
     if not 0 <= layer < N:
         raise InputError(f"--layer must be 0..{N - 1}, got {layer}")
     if not 0 <= head < H:
         raise InputError(f"--head must be 0..{H - 1}, got {head}")
+    if vmax is not None and not vmax > 0:
+        raise InputError(f"--vmax must be above 0, got {vmax}")
     M = att[layer, head]  # (U, U)
     U = len(labels)
+    top = float(vmax) if vmax is not None else max(float(M.max()), 1e-9)
     side = float(np.clip(0.34 * U + 2.2, 4.5, 16))
     fig = Figure(figsize=(side + 1.0, side), layout="constrained")
     ax = fig.add_subplot()
-    im = ax.imshow(M, cmap="Blues", vmin=0.0, vmax=max(float(M.max()), 1e-9), interpolation="nearest")
-    fs = 10 if U <= 30 else max(4, 10 - (U - 30) // 12)
-    ax.set_xticks(range(U), labels, rotation=90, fontsize=fs)
-    ax.set_yticks(range(U), labels, fontsize=fs)
-    ax.tick_params(length=0)
+    im = ax.imshow(M, cmap="Blues", vmin=0.0, vmax=top, interpolation="nearest")
+    _ticks(ax, labels)
     ax.set_xlabel("attended to (key)")
     ax.set_ylabel("attending (query)")
-    ax.set_title(f"layer {layer}, head {head}", fontsize=12)
+    where = f", tokens {span[0]}–{span[1] - 1} (rows not renormalised)" if span is not None else ""
+    ax.set_title(f"layer {layer}, head {head}{where}", fontsize=12)
     if U <= 20:
         for i in range(U):
             for j in range(U):
                 v = M[i, j]
                 if v >= 0.05:
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if v > 0.55 * M.max() else "#1d2330")
-    fig.colorbar(im, ax=ax, shrink=0.7, label="attention weight")
+                            color="white" if v > 0.55 * top else "#1d2330")
+    fig.colorbar(im, ax=ax, shrink=0.7, label="attention weight" + (" (scale fixed by --vmax)" if vmax is not None else ""),
+                 extend="max" if vmax is not None and float(M.max()) > top else "neither")
     return fig
 
 
-def grid_figure(rt: ReportText, *, words: bool = True):
-    """Every layer (rows) x head (columns) as small heatmaps, each scaled to its own maximum."""
+def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | None = None,
+                shared: bool = True, vmax: float | None = None):
+    """Every layer (rows) x head (columns) as small heatmaps.
+
+    ``shared`` (default): one colour scale for every panel (0 .. the largest weight of all, or
+    ``vmax``), with one colour bar; otherwise each panel is scaled to its own maximum, and the
+    title says the colours cannot be compared.
+    """
     Figure = _matplotlib()
-    labels, att = units(rt, words)
+    labels, att = units(rt, words, span)
     N, H = att.shape[:2]
-    fig = Figure(figsize=(1.15 * H + 0.8, 1.15 * N + 0.8), layout="constrained")
+    if vmax is not None and not vmax > 0:
+        raise InputError(f"--vmax must be above 0, got {vmax}")
+    common = float(vmax) if vmax is not None else max(float(att.max()), 1e-9)
+    fig = Figure(figsize=(1.15 * H + 1.6, 1.15 * N + 0.8), layout="constrained")
     axes = fig.subplots(N, H, squeeze=False)
+    im = None
     for layer in range(N):
         for head in range(H):
             ax = axes[layer][head]
             M = att[layer, head]
-            ax.imshow(M, cmap="Blues", vmin=0.0, vmax=max(float(M.max()), 1e-9), interpolation="nearest")
+            top = common if shared else max(float(M.max()), 1e-9)
+            im = ax.imshow(M, cmap="Blues", vmin=0.0, vmax=top, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
                 ax.set_title(f"head {head}", fontsize=8)
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
-    shown = rt.text
-    fig.suptitle(shown if len(shown) <= 110 else shown[:107] + "…", fontsize=9)
+    shown = rt.text if len(rt.text) <= 110 else rt.text[:107] + "…"
+    if span is not None:
+        shown += f"  [tokens {span[0]}–{span[1] - 1}]"
+    if shared and im is not None:
+        fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight (one scale for every panel)")
+    else:
+        shown += "\n(each panel scaled to its own maximum: colours are not comparable between panels)"
+    fig.suptitle(shown, fontsize=9)
     return fig
 
 
@@ -189,6 +269,30 @@ def line_plot(path: str | Path, series: dict[str, list[float]], title: str, ylab
     return write_bytes_atomic(path, figure_bytes(fig, "png", 100))
 
 
+def faithfulness_plot(path: str | Path, panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+                      title: str) -> Path:
+    """One panel per reference ({panel title: {method: (means per layer, sds per layer)}}):
+    each method's mean over sentences, with ± one standard deviation as an error bar (methods
+    set slightly apart along x so the bars stay readable); a PNG written atomically."""
+    Figure = _matplotlib()
+    fig = Figure(figsize=(5.2 * len(panels), 3.8), layout="tight")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (name, series) in zip(axes, panels.items()):
+        k = len(series)
+        for j, (method, (mean, sd)) in enumerate(series.items()):
+            x = np.arange(len(mean)) + (j - (k - 1) / 2) * 0.07
+            ax.errorbar(x, np.asarray(mean, dtype=float), yerr=np.asarray(sd, dtype=float), marker="o",
+                        markersize=4, capsize=2, elinewidth=0.7, linewidth=1.4, label=method)
+        ax.axhline(0.0, color="grey", linewidth=0.6)
+        ax.set_xlabel("layer")
+        ax.set_title(name, fontsize=10)
+        ax.set_xticks(range(len(next(iter(series.values()))[0])))
+    axes[0].set_ylabel("Spearman ρ (mean ± sd over sentences)")
+    axes[-1].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    return write_bytes_atomic(path, figure_bytes(fig, "png", 110))
+
+
 def scaling_plot(result: dict, fmt: str = "png") -> bytes:
     """S13: time (log-log) and peak memory against tokens T, for attention alone and the whole
     model, from the dict :func:`bertscope.bench.scaling.scaling` returns; bytes of a png/svg/pdf."""
@@ -198,7 +302,8 @@ def scaling_plot(result: dict, fmt: str = "png") -> bytes:
     axes = fig.subplots(1, 2)
     for kind, label in (("attention", "attention alone (QKᵀ, softmax, ·V)"), ("model", "whole model")):
         e = result[kind]
-        axes[0].loglog(Ls, [t * 1e3 for t in e["time_s"]], "o-", label=f"{label}: T^{e['time_exponent']:.2f}")
+        fitted = f"T^{e['time_exponent']:.2f}" if e.get("time_exponent") is not None else "exponent n/a"
+        axes[0].loglog(Ls, [t * 1e3 for t in e["time_s"]], "o-", label=f"{label}: {fitted}")
         if e.get("peak_mib"):
             axes[1].plot(Ls, e["peak_mib"], "o-", label=label)
     axes[0].set(xlabel="tokens T", ylabel="ms (median)", title="time against length")
@@ -208,3 +313,29 @@ def scaling_plot(result: dict, fmt: str = "png") -> bytes:
             ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     return figure_bytes(fig, fmt, 110)
+
+
+def tradeoff_plot(path: str | Path, rows: Sequence[dict], title: str) -> Path:
+    """The max_length trade-off: dev accuracy (left) and seconds per training epoch and per 1,000
+    reviews classified (right, log scale) against max_length; one dict per length with keys
+    max_length, dev_accuracy, train_seconds, inference_s_per_text. A PNG written atomically."""
+    Figure = _matplotlib()
+    Ls = [r["max_length"] for r in rows]
+    fig = Figure(figsize=(10, 3.8), layout="tight")
+    left, right = fig.subplots(1, 2)
+    left.plot(Ls, [r["dev_accuracy"] for r in rows], "o-", color="tab:green")
+    for L, r in zip(Ls, rows):
+        left.annotate(f"{r['dev_accuracy']:.3f}", (L, r["dev_accuracy"]), textcoords="offset points",
+                      xytext=(0, 6), ha="center", fontsize=8)
+    left.set(xlabel="max_length (tokens)", ylabel="dev accuracy", title="what truncation costs")
+    left.set_xticks(Ls)
+    right.plot(Ls, [r["train_seconds"] for r in rows], "o-", label="training: s per epoch")
+    right.plot(Ls, [r["inference_s_per_text"] * 1000 for r in rows], "s-", label="inference: s per 1,000 reviews")
+    right.set_yscale("log")
+    right.set(xlabel="max_length (tokens)", ylabel="seconds", title="what it saves")
+    right.set_xticks(Ls)
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return write_bytes_atomic(path, buf.getvalue())

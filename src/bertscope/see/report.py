@@ -1,24 +1,30 @@
 """An attention report: every layer and head of one or two texts, as one self-contained HTML file.
 
-Shape legend: N layers, H heads, T tokens, W words.
+Shape legend: N layers, H heads, T tokens, D head size, W words.
 
-The HTML file carries its own JavaScript and CSS (``bertscope/assets/``) and its numbers, so it
-opens from disk with no network. The numbers are stored compactly so that long inputs stay
+The HTML file carries its own JavaScript and CSS (``bertscope/see/assets/``) and its numbers, so
+it opens from disk with no network. The numbers are stored compactly so that long inputs stay
 usable: each attention row is quantised to multiples of 1/2048 by rounding its *cumulative* sum
 (so every weight, and every sum of neighbouring weights such as a split word's sub-tokens, is
 within 1/2048 of the model's value, and each row still sums to exactly 1), stored as two byte
 planes of uint16, deflated and base64-encoded. The browser inflates them with its built-in
 DecompressionStream.
+
+The query-key view needs each head's queries, keys and values (the seed's steps [3]-[5] worked
+out in the browser). They are read from the model's own intermediates
+(``bert.encoder(..., output_intermediates=True)``), kept exact (float32, as four byte planes,
+deflated) and stored when they are small enough (:data:`QK_AUTO_BYTES` per text), or when asked.
 """
 
 from __future__ import annotations
 
 import base64
+import difflib
 import html
 import json
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,12 +35,16 @@ import torch
 from .aggregate import attention_rollout
 from ..files import write_bytes_atomic
 from ..errors import InputError
+from ..core.tokenizer import check_texts
 from ..core.words import group_words
 from ..bert import Bert
 
-__all__ = ["QUANT_SCALE", "Report", "ReportText", "build_report", "dequantize", "quantize_rows"]
+__all__ = ["ALIGN_MIN_SHARE", "QK_AUTO_BYTES", "QUANT_SCALE", "Report", "ReportText", "align_units", "alignment_meta",
+           "analyze", "build_report", "dequantize", "parse_span", "quantize_rows", "render_page"]
 
 QUANT_SCALE = 2048  # weights are stored as k / 2048: error below 1/2048 ≈ 4.9e-4
+QK_AUTO_BYTES = 4 * 2**20  # q, k, v of a text (3·N·T·C float32) are stored by default up to this size
+ALIGN_MIN_SHARE = 0.5  # two texts are diffed only if at least this share of their words match
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class ReportText:
     special:     per token, True for [CLS] and [SEP].
     attentions:  (N, H, T, T) float32 attention probabilities, padding stripped.
     rollout:     (N, T, T) float32 attention rollout after each layer.
+    segments:    per token its segment id (0 = A, 1 = B) when the text is a sentence pair.
+    pair:        the second text of a sentence pair (read as [CLS] text [SEP] pair [SEP]).
+    qkv:         (3, N, H, T, D) float32 queries, keys and values of every head, or None.
     """
 
     text: str
@@ -56,6 +69,9 @@ class ReportText:
     attentions: np.ndarray
     rollout: np.ndarray
     truncated: bool = False
+    segments: list[int] | None = None
+    pair: str | None = None
+    qkv: np.ndarray | None = None
 
     def meta(self) -> dict[str, Any]:
         """Everything about the text except the numbers (JSON-ready)."""
@@ -63,26 +79,59 @@ class ReportText:
         for t, w in enumerate(self.token_words):
             if self.special[t]:
                 word_special[w] = True
-        return {"text": self.text, "tokens": self.tokens, "words": self.words,
-                "token_words": self.token_words, "special": self.special,
-                "word_special": word_special, "truncated": self.truncated}
+        out = {"text": self.text, "tokens": self.tokens, "words": self.words,
+               "token_words": self.token_words, "special": self.special,
+               "word_special": word_special, "truncated": self.truncated,
+               "qk": self.qkv is not None}
+        if self.segments is not None:
+            out["segments"] = list(self.segments)
+            out["pair"] = self.pair
+        return out
+
+
+def align_units(a: list[str], b: list[str]) -> list[list[int]]:
+    """Pairs [i, j] of units a[i] == b[j] (case-insensitive), by sequence alignment.
+
+    difflib's longest-matching-blocks alignment (Ratcliff/Obershelp), without its "junk"
+    heuristic, so frequent words are matched too. Unmatched units have no pair.
+    """
+    sm = difflib.SequenceMatcher(a=[x.lower() for x in a], b=[x.lower() for x in b], autojunk=False)
+    return [[blk.a + k, blk.b + k] for blk in sm.get_matching_blocks() for k in range(blk.size)]
+
+
+def alignment_meta(a: ReportText, b: ReportText) -> dict[str, Any]:
+    """Word and token alignment of two texts, and whether they are close enough to diff."""
+    word_pairs = align_units(a.words, b.words)
+    ordinary = lambda rt: [w for w in range(len(rt.words))  # noqa: E731
+                           if not any(rt.special[t] for t, x in enumerate(rt.token_words) if x == w)]
+    oa, ob = ordinary(a), ordinary(b)
+    matched = sum(1 for i, _ in word_pairs if i in set(oa))
+    share = matched / max(1, len(oa), len(ob))
+    return {"word": word_pairs, "token": align_units(a.tokens, b.tokens), "share": share,
+            "min_share": ALIGN_MIN_SHARE, "matched_words": matched,
+            "words": [len(oa), len(ob)]}
 
 
 @dataclass(frozen=True)
 class Report:
     """Attention of one or two texts through a model; ``to_html()`` makes the explorer page.
 
-    In Jupyter the report shows itself inline (``_repr_html_``).
+    ``options`` sets how the page opens (``{"span": [start, end]}``: a window of tokens).
+    In Jupyter the report shows itself inline (``_repr_html_``); ``save(path)`` writes the file.
     """
 
     model_name: str
     num_layers: int
     num_heads: int
     texts: list[ReportText]
+    options: dict[str, Any] = field(default_factory=dict)
 
     def meta(self) -> dict[str, Any]:
-        return {"model": self.model_name, "layers": self.num_layers, "heads": self.num_heads,
-                "texts": [t.meta() for t in self.texts]}
+        out = {"model": self.model_name, "layers": self.num_layers, "heads": self.num_heads,
+               "texts": [t.meta() for t in self.texts], "options": dict(self.options)}
+        if len(self.texts) == 2:
+            out["alignment"] = alignment_meta(*self.texts)
+        return out
 
     def to_html(self) -> str:
         """The whole explorer as one HTML document (no external resources)."""
@@ -96,20 +145,48 @@ class Report:
             offset += q_att.size + q_roll.size
             planes += [q_att.ravel(), q_roll.ravel()]
         q = np.concatenate(planes) if planes else np.zeros(0, np.uint16)
-        lo_hi = np.concatenate([(q & 0xFF).astype(np.uint8), (q >> 8).astype(np.uint8)])
-        blob = base64.b64encode(zlib.compress(lo_hi.tobytes(), 1)).decode("ascii")
         meta["data"] = {"scale": QUANT_SCALE, "count": int(q.size), "layout": layout}
-        return render_page(meta, mode="file", blob=blob)
+        blob = _pack_planes(q)
+        qk_parts, qk_layout, qk_off = [], [], 0
+        for t in self.texts:
+            if t.qkv is None:
+                qk_layout.append(None)
+                continue
+            x = np.ascontiguousarray(t.qkv, dtype="<f4")  # (3, N, H, T, D)
+            qk_layout.append({"offset": qk_off, "shape": list(x.shape)})
+            qk_off += x.size
+            qk_parts.append(x.ravel())
+        qk_blob = ""
+        if qk_parts:
+            qk_blob = _pack_planes(np.concatenate(qk_parts))
+            meta["qk"] = {"count": qk_off, "layout": qk_layout}
+        return render_page(meta, mode="file", blob=blob, qk_blob=qk_blob)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the HTML file atomically (a temporary file, then a rename)."""
         return write_bytes_atomic(Path(path), self.to_html().encode("utf-8"), make_parents=False)
 
+    def frame_height(self) -> int:
+        """A first height in pixels for the page inside a notebook frame (the frame is resizable)."""
+        longest = max((len(t.words) for t in self.texts), default=10)
+        return int(min(900, max(520, 300 + 18 * longest)))
+
     def _repr_html_(self) -> str:
-        # An iframe keeps the page's scripts and styles apart from the notebook's.
+        # An iframe keeps the page's scripts and styles apart from the notebook's. Its height is a
+        # first guess from the text's length; the frame's box can be dragged taller or shorter.
         doc = html.escape(self.to_html(), quote=True)
-        return (f'<iframe srcdoc="{doc}" style="width:100%;height:720px;border:1px solid #ddd" '
-                f'sandbox="allow-scripts"></iframe>')
+        return (f'<div style="resize:vertical;overflow:hidden;height:{self.frame_height()}px;'
+                f'min-height:240px;border:1px solid #ddd">'
+                f'<iframe srcdoc="{doc}" style="width:100%;height:100%;border:0" '
+                f'sandbox="allow-scripts"></iframe></div>')
+
+
+def _pack_planes(values: np.ndarray) -> str:
+    """Little-endian values as byte planes (all first bytes, then all second bytes, ...), deflated,
+    base64: the planes of similar bytes deflate far better than the interleaved values."""
+    le = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    raw = le.view(np.uint8).reshape(-1, le.dtype.itemsize)  # (count, bytes per value)
+    return base64.b64encode(zlib.compress(raw.T.tobytes(), 1)).decode("ascii")
 
 
 def quantize_rows(probs: np.ndarray, scale: int = QUANT_SCALE) -> np.ndarray:
@@ -128,6 +205,29 @@ def dequantize(q: np.ndarray, scale: int = QUANT_SCALE) -> np.ndarray:
     return q.astype(np.float32) / scale
 
 
+def parse_span(span: str | tuple[int, int] | None, T: int) -> tuple[int, int] | None:
+    """A window of tokens "START:END" (END excluded, either may be left out; negative counts from
+    the end, as Python slices) -> (start, end) within 0..T. InputError for an empty window."""
+    if span is None:
+        return None
+    if isinstance(span, str):
+        parts = span.split(":")
+        if len(parts) != 2:
+            raise InputError(f"--span must be START:END (token positions, e.g. 10:60), got {span!r}")
+        try:
+            lo = int(parts[0]) if parts[0].strip() else None
+            hi = int(parts[1]) if parts[1].strip() else None
+        except ValueError:
+            raise InputError(f"--span must be START:END with whole numbers, got {span!r}") from None
+    else:
+        lo, hi = span
+    start, end, _ = slice(lo, hi).indices(T)
+    if end <= start:
+        raise InputError(f"--span {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
+                         f"(the text has {T} tokens, 0..{T - 1})")
+    return start, end
+
+
 def _asset(name: str) -> str:
     return resources.files("bertscope.see").joinpath("assets", name).read_text(encoding="utf-8")
 
@@ -137,7 +237,7 @@ def _json_for_script(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "") -> str:
+def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "", qk_blob: str = "") -> str:
     """Fill the page template. mode "file": one self-contained file; "server": assets by URL."""
     page = _asset("page.html")
     if mode == "file":
@@ -146,7 +246,9 @@ def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "") -> str:
     else:
         head = '<link rel="stylesheet" href="assets/bertscope.css">'
         script = '<script src="assets/bertscope.js"></script>'
-    config = {"mode": mode, "meta": meta}
+    config: dict[str, Any] = {"mode": mode, "meta": meta}
+    if mode == "server":
+        config["api"] = "api/"  # the only place the page learns where to ask; a file never asks
     title = "bertscope"
     if meta and meta.get("texts"):
         title = "bertscope: " + meta["texts"][0]["text"][:60]
@@ -154,38 +256,95 @@ def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "") -> str:
                 .replace("{{HEAD}}", head)
                 .replace("{{CONFIG}}", _json_for_script(config))
                 .replace("{{BLOB}}", blob)
+                .replace("{{QKBLOB}}", qk_blob)
                 .replace("{{SCRIPT}}", script))
 
 
+def _want_qk(qk: bool | None, n_layers: int, hidden: int, T: int) -> bool:
+    if qk is not None:
+        return bool(qk)
+    return 3 * n_layers * T * hidden * 4 <= QK_AUTO_BYTES
+
+
 @torch.inference_mode()
-def analyze(bert: Bert, texts: list[str]) -> list[ReportText]:
-    """Run the texts through the model as one padded batch; strip the padding per text."""
+def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
+            qk: bool | None = None) -> list[ReportText]:
+    """Run the texts through the model as one padded batch; strip the padding per text.
+
+    ``pair``: read the one text and ``pair`` as a sentence pair, [CLS] text [SEP] pair [SEP],
+    with segment ids 0 and 1 (as BERT reads pairs). ``qk``: keep every head's q, k and v
+    (None: when they fit in :data:`QK_AUTO_BYTES`).
+    """
+    texts = check_texts(texts)
     for i, text in enumerate(texts):
         if not text.strip():
             raise InputError("the text is empty" if i == 0 else "the second text is empty")
-    batch = bert.encode(texts)
+    if pair is not None:
+        [pair] = check_texts([pair], "the pair text")
+        if len(texts) != 1:
+            raise InputError("a sentence pair is one input: give one text and its pair")
+        if not pair.strip():
+            raise InputError("the pair text is empty")
+    batch = bert.encode(texts, pairs=None if pair is None else [pair])
     dev = bert.device
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
-                     batch.token_type_ids.to(dev), output_attentions=True)
+    cfg = bert.config
+    want_qk = _want_qk(qk, cfg.num_hidden_layers, cfg.hidden_size, max(batch.lengths))
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                       batch.token_type_ids.to(dev), output_attentions=True,
+                       output_intermediates=want_qk)
     probs = torch.stack(out.attentions, dim=1).float().cpu()  # (B, N, H, T, T)
+    qkv = None
+    if want_qk:  # the model's own q, k, v of every layer (step [2]): (3, B, N, H, T, D)
+        qkv = torch.stack([torch.stack([getattr(rec.attention, n) for rec in out.intermediates], dim=1)
+                           for n in ("q", "k", "v")]).float().cpu()
     result = []
     for b, text in enumerate(texts):
         T = batch.lengths[b]
         att = probs[b, :, :, :T, :T].contiguous()  # (N, H, T, T); PAD columns were exactly 0
-        words = group_words(batch, text, b)
+        words = group_words(batch, text, b, pair=pair)
         result.append(ReportText(
             text=text, tokens=list(batch.tokens[b]), words=words.words,
             token_words=words.token_words,
             special=[wid is None for wid in batch.word_ids[b]],
             attentions=att.numpy(), rollout=attention_rollout(att).numpy(),
-            truncated=batch.truncated[b]))
+            truncated=batch.truncated[b],
+            segments=None if pair is None else batch.token_type_ids[b, :T].tolist(),
+            pair=pair,
+            qkv=None if qkv is None else qkv[:, b, :, :, :T].contiguous().numpy()))  # (3, N, H, T, D)
     return result
 
 
-def build_report(bert: Bert, text: str, text_b: str | None = None) -> Report:
-    """Attention of ``text`` (and ``text_b``, shown side by side with the difference)."""
-    texts = [text] if text_b is None else [text, text_b]
+def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str | None = None,
+                 span: str | tuple[int, int] | None = None, qk: bool | None = None,
+                 bert_b: Bert | None = None) -> Report:
+    """Attention of ``text`` (and ``text_b``, shown side by side with the difference).
+
+    ``pair``: read ``text`` and ``pair`` as one sentence pair instead (segments A and B).
+    ``span``: open the page on a window of tokens, "START:END" (the whole text stays available).
+    ``qk``: store every head's q, k, v for the query-key view (None: if they are small enough).
+    ``bert_b`` instead of ``text_b``: ``text`` through two models (A = ``bert``, B = ``bert_b``,
+    e.g. a base model and its fine-tuned classifier), side by side with the difference A - B.
+    The two must have the same shape (layers and heads).
+    """
+    if text_b is not None and pair is not None:
+        raise InputError("give a second text to compare, or a pair text, not both")
     cfg = bert.config
     name = bert.name or (bert.path.name if bert.path else "BERT")
+    if bert_b is None:
+        texts = [text] if text_b is None else [text, text_b]
+        analysed = analyze(bert, texts, pair=pair, qk=qk)
+    else:
+        if text_b is not None:
+            raise InputError("give a second text or a second model, not both")
+        cb = bert_b.config
+        if (cb.num_hidden_layers, cb.num_attention_heads) != (cfg.num_hidden_layers, cfg.num_attention_heads):
+            raise InputError(f"the two models differ in shape ({cfg.num_hidden_layers}x{cfg.num_attention_heads} and "
+                             f"{cb.num_hidden_layers}x{cb.num_attention_heads} layers x heads)")
+        name_b = bert_b.name or (bert_b.path.name if bert_b.path else "BERT")
+        name = f"A = {name}, B = {name_b}"
+        analysed = analyze(bert, [text], pair=pair, qk=qk) + analyze(bert_b, [text], pair=pair, qk=qk)
+    options: dict[str, Any] = {}
+    if span is not None:
+        options["span"] = list(parse_span(span, max(len(t.tokens) for t in analysed)))
     return Report(model_name=name, num_layers=cfg.num_hidden_layers,
-                  num_heads=cfg.num_attention_heads, texts=analyze(bert, texts))
+                  num_heads=cfg.num_attention_heads, texts=analysed, options=options)

@@ -7,9 +7,21 @@ Routes:
     GET  /assets/NAME      a file of the package's asset folder, by exact name (an allow-list:
                            nothing outside the folder can be named, ``..`` included)
     GET  /api/health       {"status": "ok", "model": ...}: readiness
-    POST /api/analyze      {"text", "text_b"?} -> tokens and words of each text (no numbers)
-    POST /api/attention    {"text", "text_b"?, "layer", "heads", "kind": "attn"|"rollout"}
+    POST /api/analyze      {"text", "text_b"?, "pair"?} -> tokens and words of each text (no numbers)
+    POST /api/attention    {"text", "text_b"?, "pair"?, "layer", "heads", "kind": "attn"|"rollout"}
                            -> only that layer's requested heads (float32, base64)
+    POST /api/qk           {"text", "text_b"?, "pair"?, "which", "layer", "head"} -> that head's
+                           q, k and v (T x D each, float32, base64) for the query-key view
+
+``text_b`` is a second text to compare; ``pair`` the second half of a sentence pair
+([CLS] text [SEP] pair [SEP]). A text that is not a string, or not valid Unicode (a lone
+surrogate), gets HTTP 422 with a one-line message.
+
+Every request's Host header must name this server: a loopback name (localhost, 127.0.0.1,
+[::1]), the address it was bound to, or a name given with ``allowed_hosts``; when bound to every
+interface, also this machine's own names and any IP address. Anything else gets HTTP 421, so a
+web page elsewhere cannot reach the server through DNS rebinding (a hostname of the attacker's
+that resolves to 127.0.0.1).
 
 Texts over ``max_chars`` characters get HTTP 413, and so does a request body over
 8 x max_chars + 4096 bytes: the bytes actually received are counted (a chunked body without a
@@ -23,6 +35,8 @@ arrays in all; an analysis larger than that on its own is not cached.
 # create_app as real classes, not as strings it cannot resolve.
 
 import base64
+import ipaddress
+import json
 import socket
 import threading
 from collections import OrderedDict
@@ -34,10 +48,10 @@ import numpy as np
 
 from ..errors import BertscopeError, InputError
 from ..bert import Bert
-from .report import ReportText, analyze, render_page
+from .report import ReportText, alignment_meta, analyze, render_page
 
-__all__ = ["Analyzer", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAULT_MAX_CHARS", "bind", "body_limit",
-           "create_app", "run"]
+__all__ = ["Analyzer", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAULT_MAX_CHARS", "LOOPBACK_NAMES", "allowed_host",
+           "bind", "body_limit", "create_app", "is_all_interfaces", "require_serve_extra", "run"]
 
 DEFAULT_MAX_CHARS = 2000
 CACHE_ENTRIES = 16
@@ -46,8 +60,85 @@ _CONTENT_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; ch
                   ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
+SERVE_HINT = "serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'"
+
+
+def require_serve_extra() -> None:
+    """Raise BertscopeError (one line, with the pip hint) unless FastAPI and uvicorn import."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise BertscopeError(SERVE_HINT) from None
+
+
+def is_all_interfaces(host: str) -> bool:
+    """True for an address that listens on every network interface (0.0.0.0, ::, empty)."""
+    h = host.strip().strip("[]")
+    if not h:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_unspecified
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header, lower case, without its port or IPv6 brackets."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h[1:]
+    if h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h.rstrip(".")
+
+
+def allowed_host(header: str | None, bound: str, extra: frozenset[str] = frozenset()) -> bool:
+    """Whether a request's Host header names this server (see the module docstring)."""
+    if header is None:
+        return True  # HTTP/1.0 without Host: not something a browser sends
+    name = _host_name(header)
+    bound_name = bound.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES or name == bound_name or name in extra:
+        return True
+    if is_all_interfaces(bound):
+        try:
+            ipaddress.ip_address(name)  # an address literal cannot be rebound to another origin
+            return True
+        except ValueError:
+            pass
+        own = {socket.gethostname().lower(), socket.getfqdn().lower()}
+        return name in own
+    return False
+
+
+class _HostCheck:
+    """ASGI middleware: answer 421 to a request whose Host header does not name this server."""
+
+    def __init__(self, app, bound: str, extra: frozenset[str]) -> None:
+        self.app, self.bound, self.extra = app, bound, extra
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            raw = dict(scope.get("headers") or []).get(b"host")
+            header = None if raw is None else raw.decode("latin-1")
+            if not allowed_host(header, self.bound, self.extra):
+                names = ", ".join(sorted({"localhost", "127.0.0.1", "[::1]", self.bound, *self.extra}))
+                body = json.dumps({"detail": f"this server answers only to {names}, not to Host {header!r} "
+                                             "(a guard against DNS rebinding; bertscope serve --allow-host NAME "
+                                             "adds a name)"}).encode()
+                await send({"type": "http.response.start", "status": 421,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
 def _nbytes(result: list[ReportText]) -> int:
-    return sum(rt.attentions.nbytes + rt.rollout.nbytes for rt in result)
+    return sum(rt.attentions.nbytes + rt.rollout.nbytes + (0 if rt.qkv is None else rt.qkv.nbytes)
+               for rt in result)
 
 
 class Analyzer:
@@ -69,14 +160,14 @@ class Analyzer:
     def __len__(self) -> int:
         return len(self._cache)
 
-    def __call__(self, texts: list[str]) -> list[ReportText]:
-        key = tuple(texts)
+    def __call__(self, texts: list[str], pair: str | None = None) -> list[ReportText]:
+        key = (*texts, "\x00pair", pair) if pair is not None else tuple(texts)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-            result = analyze(self.bert, list(texts))
+            result = analyze(self.bert, list(texts), pair=pair, qk=True)
             size = _nbytes(result)
             if size > self.max_bytes or self.size < 1:
                 return result  # too large to keep: computed again next time
@@ -95,17 +186,16 @@ def body_limit(max_chars: int) -> int:
 
 class _BodyLimit:
     """ASGI middleware: reads the whole request body, counting the bytes as they arrive, and
-    answers 413 as soon as they pass ``limit`` (whatever Content-Length says, or without one);
-    the application then gets the body already read."""
+    answers 413 as soon as they pass ``limit`` (whatever Content-Length says, or without one),
+    and 422 to a body that is not UTF-8 (JSON over HTTP is UTF-8; texts must be Unicode); the
+    application then gets the body already read."""
 
     def __init__(self, app, limit: int, detail: str) -> None:
         self.app, self.limit, self.detail = app, limit, detail
 
-    async def _too_large(self, send) -> None:
-        import json
-
-        body = json.dumps({"detail": self.detail}).encode()
-        await send({"type": "http.response.start", "status": 413,
+    async def _refuse(self, send, status: int = 413, detail: str | None = None) -> None:
+        body = json.dumps({"detail": detail or self.detail}).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
@@ -116,7 +206,7 @@ class _BodyLimit:
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await self._too_large(send)
+            await self._refuse(send)
             return
         body = bytearray()
         while True:
@@ -125,10 +215,16 @@ class _BodyLimit:
                 return  # the client went away
             body += message.get("body", b"")
             if len(body) > self.limit:
-                await self._too_large(send)
+                await self._refuse(send)
                 return
             if not message.get("more_body", False):
                 break
+        try:
+            bytes(body).decode("utf-8")
+        except UnicodeDecodeError as e:
+            await self._refuse(send, 422, f"the request is not UTF-8 text (byte 0x{body[e.start]:02x} at "
+                                             f"position {e.start}): texts must be valid Unicode, sent as UTF-8")
+            return
         pending = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
         async def replay():
@@ -142,14 +238,17 @@ def _asset_files() -> dict[str, Path]:
     return {p.name: Path(str(p)) for p in folder.iterdir() if p.is_file()}
 
 
-def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS):
-    """The FastAPI application serving ``bert``."""
+def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "127.0.0.1",
+               allowed_hosts: tuple[str, ...] = ()):
+    """The FastAPI application serving ``bert``, answering to requests for ``host`` (the address
+    it is bound to), the loopback names, and ``allowed_hosts``."""
     try:
         from fastapi import FastAPI, HTTPException, Request
+        from fastapi.exceptions import RequestValidationError
         from fastapi.responses import HTMLResponse, JSONResponse, Response
         from pydantic import BaseModel, Field
     except ImportError:
-        raise BertscopeError("serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'") from None
+        raise BertscopeError(SERVE_HINT) from None
 
     analyzer = Analyzer(bert)
     assets = _asset_files()
@@ -159,29 +258,56 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS):
     class Texts(BaseModel):
         text: str
         text_b: str | None = None
+        pair: str | None = None
 
     class AttentionQuery(Texts):
         layer: int = Field(ge=0)
         heads: list[int] = Field(default_factory=list, max_length=256)
         kind: str = Field(default="attn", pattern="^(attn|rollout)$")
 
+    class QKQuery(Texts):
+        which: int = Field(default=0, ge=0, le=1)
+        layer: int = Field(ge=0)
+        head: int = Field(ge=0)
+
     app = FastAPI(title="bertscope", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(_BodyLimit, limit=body_limit(max_chars),
                        detail=f"the request is too large: texts are limited to {max_chars} characters")
+    app.add_middleware(_HostCheck, bound=host, extra=frozenset(h.lower() for h in allowed_hosts))
     app.state.analyzer = analyzer
 
     @app.exception_handler(BertscopeError)
     async def user_error(request: Request, exc: BertscopeError):
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
-    def texts_of(q: Texts) -> list[str]:
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError):
+        # one line for the page to show: where, and what is wrong ("text: Input should be a valid string")
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "the request"
+        msg = first.get("msg", "is not valid")
+        if first.get("type") == "json_invalid":
+            msg = "the request body is not valid JSON (" + str(first.get("ctx", {}).get("error", "")) + ")"
+            where = ""
+        return JSONResponse({"detail": f"{where}: {msg}" if where else msg}, status_code=422)
+
+    def texts_of(q: Texts) -> tuple[list[str], str | None]:
+        if q.pair is not None and q.text_b is not None and q.text_b.strip():
+            raise HTTPException(400, "give text_b (a text to compare) or pair (a sentence pair), not both")
+        pair = q.pair if q.pair is not None and q.pair.strip() else None
         texts = [q.text] if q.text_b is None or not q.text_b.strip() else [q.text, q.text_b]
-        for t in texts:
+        named = [("text", q.text)] + ([("text_b", texts[1])] if len(texts) > 1 else []) + ([("pair", pair)] if pair else [])
+        for what, t in named:
             if len(t) > max_chars:
-                raise HTTPException(413, f"the text has {len(t):,} characters; the limit is {max_chars:,}")
+                raise HTTPException(413, f"the {what} has {len(t):,} characters; the limit is {max_chars:,}")
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise HTTPException(422, f"{what} is not valid Unicode text ({e.reason} at character {e.start})") from None
             if not t.strip():
-                raise HTTPException(400, "the text is empty")
-        return texts
+                raise HTTPException(400, f"the {what} is empty")
+        return texts, pair
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
@@ -204,18 +330,22 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS):
 
     @app.post("/api/analyze")
     def analyze_route(q: Texts) -> dict[str, Any]:
-        result = analyzer(texts_of(q))
-        return {"model": name, "layers": N, "heads": H, "texts": [t.meta() for t in result]}
+        texts, pair = texts_of(q)
+        result = analyzer(texts, pair)
+        meta = {"model": name, "layers": N, "heads": H, "texts": [t.meta() for t in result]}
+        if len(result) == 2:
+            meta["alignment"] = alignment_meta(*result)
+        return meta
 
     @app.post("/api/attention")
     def attention_route(q: AttentionQuery) -> dict[str, Any]:
-        texts = texts_of(q)
+        texts, pair = texts_of(q)
         if q.layer >= N:
             raise HTTPException(400, f"layer must be 0..{N - 1}, got {q.layer}")
         bad = [h for h in q.heads if not 0 <= h < H]
         if bad:
             raise HTTPException(400, f"heads must be 0..{H - 1}, got {bad[0]}")
-        result = analyzer(texts)
+        result = analyzer(texts, pair)
         out = []
         for t, rt in enumerate(result):
             if q.kind == "rollout":
@@ -225,6 +355,21 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS):
                     out.append({"text": t, "head": h, "data": _b64(rt.attentions[q.layer, h])})
         return {"layer": q.layer, "kind": q.kind,
                 "tokens": [len(rt.tokens) for rt in result], "matrices": out}
+
+    @app.post("/api/qk")
+    def qk_route(q: QKQuery) -> dict[str, Any]:
+        texts, pair = texts_of(q)
+        if q.layer >= N:
+            raise HTTPException(400, f"layer must be 0..{N - 1}, got {q.layer}")
+        if q.head >= H:
+            raise HTTPException(400, f"head must be 0..{H - 1}, got {q.head}")
+        result = analyzer(texts, pair)
+        if q.which >= len(result):
+            raise HTTPException(400, f"which must be 0..{len(result) - 1}, got {q.which}")
+        qkv = result[q.which].qkv  # (3, N, H, T, D)
+        return {"layer": q.layer, "head": q.head, "tokens": int(qkv.shape[3]), "head_size": int(qkv.shape[4]),
+                "q": _b64(qkv[0, q.layer, q.head]), "k": _b64(qkv[1, q.layer, q.head]),
+                "v": _b64(qkv[2, q.layer, q.head])}
 
     return app
 
@@ -255,13 +400,16 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
 
 
 def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = DEFAULT_MAX_CHARS,
-        log_level: str = "warning", sock: socket.socket | None = None) -> None:
-    """Serve until interrupted, on ``sock`` if given (see :func:`bind`), else on host:port."""
+        log_level: str = "warning", sock: socket.socket | None = None,
+        allowed_hosts: tuple[str, ...] = ()) -> None:
+    """Serve until interrupted, on ``sock`` if given (see :func:`bind`; ``host`` is then the
+    address it is bound to), else on host:port."""
     try:
         import uvicorn
     except ImportError:
-        raise BertscopeError("serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'") from None
+        raise BertscopeError(SERVE_HINT) from None
     if sock is None:
         sock = bind(host, port)
-    config = uvicorn.Config(create_app(bert, max_chars=max_chars), log_level=log_level)
+    app = create_app(bert, max_chars=max_chars, host=host, allowed_hosts=allowed_hosts)
+    config = uvicorn.Config(app, log_level=log_level)
     uvicorn.Server(config).run(sockets=[sock])

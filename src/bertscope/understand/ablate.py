@@ -19,11 +19,13 @@ word-level attention rows with and without the silenced heads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import InputError
+from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert
 
@@ -96,7 +98,7 @@ def _check_heads(bert: Bert, heads: list[tuple[int, int]]) -> None:
 
 def _run(bert: Bert, batch, head_mask: torch.Tensor | None, attentions: bool):
     dev = bert.device
-    return bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.token_type_ids.to(dev),
+    return bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.token_type_ids.to(dev),
                       output_attentions=attentions, head_mask=None if head_mask is None else head_mask.to(dev))
 
 
@@ -108,6 +110,9 @@ def _embedding(h: torch.Tensor) -> torch.Tensor:
 def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None = None,
            occurrence: int = 1) -> Ablation:
     """Silence ``heads`` ((layer, head) pairs) on ``text`` and compare with the intact model."""
+    text = check_text(text)
+    if word is not None:
+        check_text(word, "the word")
     if not text.strip():
         raise InputError("the text is empty")
     heads = list(dict.fromkeys((int(l), int(h)) for l, h in heads))  # each head once, in order
@@ -139,8 +144,12 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
 
 
 @torch.inference_mode()
-def sweep(bert: Bert, text: str) -> HeadEffects:
-    """Silence every head alone, one forward pass each, and measure the output change."""
+def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None = None) -> HeadEffects:
+    """Silence every head alone, one forward pass each, and measure the output change.
+
+    ``progress(done, total)`` is called after each head (N·H forward passes in all).
+    """
+    text = check_text(text)
     if not text.strip():
         raise InputError("the text is empty")
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
@@ -151,9 +160,13 @@ def sweep(bert: Bert, text: str) -> HeadEffects:
     emb = torch.zeros(N, H)
     for l in range(N):
         for h in range(H):
+            if progress is not None:
+                progress(l * H + h, N * H)
             mask = torch.ones(N, H)
             mask[l, h] = 0.0
             b = _run(bert, batch, mask, False).last_hidden_state.float().cpu()  # (1, T, C)
             tok[l, h] = 1 - F.cosine_similarity(a[0], b[0], dim=-1).mean()
             emb[l, h] = 1 - torch.dot(ea, _embedding(b))
+    if progress is not None:
+        progress(N * H, N * H)
     return HeadEffects(text=text, token_effect=tok, embedding_effect=emb)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -138,7 +139,7 @@ def score_schema(bert: Bert, schema: Schema) -> SchemaScores:
         raise InputError(f"{schema.label}: the pronoun {schema.pronoun!r} is not among the tokens"
                          + (" (the text was truncated)" if batch.truncated[0] else ""))
     dev = bert.device
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)
     probs = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (N, H, T, T)
     wa = word_attention(probs, words.token_words)  # (N, H, W, W)
@@ -247,17 +248,24 @@ class CorefResult:
 
 
 def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = None,
-             limit: int | None = None) -> CorefResult:
-    """Score every schema (the first ``limit`` if given); schemas that fail are warned about and skipped."""
+             limit: int | None = None, progress: Callable[[int, int], None] | None = None) -> CorefResult:
+    """Score every schema (the first ``limit`` if given); schemas that fail are warned about and skipped.
+
+    ``progress(done, total)`` is called after each schema (one forward pass each).
+    """
     warns = list(warnings or [])
     if limit is not None:
         schemas = [s for s in schemas if s.number <= limit]
     scored: list[SchemaScores] = []
-    for s in schemas:
+    for done, s in enumerate(schemas):
+        if progress is not None:
+            progress(done, len(schemas))
         try:
             scored.append(score_schema(bert, s))
         except InputError as e:
             warns.append(f"{e}; skipped")
+    if progress is not None:
+        progress(len(schemas), len(schemas))
     if not scored:
         raise InputError("no schema could be scored" + (f" ({warns[0]})" if warns else ""))
     groups = twin_groups([s.schema for s in scored])

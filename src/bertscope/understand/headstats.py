@@ -44,12 +44,13 @@ import math
 import unicodedata
 import warnings as pywarnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from ..errors import InputError
 from ..bert import Bert
-from ..core.tokenizer import TruncationWarning
+from ..core.tokenizer import TruncationWarning, check_text
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
            "TokenKinds", "classify", "head_stats", "map_stats", "pattern_features", "token_kinds"]
@@ -207,9 +208,14 @@ class HeadStats:
 
 @torch.inference_mode()
 def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
-               warnings: list[str] | None = None) -> HeadStats:
-    """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs)."""
-    items = [(i + 1, t) if isinstance(t, str) else t for i, t in enumerate(texts)]
+               warnings: list[str] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> HeadStats:
+    """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs).
+
+    ``progress(done, total)`` is called after each text (one forward pass each).
+    """
+    items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
+    items = [(n, check_text(t, f"text {n}")) for n, t in items]
     items = [(n, t) for n, t in items if t.strip()]
     if not items:
         raise InputError("the corpus has no text (every line is empty)")
@@ -221,13 +227,15 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     rows_total = 0
     rows_nb = 0  # rows that have a previous (or next) neighbour
     dev = bert.device
-    for n, text in items:
+    for done, (n, text) in enumerate(items):
+        if progress is not None:
+            progress(done, len(items))
         with pywarnings.catch_warnings():  # said once, below, with the line number
             pywarnings.simplefilter("ignore", TruncationWarning)
             batch = bert.encode([text])
         if batch.truncated[0]:
             warns.append(f"line {n} is longer than {bert.tokenizer.max_length} tokens and was truncated")
-        out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+        out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                          batch.token_type_ids.to(dev), output_attentions=True)
         probs = torch.stack([a[0] for a in out.attentions]).double().cpu()  # (N, H, T, T)
         T = probs.shape[-1]
@@ -246,6 +254,8 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                 c = classify(float(pf["v"][li, hi]), float(pf["d"][li, hi]), float(pf["spread"][li, hi]),
                              float(pf["u"][li, hi]))
                 counts[c][li, hi] += 1
+    if progress is not None:
+        progress(len(items), len(items))
     stats = {k: (sums[k] / (rows_nb if k in ("prev", "next") else rows_total)).float() if
              (rows_nb if k in ("prev", "next") else rows_total) else sums[k].float() for k in STATS}
     stacked = torch.stack([counts[c] for c in CLASSES])  # (classes, N, H)

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import InputError
 from ..bert import Bert
+from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 
 __all__ = ["AttendResult", "attend"]
@@ -63,6 +64,7 @@ class AttendResult:
 @torch.inference_mode()
 def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResult:
     """Attention from ``token`` (a word of ``text``) to every word, per layer and head."""
+    text, token = check_text(text), check_text(token, "the word")
     if not text.strip():
         raise InputError("the text is empty")
     batch = bert.encode([text])
@@ -75,7 +77,7 @@ def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResu
                              f"{bert.tokenizer.max_length} positions") from None
         raise
     dev = bert.device
-    out = bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+    out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)
     probs = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (N, H, T, T)
     w = word_attention(probs, words.token_words)  # (N, H, W, W)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..bert import Bert
 from ..core.masks import mask_to_bias
+from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 from ..errors import InputError
 
@@ -117,6 +118,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     ``pad`` appends that many [PAD] tokens (mask 0) so the mask has something to do.
     ``seed`` fixes the dropout sample shown for training mode.
     """
+    text, token = check_text(text), check_text(token, "the word")
     if not text.strip():
         raise InputError("the text is empty")
     cfg = bert.config
@@ -124,6 +126,8 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     _check_range("head", head, cfg.num_attention_heads)
     if pad < 0:
         raise InputError("--pad must be 0 or more")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise InputError(f"--seed must be a whole number from 0 to 2**64 - 1 (torch's seed range), got {seed!r}")
     batch = bert.encode([text])
     words = group_words(batch, text)
     w = find_word(words.words, token, occurrence)
@@ -140,7 +144,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     dev = bert.device
     ids, mask, types = ids.to(dev), mask.to(dev), types.to(dev)
 
-    model = bert.model
+    model = bert.encoder
     out = model(ids, mask, types, output_intermediates=True)
     rec = out.intermediates[layer]  # this layer's every step, as the model computed it
     att = rec.attention  # q, k, v, scores, probs, context, output

@@ -27,10 +27,16 @@ from pathlib import Path
 from ..errors import InputError
 from ..files import read_input_bytes
 
-__all__ = ["Schema", "parse_wsc", "read_wsc", "twin_groups"]
+__all__ = ["BUNDLED_SCHEMAS", "Schema", "parse_wsc", "read_wsc", "schema_spans", "twin_groups"]
+
+# bertscope's own 12 schemas in the WSC format, shipped with the package (`coref --bundled`)
+BUNDLED_SCHEMAS = Path(__file__).resolve().parent / "data" / "pronouns.xml"
 
 _DECL = re.compile(rb"<\?xml[^>]*encoding=[\"']([A-Za-z0-9._-]+)[\"']")
-_SCHEMA = re.compile(r"<schema\b[^>]*>.*?</schema\s*>", re.S)
+# An opening or closing <schema> tag. [^<>]* stops at the next "<", so every scan is bounded
+# by the distance to the next tag and the whole file is read in one linear pass (a lazy
+# "<schema>.*?</schema>" rescans the rest of the file for each unclosed tag: quadratic).
+_TAG = re.compile(r"<(/?)schema\b[^<>]*>")
 _DET = re.compile(r"^(the|a|an)\s+", re.I)
 _NO_SPACE_BEFORE = (",", ".", ";", ":", "!", "?", "'", ")", "’")
 
@@ -122,18 +128,19 @@ def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[s
         text = data.decode(encoding)
     except (LookupError, UnicodeDecodeError) as e:
         raise InputError(f"{name} is not readable as {encoding} ({e})") from None
-    matches = list(_SCHEMA.finditer(text))
-    opened = len(re.findall(r"<schema\b", text))
-    if not matches:
+    spans, opened = schema_spans(text)
+    if not spans:
         raise InputError(f"{name} has no <schema>...</schema> elements: is it in the WSC XML format?")
     schemas: list[Schema] = []
     warnings: list[str] = []
-    if opened > len(matches):
-        warnings.append(f"{name}: {opened - len(matches)} <schema> element(s) are not closed and were skipped")
-    for number, m in enumerate(matches, start=1):
-        line = text.count("\n", 0, m.start()) + 1
+    if opened > len(spans):
+        warnings.append(f"{name}: {opened - len(spans)} <schema> element(s) are not closed and were skipped")
+    line, counted = 1, 0
+    for number, (start, end) in enumerate(spans, start=1):
+        line += text.count("\n", counted, start)  # counted once across the file, not from 0 each time
+        counted = start
         try:
-            elem = ET.fromstring(m.group(0))
+            elem = ET.fromstring(text[start:end])
         except ET.ParseError as e:
             warnings.append(f"schema {number} (line {line}): malformed XML ({e}); skipped")
             continue
@@ -142,6 +149,23 @@ def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[s
         except ValueError as e:
             warnings.append(f"schema {number} (line {line}): {e}; skipped")
     return schemas, warnings
+
+
+def schema_spans(text: str) -> tuple[list[tuple[int, int]], int]:
+    """(start, end) of each closed <schema>...</schema> element, in one linear pass over the
+    tags, and how many <schema> tags were opened. An opening tag followed by another opening
+    tag before any closing one was never closed; it is counted, not matched."""
+    spans: list[tuple[int, int]] = []
+    opened = 0
+    start: int | None = None
+    for m in _TAG.finditer(text):
+        if not m.group(1):  # <schema ...>
+            opened += 1
+            start = m.start()
+        elif start is not None:  # </schema> closing the last one opened
+            spans.append((start, m.end()))
+            start = None
+    return spans, opened
 
 
 def read_wsc(path: str | Path) -> tuple[list[Schema], list[str]]:

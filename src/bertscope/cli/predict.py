@@ -1,0 +1,134 @@
+"""bertscope predict: a fine-tuned classifier's label and probabilities for every line of a file."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = """\
+Classify every record of INPUT with the fine-tuned classifier in DIR (a folder written by
+`bertscope finetune`, or any Hugging Face BertForSequenceClassification folder), in input order.
+
+INPUT is a text file (one text per line), JSON Lines (.jsonl, .ndjson, .json: the text in
+--text-field), or CSV/TSV with a header row (.csv, .tsv). Texts longer than the length the
+model was fine-tuned at (--max-length to change) are cut.
+
+Output (stdout, or --out FILE, written atomically): a tab-separated table with a header, one
+row per record: line, status, label, then one probability column per label. With --json, JSON
+Lines: {"line": 3, "status": "ok", "label": "pos", "probs": {"neg": 0.02, "pos": 0.98}}.
+A bad record gets no prediction and a status, as in `bertscope embed`: empty, undecodable (not
+UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). If no
+record holds a text, INPUT is refused (the wrong --text-field, or the wrong file).
+
+examples:
+  bertscope predict sentiment/ reviews.txt
+  bertscope predict sentiment/ reviews.jsonl --text-field body --json --out predictions.jsonl
+  bertscope predict nli/ pairs.tsv --text-field premise --text-pair-field hypothesis
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predict", help="classify every line of a file with a fine-tuned model",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", metavar="DIR", help="a fine-tuned classifier folder")
+    p.add_argument("input", metavar="INPUT", help="text file (one per line), .jsonl, .csv or .tsv")
+    p.add_argument("--json", action="store_true", help="JSON Lines instead of a tab-separated table")
+    p.add_argument("--out", metavar="FILE", default=None, help="write here instead of stdout")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help='the text field or column of .jsonl/.csv/.tsv input (default "text")')
+    p.add_argument("--text-pair-field", default=None, metavar="NAME", help="the second text of a pair")
+    p.add_argument("--max-length", type=int, default=None, metavar="N",
+                   help="cut texts to N tokens (default: the length the model was fine-tuned at)")
+    p.add_argument("--batch-tokens", type=int, default=None, metavar="N", help="real tokens per batch")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+CHUNK = 1024  # records classified per progress update
+
+
+def predictions(bert, records, *, max_length: int | None = None, batch_tokens: int | None = None,
+                progress=None) -> list[dict]:
+    """One dict per record, in order: line, status, label and probs (None for a bad record)."""
+    labels = bert.labels
+    limit = bert.max_seq_length if max_length is None else max_length
+    rows: list[dict] = []
+    for start in range(0, len(records), CHUNK):
+        chunk = records[start:start + CHUNK]
+        good = [r for r in chunk if r.status == "ok"]
+        pairs = [r.pair or "" for r in good] if any(r.pair is not None for r in good) else None
+        ids, types, cut = bert.tokenizer.encode_segments([r.text for r in good], pairs, max_length=limit)
+        probs = bert.classify_ids(ids, types, batch_tokens=batch_tokens) if good else None
+        k = 0
+        for r in chunk:
+            if r.status != "ok":
+                rows.append({"line": r.line, "status": r.status, "label": None, "probs": None})
+                continue
+            p = probs[k]
+            rows.append({"line": r.line, "status": "truncated" if cut[k] else "ok",
+                         "label": labels[int(p.argmax())], "probs": {n: float(v) for n, v in zip(labels, p)}})
+            k += 1
+        if progress is not None:
+            progress(len(chunk))
+    return rows
+
+
+def render(rows: list[dict], labels: list[str], as_json: bool) -> str:
+    if as_json:
+        from .guard import dumps_strict
+
+        return "".join(dumps_strict(r) + "\n" for r in rows)
+    lines = ["\t".join(["line", "status", "label"] + [f"p_{n}" for n in labels])]
+    for r in rows:
+        probs = [f"{r['probs'][n]:.6f}" for n in labels] if r["probs"] else [""] * len(labels)
+        lines.append("\t".join([str(r["line"]), r["status"], r["label"] or ""] + probs))
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from ..bert import load
+    from ..errors import InputError
+    from ..files import write_text_atomic
+    from ..train.data import read_records
+    from .common import check_output_file
+    from .guard import writing
+
+    if not Path(args.input).is_file():
+        raise InputError(f"input file {args.input} does not exist" if not Path(args.input).exists()
+                         else f"{args.input} is not a file")
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise InputError("--batch-tokens must be at least 1")
+    out = check_output_file(args.out) if args.out is not None else None
+    records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True)
+    if records and not any(r.status in ("ok", "empty") for r in records):
+        raise InputError(f"no record of {args.input} holds a text (first: line {records[0].line} is "
+                         f"{records[0].status}); check --text-field and the file's format")
+    bert = load(args.model_dir)
+    if not bert.is_classifier:
+        raise InputError(f"{args.model_dir} is not a classifier (its config.json does not name "
+                         "BertForSequenceClassification); fine-tune one with: bertscope finetune")
+    if args.max_length is not None and not 2 <= args.max_length <= bert.config.max_position_embeddings:
+        raise InputError(f"--max-length must be 2..{bert.config.max_position_embeddings}, got {args.max_length}")
+    from tqdm import tqdm
+
+    with tqdm(total=len(records), unit="text", file=sys.stderr, disable=args.quiet, dynamic_ncols=True,
+              desc="predict") as bar:
+        rows = predictions(bert, records, max_length=args.max_length, batch_tokens=args.batch_tokens,
+                           progress=bar.update)
+    text = render(rows, bert.labels, args.json)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        with writing(out):
+            write_text_atomic(out, text)
+        print(f"wrote {len(rows)} predictions to {out}", file=sys.stderr)
+    bad: dict[str, list[int]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            bad.setdefault(r["status"], []).append(r["line"])
+    for status, nums in bad.items():
+        shown = ", ".join(map(str, nums[:10])) + (f", ... ({len(nums) - 10} more)" if len(nums) > 10 else "")
+        print(f"  {len(nums)} {status} record(s): line {shown}", file=sys.stderr)
+    return 0

@@ -1,0 +1,234 @@
+"""``bertscope.explain(bert, text, method)``: one text, one method, a typed record of maps.
+
+Shape legend: L layers, H heads, T tokens, W words.
+
+Methods and what ``maps`` holds (maps[..., i, j]: what receiving token i takes from token j):
+
+    attention             (L, H, T, T)  softmax weights
+    norm                  (L, H, T, T)  ‖α f(x)‖, Kobayashi et al. 2020
+    norm-residual         (L, T, T)     attention + residual + LayerNorm, Kobayashi et al. 2021
+    value-zeroing         (L, T, T)     Mohebbi et al. 2023
+    alti                  (L, T, T)     Ferrando et al. 2022, rolled out through the layers
+    rollout               (L, T, T)     Abnar & Zuidema 2020
+    grad-input            (T,)          gradient × input of one output
+    integrated-gradients  (T,)          integrated gradients of one output (Sundararajan et al. 2017)
+
+Formulas: :mod:`bertscope.explain.measures`, :mod:`bertscope.explain.decompose` and
+:mod:`bertscope.explain.gradients`.
+
+Sub-token → word, per method (:meth:`Explanation.word_maps`):
+  * the six map methods: what a word *receives from* word J is the sum over J's sub-tokens
+    (columns), what a word takes is the mean over its own sub-tokens (rows), the rule of Clark
+    et al. 2019 that :mod:`bertscope.core.words` uses for attention. Rows that sum to 1 still
+    do. For ``norm`` the column sum is a sum of vector lengths: an upper bound on the length of
+    the word's summed vectors. For ``value-zeroing`` it sums the effects of zeroing each
+    sub-token alone (not the effect of zeroing the whole word at once).
+  * the two gradient methods: a word's attribution is the sum over its sub-tokens (so
+    integrated gradients stays complete: the words' attributions add up to F(e) − F(0)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..bert import Bert
+from ..core.tokenizer import Batch
+from ..core.words import group_words, word_attention
+from ..errors import InputError
+from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
+                        similarity_target)
+from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
+
+__all__ = ["METHODS", "METHOD_INFO", "Explanation", "check_method", "explain", "explain_batch", "method_kind"]
+
+METHODS = HEAD_METHODS + LAYER_METHODS + GRAD_METHODS
+
+# name -> (who it comes from, what one value means)
+METHOD_INFO: dict[str, tuple[str, str]] = {
+    "attention": ("the softmax weights", "weight α"),
+    "norm": ("Kobayashi et al. 2020", "length ‖α·f(x)‖ in the hidden space"),
+    "norm-residual": ("Kobayashi et al. 2021", "share of the attention block's output (with residual and LayerNorm)"),
+    "value-zeroing": ("Mohebbi et al. 2023", "share of the output change when that value vector is zeroed"),
+    "alti": ("Ferrando et al. 2022", "share of the input token in this token, rolled out to this layer"),
+    "rollout": ("Abnar & Zuidema 2020", "share of the input token, rolled out with ½A + ½I"),
+    "grad-input": ("gradient × input", "attribution of the output to the word"),
+    "integrated-gradients": ("Sundararajan et al. 2017", "attribution of the output to the word"),
+}
+
+
+def method_kind(method: str) -> str:
+    """"head" (L, H, T, T), "layer" (L, T, T) or "input" (T,)."""
+    check_method(method)
+    return "head" if method in HEAD_METHODS else "layer" if method in LAYER_METHODS else "input"
+
+
+def check_method(method: object) -> str:
+    """The method name, or an InputError (one line) naming the methods there are."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise InputError(f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
+    return method
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ``method`` says each token takes from the others in one text.
+
+    tokens:      the T sub-tokens, [CLS] and [SEP] included.
+    words:       the W words; ``token_words[t]`` is token t's word.
+    maps:        float32 numpy, (L, H, T, T), (L, T, T) or (T,) as :func:`method_kind` says.
+    target:      for the gradient methods, the output explained; None otherwise.
+    """
+
+    method: str
+    tokens: list[str]
+    words: list[str]
+    token_words: list[int]
+    maps: np.ndarray
+    target: str | None = None
+    truncated: bool = False
+
+    @property
+    def kind(self) -> str:
+        return method_kind(self.method)
+
+    def word_maps(self) -> np.ndarray:
+        """``maps`` at word level: (L, H, W, W), (L, W, W) or (W,) (rules in the module docstring)."""
+        m = torch.from_numpy(self.maps).double()
+        if self.kind == "input":
+            W = max(self.token_words) + 1
+            out = torch.zeros(W, dtype=m.dtype).index_add_(0, torch.tensor(self.token_words), m)  # (W,)
+        else:
+            out = word_attention(m, self.token_words)  # (..., W, W)
+        return out.float().numpy()
+
+    def sources(self, word: int | None = None, layer: int | None = None, head: int | None = None) -> np.ndarray:
+        """(W,) at word level: what ``word`` takes from every word.
+
+        layer: default the last (for alti and rollout, the whole model's mixing);
+        head:  per-head methods only; default the mean over heads.
+        For the gradient methods ``word``, ``layer`` and ``head`` must be None: the row is the
+        attribution of the output to every word.
+        """
+        wm = self.word_maps()
+        if self.kind == "input":
+            if word is not None or layer is not None or head is not None:
+                raise InputError(f"{self.method} attributes one output to the words; it has no "
+                                 "row per word, layer or head")
+            return wm
+        if word is None:
+            raise InputError(f"{self.method} gives a row per word: say which word")
+        L = wm.shape[0]
+        layer = L - 1 if layer is None else layer
+        if not 0 <= layer < L:
+            raise InputError(f"layer {layer} does not exist (the model has layers 0..{L - 1})")
+        m = wm[layer]
+        if self.kind == "head":
+            H = m.shape[0]
+            if head is None:
+                m = m.mean(0)
+            elif not 0 <= head < H:
+                raise InputError(f"head {head} does not exist (each layer has heads 0..{H - 1})")
+            else:
+                m = m[head]
+        elif head is not None:
+            raise InputError(f"{self.method} gives one map per layer, not per head; leave out the head")
+        return m[word]
+
+    def ranked(self, word: int | None = None, layer: int | None = None, head: int | None = None,
+               k: int | None = None) -> list[tuple[int, str, float]]:
+        """(word index, word, value), largest first, from :meth:`sources`."""
+        row = self.sources(word, layer, head)
+        order = np.argsort(-row, kind="stable")[: (len(row) if k is None else k)]
+        return [(int(j), self.words[j], float(row[j])) for j in order]
+
+
+def _encode_one(bert: Bert, text: object, what: str = "text") -> Batch:
+    if not isinstance(text, str):
+        raise InputError(f"the {what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InputError(f"the {what} is empty")
+    return bert.encode([text])
+
+
+def _resolve_target(bert: Bert, method: str, batch: Batch, text_b: str | None,
+                    target: Target | int | str | None) -> Target | None:
+    if method not in GRAD_METHODS:
+        if text_b is not None or target is not None:
+            raise InputError(f"{method} maps one text's tokens onto each other; text_b and target are "
+                             "for the gradient methods (grad-input, integrated-gradients)")
+        return None
+    if text_b is not None:
+        if target is not None:
+            raise InputError("give text_b (similarity to a second text) or a target, not both")
+        if not isinstance(text_b, str) or not text_b.strip():
+            raise InputError("text_b is empty")
+        return similarity_target(bert, text_b)
+    if isinstance(target, Target):
+        return target
+    if bert.is_classifier:
+        return class_target(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, label=target)
+    if target is not None:
+        raise InputError("a class target needs a fine-tuned classifier (this model has no classification "
+                         "head); give text_b to explain a similarity instead")
+    raise InputError(f"{method} explains one output: give text_b (the similarity of the text's "
+                     "embedding to a second text), or load a fine-tuned classifier")
+
+
+def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  token_type_ids: torch.Tensor, method: str, *, target: Target | None = None,
+                  path: str = "padded", steps: int = 50) -> torch.Tensor:
+    """Maps for a padded batch: (B, L, H, T, T), (B, L, T, T) or (B, T), PAD rows/columns 0.
+
+    The model runs in eval mode (restored afterwards). Map methods run on the padded reference
+    encoder; the gradient methods on ``path`` ("padded" or "packed") and explain ``target``
+    (default, for a classifier: each text's predicted class).
+    """
+    check_method(method)
+    model = bert.model
+    was_training = model.training
+    model.eval()
+    try:
+        dev = bert.device
+        ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)
+        if method in GRAD_METHODS:
+            if target is None:
+                if not bert.is_classifier:
+                    raise InputError(f"{method} needs a target (the output to explain)")
+                target = class_target(bert, ids, mask, types)
+            F = embedding_function(bert, ids, mask, types, target, path=path)
+            out = grad_input(F) if method == "grad-input" else integrated_gradients(F, steps=steps)
+            return out.detach()
+        return map_methods()[method](run_forward(bert.encoder, ids, mask, types))
+    finally:
+        model.train(was_training)
+
+
+def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
+            target: Target | int | str | None = None) -> Explanation:
+    """What ``method`` says each token of ``text`` takes from the others (see the module docstring).
+
+    Args:
+        bert: a loaded :class:`bertscope.Bert`.
+        text: one text.
+        method: one of :data:`METHODS`.
+        text_b: for ``grad-input`` / ``integrated-gradients``: explain the cosine similarity of
+            ``text``'s sentence embedding to this second text's.
+        target: for the gradient methods with a fine-tuned classifier (``bert.is_classifier``):
+            the class whose probability to explain, by index or name; default (None) the class
+            it predicts for ``text``. Any other output: a :class:`Target`.
+
+    Raises:
+        InputError: an unknown method, an empty text, or a target the method cannot take.
+    """
+    check_method(method)
+    batch = _encode_one(bert, text)
+    tgt = _resolve_target(bert, method, batch, text_b, target)
+    maps = explain_batch(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, method,
+                         target=tgt)[0]
+    words = group_words(batch, text)
+    return Explanation(method=method, tokens=list(batch.tokens[0]), words=words.words,
+                       token_words=words.token_words, maps=maps.float().cpu().numpy(),
+                       target=None if tgt is None else tgt.name, truncated=batch.truncated[0])

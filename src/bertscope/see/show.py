@@ -1,0 +1,164 @@
+"""Any model's attention in the explorer: ``bertscope.show(attentions, tokens)``.
+
+Shape legend: N layers, B batch, H heads, T tokens (positions, padding included), U the tokens
+given (U <= T).
+
+The drop-in for bertviz's ``head_view``/``model_view``: attention tensors already in memory, for
+example Hugging Face's ``model(..., output_attentions=True).attentions`` (a tuple of N tensors
+(B, H, T, T)), become the same report ``bertscope view`` writes. It displays itself in Jupyter
+and saves with ``.save("page.html")``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InputError, InputTypeError
+from .aggregate import attention_rollout
+from .report import Report, ReportText
+
+__all__ = ["ROW_SUM_TOLERANCE", "show", "words_from_tokens"]
+
+ROW_SUM_TOLERANCE = 1e-3  # attention rows (over the tokens given) must sum to 1 within this
+_SPECIAL = re.compile(r"\[(CLS|SEP|PAD|MASK)\]|<s>|</s>|<pad>|<cls>|<sep>|<mask>|<\|endoftext\|>")
+
+
+def words_from_tokens(tokens: Sequence[str]) -> tuple[list[str], list[int], list[bool]]:
+    """Words from sub-tokens alone: WordPiece continues a word with "##"; SentencePiece ("▁")
+    and byte-level BPE ("Ġ") mark a word's start. Special tokens ([CLS], </s>, ...) are words
+    of their own. Returns the words, each token's word, and each token's special flag."""
+    marker = next((m for m in ("▁", "Ġ") if any(t.startswith(m) for t in tokens)), None)
+    words: list[str] = []
+    token_words: list[int] = []
+    special = [bool(_SPECIAL.fullmatch(t)) for t in tokens]
+    for t, tok in enumerate(tokens):
+        prev_ordinary = t > 0 and not special[t - 1]
+        if special[t]:
+            words.append(tok)
+        elif tok.startswith("##") and prev_ordinary and len(tok) > 2:
+            words[-1] += tok[2:]
+        elif marker is not None and prev_ordinary and not tok.startswith(marker):
+            words[-1] += tok
+        else:
+            words.append(tok[len(marker):] if marker and tok.startswith(marker) and len(tok) > len(marker) else tok)
+        token_words.append(len(words) - 1)
+    return words, token_words, special
+
+
+def _as_array(x: Any, what: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64).numpy()
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputTypeError(f"{what} is {type(x).__name__}, not an array of numbers") from None
+    return arr
+
+
+def _layers(attentions: Any) -> np.ndarray:
+    """attentions in any of the accepted layouts -> (N, B, H, T, T) float64."""
+    if isinstance(attentions, (list, tuple)):
+        if not attentions:
+            raise InputError("attentions is empty: give one (B, H, T, T) tensor per layer")
+        layers = [_as_array(a, f"attentions[{i}]") for i, a in enumerate(attentions)]
+        for i, a in enumerate(layers):
+            if a.ndim not in (3, 4):
+                raise InputError(f"attentions[{i}] has shape {a.shape}: each layer must be "
+                                 "(B, H, T, T) or (H, T, T)")
+            if a.shape != layers[0].shape:
+                raise InputError(f"attentions[{i}] has shape {a.shape}, attentions[0] {layers[0].shape}: "
+                                 "every layer must have the same shape")
+        stacked = np.stack([a if a.ndim == 4 else a[None] for a in layers])  # (N, B, H, T, T)
+    else:
+        arr = _as_array(attentions, "attentions")
+        if arr.ndim == 4:
+            stacked = arr[:, None]  # (N, H, T, T) -> (N, 1, H, T, T)
+        elif arr.ndim == 5:
+            stacked = arr
+        else:
+            raise InputError(f"attentions has shape {arr.shape}: give a sequence of per-layer (B, H, T, T) "
+                             "tensors (as Hugging Face's output_attentions), or one (N, H, T, T) array")
+    N, B, H, T, T2 = stacked.shape
+    if T != T2:
+        raise InputError(f"attention maps must be square (T, T), got ({T}, {T2})")
+    if min(N, B, H, T) < 1:
+        raise InputError(f"attentions has an empty dimension: (layers, batch, heads, T, T) = {stacked.shape}")
+    return stacked
+
+
+def _tokens(tokens: Any, what: str) -> list[str]:
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+        raise InputTypeError(f"{what} must be a list of token strings, got {type(tokens).__name__}")
+    out = list(tokens)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
+    if not out:
+        raise InputError(f"{what} is empty")
+    return out
+
+
+def _text(att: np.ndarray, tokens: list[str], what: str) -> ReportText:
+    """One batch item (N, H, T, T) and its U tokens -> a ReportText over the first U positions."""
+    U, T = len(tokens), att.shape[-1]
+    if U > T:
+        raise InputError(f"{what} has {U} tokens but the attention maps are {T} x {T}")
+    a = att[:, :, :U, :U]  # (N, H, U, U): padding after the tokens dropped
+    if not np.isfinite(a).all():
+        raise InputError(f"the attentions of {what} hold NaN or infinite values")
+    if a.min() < -1e-6 or a.max() > 1 + 1e-6:
+        raise InputError(f"the attentions of {what} lie in {a.min():.3g}..{a.max():.3g}; "
+                         "give probabilities (after the softmax), in 0..1")
+    sums = a.sum(-1)  # (N, H, U)
+    bad = np.abs(sums - 1) > ROW_SUM_TOLERANCE
+    if bad.any():
+        l, h, i = (int(x) for x in np.argwhere(bad)[0])
+        raise InputError(
+            f"in layer {l}, head {h}, the row of {what}[{i}] sums to {sums[l, h, i]:.4f} over the {U} "
+            f"tokens given, not 1: the tokens must be the positions the attention covers "
+            f"(padding, if any, after them)")
+    words, token_words, special = words_from_tokens(tokens)
+    a32 = np.clip(a, 0, 1).astype(np.float32)
+    text = " ".join(w for w, s in zip(words, [any(special[t] for t, x in enumerate(token_words) if x == k)
+                                               for k in range(len(words))]) if not s)
+    return ReportText(text=text, tokens=tokens, words=words, token_words=token_words, special=special,
+                      attentions=a32, rollout=attention_rollout(torch.from_numpy(a32)).numpy())
+
+
+def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | None = None,
+         model_name: str = "attention given to bertscope.show") -> Report:
+    """The explorer for attention computed by any model.
+
+    Args:
+        attentions: per layer a (B, H, T, T) tensor (torch or numpy; e.g. Hugging Face's
+            ``outputs.attentions``), or (H, T, T) per layer, or one (N, H, T, T) array.
+            Rows are queries and must be probabilities (after the softmax).
+        tokens: the token strings of batch item 0, in order (e.g.
+            ``tokenizer.convert_ids_to_tokens(ids)``); padding after them is dropped.
+        tokens_b: the tokens of batch item 1, to show a second text beside the first with their
+            difference (the batch must then hold exactly two items).
+
+    Returns:
+        a :class:`~bertscope.see.report.Report`: it displays itself in Jupyter, and
+        ``.save("page.html")`` writes the self-contained explorer.
+
+    Raises InputError (one sentence) for shapes that do not fit the tokens, values that are not
+    probabilities, or rows that do not sum to 1 over the tokens given.
+    """
+    stacked = _layers(attentions)  # (N, B, H, T, T)
+    N, B, H = stacked.shape[:3]
+    toks = _tokens(tokens, "tokens")
+    want = 1 if tokens_b is None else 2
+    if B != want:
+        if tokens_b is None:
+            raise InputError(f"the attentions hold a batch of {B} texts: pass tokens_b for a second text, "
+                             "or select one item, e.g. [a[i:i+1] for a in attentions]")
+        raise InputError(f"tokens_b needs a batch of exactly 2 texts (A and B), the attentions hold {B}")
+    texts = [_text(stacked[:, 0], toks, "tokens")]
+    if tokens_b is not None:
+        texts.append(_text(stacked[:, 1], _tokens(tokens_b, "tokens_b"), "tokens_b"))
+    return Report(model_name=model_name, num_layers=N, num_heads=H, texts=texts)

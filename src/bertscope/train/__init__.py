@@ -1,0 +1,5 @@
+"""Fine-tuning: train the from-scratch BERT as a sequence classifier (``bertscope finetune``).
+
+data (CSV/TSV/JSON Lines records, label sets), batches (length-grouped, token budget),
+loop (AdamW, warm-up and decay, clipping, atomic resumable checkpoints), output (HF folders).
+"""

@@ -1,0 +1,262 @@
+"""Labelled texts from CSV, TSV or JSON Lines files, with the line number of every record.
+
+A file's format is its suffix: ``.csv`` (comma-separated, a header row naming the columns),
+``.tsv`` / ``.tab`` (tab-separated, a header row), ``.jsonl`` / ``.ndjson`` / ``.json`` (JSON
+Lines: one JSON object per line). Text lines (``.txt`` or anything else) are accepted where no
+labels are needed (:func:`read_records` for ``bertscope predict``).
+
+Every record gets a status, as ``bertscope embed`` gives its lines:
+
+    ok           a text (and its label, when one is read)
+    empty        an empty or whitespace-only text
+    undecodable  bytes that are not UTF-8
+    bad_json     (JSON Lines) not valid JSON
+    no_field     no text field (a JSON line that is not an object, or lacks the field;
+                 a CSV row that is too short)
+    not_text     the text field holds no string (a number, null, a list...)
+
+Training data must be clean: :func:`read_examples` refuses a file with any bad record, naming
+the first ones by line number, in order (one line of text, as the CLI prints errors).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import InputError
+from ..files import read_input_bytes
+
+__all__ = ["Example", "LabelSet", "Record", "STATUSES", "read_examples", "read_records", "file_format"]
+
+STATUSES = ("ok", "empty", "undecodable", "bad_json", "no_field", "not_text")
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of an input file. ``line`` is 1-based (a CSV record spanning several lines:
+    its first). ``label`` is None when not read or missing; ``label_problem`` says why a label
+    could not be read (None when fine)."""
+
+    line: int
+    text: str
+    pair: str | None
+    status: str
+    label: str | None = None
+    label_problem: str | None = None
+    field: str | None = None  # the field a no_field / not_text status is about
+
+
+@dataclass(frozen=True)
+class Example:
+    """A clean training or evaluation example: its line, text (and pair) and label name."""
+
+    line: int
+    text: str
+    pair: str | None
+    label: str
+
+
+def file_format(path: str | Path, *, lines_ok: bool = False) -> str:
+    """"csv", "tsv" or "jsonl" from the suffix; "lines" for anything else when ``lines_ok``."""
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        if lines_ok:
+            return "lines"
+        raise InputError(f"{path}: the file must be .csv, .tsv or .jsonl (JSON Lines), "
+                         f"not {Path(path).suffix or 'a file without a suffix'}")
+    return fmt
+
+
+def _label_value(value: object) -> tuple[str | None, str | None]:
+    """(label name, None) for a string or an int; (None, problem) for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        kind = "null" if value is None else type(value).__name__
+        return None, f"is {kind} ({json.dumps(value)[:40]}), not a string or an integer"
+    name = str(value).strip()
+    if not name:
+        return None, "is empty"
+    return name, None
+
+
+def _from_fields(line: int, get, text_field: str, pair_field: str | None,
+                 label_field: str | None) -> Record:
+    """A Record from a mapping-like ``get(name) -> value | KeyError``."""
+    try:
+        text = get(text_field)
+    except KeyError:
+        return Record(line, "", None, "no_field", field=text_field)
+    if not isinstance(text, str):
+        return Record(line, "", None, "not_text", field=text_field)
+    pair = None
+    if pair_field is not None:
+        try:
+            pair = get(pair_field)
+        except KeyError:
+            return Record(line, "", None, "no_field", field=pair_field)
+        if not isinstance(pair, str):
+            return Record(line, "", None, "not_text", field=pair_field)
+    label = problem = None
+    if label_field is not None:
+        try:
+            label, problem = _label_value(get(label_field))
+        except KeyError:
+            problem = "is missing"
+    status = "ok" if text.strip() or (pair is not None and pair.strip()) else "empty"
+    return Record(line, text, pair, status, label, problem)
+
+
+def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: str | None) -> Iterator[Record]:
+    for n, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            yield Record(n, "", None, "undecodable")
+            continue
+        if not line.strip():
+            continue  # blank lines are not records
+        try:
+            obj = json.loads(line.lstrip("\ufeff"))
+        except ValueError:
+            yield Record(n, "", None, "bad_json")
+            continue
+        if not isinstance(obj, dict):
+            yield Record(n, "", None, "no_field", field=text_field)
+            continue
+        yield _from_fields(n, obj.__getitem__, text_field, pair_field, label_field)
+
+
+def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_field: str | None,
+               label_field: str | None) -> Iterator[Record]:
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise InputError(f"{path}: line {line} is not UTF-8 text") from None
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        columns = [c.strip() for c in header]
+        wanted = [f for f in (text_field, pair_field, label_field) if f is not None]
+        missing = [f for f in wanted if f not in columns]
+        if missing:
+            raise InputError(f"{path} has no column {missing[0]!r} (its header names: {', '.join(columns)})")
+        where = {name: columns.index(name) for name in wanted}
+        start = reader.line_num + 1
+        for row in reader:
+            n, start = start, reader.line_num + 1
+            if not any(cell.strip() for cell in row):
+                continue  # blank lines are not records
+
+            def get(name: str, row=row):
+                i = where[name]
+                if i >= len(row):
+                    raise KeyError(name)
+                return row[i]
+
+            yield _from_fields(n, get, text_field, pair_field, label_field)
+    except csv.Error as e:
+        raise InputError(f"{path}: line {reader.line_num} is not valid {'CSV' if delimiter == ',' else 'TSV'} ({e})") from None
+
+
+def read_records(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,
+                 label_field: str | None = None, lines_ok: bool = False) -> list[Record]:
+    """Every record of a CSV, TSV or JSON Lines file (or, with ``lines_ok``, a text file: one
+    text per line), each with its line number and status, in file order. Blank lines are skipped.
+
+    A missing or unreadable file, or a CSV/TSV header without the named columns, is an InputError.
+    """
+    path = Path(path)
+    fmt = file_format(path, lines_ok=lines_ok)
+    data = read_input_bytes(path)
+    if fmt == "jsonl":
+        return list(_jsonl(data, text_field, pair_field, label_field))
+    if fmt in ("csv", "tsv"):
+        return list(_delimited(path, data, "," if fmt == "csv" else "\t", text_field, pair_field, label_field))
+    out = []
+    for n, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8").lstrip("\ufeff") if n == 1 else raw.decode("utf-8")
+        except UnicodeDecodeError:
+            out.append(Record(n, "", None, "undecodable"))
+            continue
+        if line.strip():
+            out.append(Record(n, line, None, "ok"))
+    return out
+
+
+_PROBLEM = {"undecodable": "is not UTF-8 text", "bad_json": "is not valid JSON",
+            "no_field": "has no field {field!r}", "not_text": "has a {field!r} that is not a string",
+            "empty": "has an empty text"}
+
+
+def read_examples(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,
+                  label_field: str = "label", what: str = "TRAIN") -> list[Example]:
+    """The labelled examples of a training or dev file; a file with any bad record is refused.
+
+    Raises InputError (one line) for: an empty file; records that are not valid, lack the text
+    or label field, or hold a label that is not a string or an integer (the first few are named
+    by line number, in order).
+    """
+    records = read_records(path, text_field=text_field, pair_field=pair_field, label_field=label_field)
+    if not records:
+        raise InputError(f"{what} {path} holds no examples (it is empty)")
+    problems: list[str] = []
+    for r in records:
+        if r.status != "ok":
+            problems.append(f"line {r.line} " + _PROBLEM[r.status].format(field=r.field or text_field))
+        elif r.label is None:
+            problems.append(f"line {r.line}: the label field {label_field!r} {r.label_problem}")
+    if problems:
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise InputError(f"{what} {path}: {len(problems)} bad record(s): {shown}{more}")
+    return [Example(r.line, r.text, r.pair, r.label) for r in records]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """The classes, in index order: numerically if every name is an integer, else sorted."""
+
+    names: tuple[str, ...]
+
+    @classmethod
+    def from_examples(cls, examples: list[Example], path: str | Path = "TRAIN") -> "LabelSet":
+        names = set(e.label for e in examples)
+        if len(names) < 2:
+            only = next(iter(names)) if names else None
+            raise InputError(f"{path} has only one class ({only!r}); a classifier needs at least 2")
+
+        def key(name: str):
+            try:
+                return (0, int(name), "")
+            except ValueError:
+                return (1, 0, name)
+
+        return cls(tuple(sorted(names, key=key)))
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.names))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    def ids(self, examples: list[Example], path: str | Path = "DEV") -> list[int]:
+        """Class indices of the examples; a label this set lacks is an InputError naming its line."""
+        table = self.label2id
+        unknown = [e for e in examples if e.label not in table]
+        if unknown:
+            e = unknown[0]
+            more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            raise InputError(f"{path} line {e.line} has the label {e.label!r}, which TRAIN does not have "
+                             f"(labels: {', '.join(self.names)}){more}")
+        return [table[e.label] for e in examples]

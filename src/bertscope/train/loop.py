@@ -1,0 +1,411 @@
+"""The fine-tuning loop: plain PyTorch on the packed path, resumable exactly.
+
+Shape legend: B examples in a batch, N their real tokens (packed), C hidden size, K labels.
+
+Per step:
+    packed  = pack_ids(batch)                                 (N,) real tokens, no padding
+    logits  = head(encoder_packed(packed)[first token of each])   (B, K)   dropout on, as configured
+    loss    = mean cross-entropy; backward; clip the gradient norm at 1.0
+    AdamW step (decoupled weight decay; none on biases and LayerNorm: Loshchilov & Hutter 2019)
+    learning rate: linear warm-up over the first ``warmup`` share of steps, then linear decay to 0
+
+Dropout is active wherever the checkpoint's config puts it: embeddings, after attention and
+the feed-forward (hidden_dropout_prob), on the attention probabilities (attention_probs_dropout_prob,
+inside SDPA per length group), and before the head. The packed path computes nothing on padding
+(tests hold its loss and gradients equal to the padded reference path's).
+
+Checkpoints (``DIR/training_state.pt``) are written atomically every ``save_every`` steps and
+at each epoch end: model, optimizer, scheduler, the RNG state, the data position (epoch, batch)
+and the metrics so far. Batches depend only on (seed, epoch), so ``resume=True`` rebuilds the
+plan and continues at the same batch with the same random numbers: in fp32 on the CPU a resumed
+run ends with exactly the weights of an uninterrupted one. When training ends, the HF-format
+folder and metrics.json are written and the state file is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..bert import Bert, load
+from ..core.checkpoint import bundled_model_path, read_config
+from ..core.classifier import BertForSequenceClassification
+from ..errors import CheckpointError, InputError
+from ..fast.encoder import PackedEncoder
+from ..fast.packing import pack_ids
+from ..files import write_atomic, write_text_atomic
+from .batches import epoch_batches
+from .data import Example, LabelSet, read_examples
+from .metrics import accuracy, macro_f1
+from .output import save_classifier
+
+__all__ = ["FinetuneConfig", "FinetuneResult", "KILL_HOOK_ENV", "METRICS_FILE", "STATE_FILE", "StepInfo",
+           "finetune", "linear_schedule", "make_optimizer", "train_step", "training_loss"]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "training_state.pt"
+METRICS_FILE = "metrics.json"
+STATE_FORMAT = 1
+# Test hook: SIGKILL this process right after the checkpoint of this global step is written.
+KILL_HOOK_ENV = "BERTSCOPE_TRAIN_KILL_AFTER_STEP"
+# Settings a resumed run must share with the interrupted one (the rest, e.g. save_every, may change).
+_RESUME_KEYS = ("train", "dev", "model", "text_field", "pair_field", "label_field", "max_length", "epochs",
+                "lr", "batch_tokens", "batch_size", "warmup", "weight_decay", "seed", "packed")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Everything that shapes a fine-tuning run (the ``bertscope finetune`` flags)."""
+
+    train: str
+    dev: str | None = None
+    model: str | None = None  # a checkpoint folder; None = the bundled all-MiniLM-L6-v2
+    text_field: str = "text"
+    pair_field: str | None = None
+    label_field: str = "label"
+    max_length: int = 192
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_tokens: int | None = None  # real tokens per batch; None = 16 x max_length
+    batch_size: int | None = 32  # at most this many examples per batch; None = no cap
+    warmup: float = 0.1  # share of the steps with a rising learning rate
+    weight_decay: float = 0.01
+    seed: int = 0
+    save_every: int = 200  # steps between checkpoints (0 = only at epoch ends)
+    packed: bool = True  # False: the padded reference path (for comparison)
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch_tokens if self.batch_tokens is not None else 16 * self.max_length
+
+    def check(self) -> None:
+        """Raise InputError (one line) for a value out of range."""
+        def whole(name: str, low: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise InputError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {v!r}")
+
+        whole("epochs", 1)
+        whole("max_length", 2)
+        whole("save_every", 0)
+        if self.batch_tokens is not None:
+            whole("batch_tokens", 1)
+        if self.batch_size is not None:
+            whole("batch_size", 1)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"--lr must be a positive number, got {self.lr!r}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise InputError(f"--warmup must be a share of the steps in [0, 1), got {self.warmup!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise InputError(f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+        if self.text_field == self.label_field or self.pair_field in (self.text_field, self.label_field):
+            raise InputError("--text-field, --text-pair-field and --label-field must name different fields")
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What the progress callback hears after each step."""
+
+    epoch: int  # 0-based
+    step: int  # global steps done, 1-based
+    total_steps: int
+    loss: float
+    tokens_per_s: float  # real tokens per second of training steps in this epoch so far
+
+
+@dataclass
+class FinetuneResult:
+    out_dir: Path
+    metrics: dict
+    model: BertForSequenceClassification
+    labels: list[str]
+    resumed_from_step: int = 0
+    truncated: int = 0
+    written: list[Path] = field(default_factory=list)
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """torch's AdamW (betas 0.9, 0.999; eps 1e-8), with no weight decay on biases and LayerNorm
+    parameters (the grouping HF's Trainer uses)."""
+    norm_params = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if name.endswith("bias") or id(p) in norm_params else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """lr(t) = lr · t / warmup for t < warmup, then lr · (total - t) / (total - warmup), down to 0."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def training_loss(model: BertForSequenceClassification, encoder: PackedEncoder, ids: list[list[int]],
+                  types: list[list[int]], labels: list[int], *, packed: bool = True,
+                  pad_id: int = 0) -> tuple[torch.Tensor, int]:
+    """The mean cross-entropy of one batch, and its real tokens.
+
+    ``packed``: the padding-free path (:meth:`PackedEncoder.classify`); else the padded
+    reference path (``model(input_ids, attention_mask, token_type_ids)``).
+    """
+    device = next(model.parameters()).device
+    tokens = sum(len(t) for t in ids)
+    if packed:
+        p = pack_ids(ids, types, device=device)
+        logits = encoder.classify(model, p)  # (B, K) in packed order
+        gold = torch.tensor([labels[j] for j in p.order], device=device)  # (B,)
+    else:
+        B, T = len(ids), max(len(t) for t in ids)
+        input_ids = torch.full((B, T), pad_id, dtype=torch.long)  # (B, T)
+        mask = torch.zeros(B, T, dtype=torch.long)  # (B, T)
+        segs = torch.zeros(B, T, dtype=torch.long)  # (B, T)
+        for b, (t, s) in enumerate(zip(ids, types)):
+            input_ids[b, :len(t)] = torch.tensor(t)
+            mask[b, :len(t)] = 1
+            segs[b, :len(s)] = torch.tensor(s)
+        logits = model(input_ids.to(device), mask.to(device), segs.to(device)).logits  # (B, K)
+        gold = torch.tensor(labels, device=device)  # (B,)
+    return model.loss_fn(logits, gold), tokens
+
+
+def train_step(model: BertForSequenceClassification, encoder: PackedEncoder, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, ids: list[list[int]], types: list[list[int]],
+               labels: list[int], *, packed: bool = True, pad_id: int = 0, max_grad_norm: float = 1.0,
+               ) -> tuple[float, int]:
+    """One optimizer step on one batch: loss, backward, clip the gradient norm, AdamW, schedule.
+    Returns the batch's loss (before the step) and its real tokens."""
+    loss, tokens = training_loss(model, encoder, ids, types, labels, packed=packed, pad_id=pad_id)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach()), tokens
+
+
+def _fingerprint(path: str | None) -> str | None:
+    if path is None:
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder")
+    state = out / STATE_FILE
+    if resume:
+        if state.is_file():
+            return
+        if (out / METRICS_FILE).is_file():
+            raise InputError(f"--resume: the run in {out} is already complete (it has {METRICS_FILE} "
+                             f"and no {STATE_FILE})")
+        raise InputError(f"--resume: {out} holds no interrupted run (no {STATE_FILE})")
+    if out.is_dir() and any(out.iterdir()):
+        raise InputError(f"--out {out} exists and is not empty; pass --resume to continue the run in it, "
+                         "or choose a new folder")
+
+
+@dataclass
+class _Data:
+    train: list[Example]
+    dev: list[Example]
+    labels: LabelSet
+    train_y: list[int]
+    dev_y: list[int]
+
+
+def _read_data(cfg: FinetuneConfig) -> _Data:
+    kw = dict(text_field=cfg.text_field, pair_field=cfg.pair_field, label_field=cfg.label_field)
+    train = read_examples(cfg.train, what="TRAIN", **kw)
+    labels = LabelSet.from_examples(train, cfg.train)
+    dev = read_examples(cfg.dev, what="DEV", **kw) if cfg.dev is not None else []
+    return _Data(train, dev, labels, labels.ids(train, cfg.train), labels.ids(dev, f"DEV {cfg.dev}"))
+
+
+def _model_folder(cfg: FinetuneConfig) -> Path:
+    return bundled_model_path() if cfg.model is None else Path(cfg.model).expanduser()
+
+
+def _save_state(path: Path, state: dict) -> None:
+    write_atomic(path, lambda f: torch.save(state, f), fsync=True)
+
+
+def _load_state(path: Path) -> dict:
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # a corrupt file surfaces in many exception types
+        raise InputError(f"--resume: {path} could not be read ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise InputError(f"--resume: {path} is not a bertscope training state")
+    return state
+
+
+def _tokenize(bert: Bert, examples: list[Example], max_length: int) -> tuple[list[list[int]], list[list[int]], int]:
+    pairs = [e.pair or "" for e in examples] if any(e.pair is not None for e in examples) else None
+    ids, types, cut = bert.tokenizer.encode_segments([e.text for e in examples], pairs, max_length=max_length)
+    return ids, types, sum(cut)
+
+
+def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
+             on_step: Callable[[StepInfo], None] | None = None,
+             on_epoch: Callable[[dict], None] | None = None,
+             on_start: Callable[[int, int], None] | None = None) -> FinetuneResult:
+    """Fine-tune ``cfg.model`` on ``cfg.train`` and write the classifier folder ``out``.
+
+    Everything is checked before any work or any file is written: the settings, ``out`` (not
+    a file; empty or absent unless ``resume``), the model's positions against ``max_length``,
+    and the data (records, labels, the dev labels against the train's). ``on_start(total, done)``
+    is called once training begins, ``on_step`` after every step, ``on_epoch`` with each epoch's
+    metrics. Returns the metrics and the trained model (eval mode).
+    """
+    cfg.check()
+    out = Path(out)
+    _check_out(out, resume)
+    folder = _model_folder(cfg)
+    try:
+        positions = read_config(folder).max_position_embeddings
+    except CheckpointError:
+        raise
+    if cfg.max_length > positions:
+        raise InputError(f"--max-length {cfg.max_length} is over the model's {positions} positions")
+    data = _read_data(cfg)
+    fingerprint = {"train": _fingerprint(cfg.train), "dev": _fingerprint(cfg.dev)}
+    state = None
+    if resume:
+        state = _load_state(out / STATE_FILE)
+        before = state["config"]
+        for key in _RESUME_KEYS:
+            if before.get(key) != getattr(cfg, key):
+                raise InputError(f"--resume: {key.replace('_', '-')} is {getattr(cfg, key)!r}, but the "
+                                 f"interrupted run used {before.get(key)!r}")
+        if state["fingerprint"] != fingerprint:
+            raise InputError("--resume: TRAIN or DEV changed since the interrupted run")
+
+    base = load(folder)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        torch.manual_seed(cfg.seed)
+        model = BertForSequenceClassification(base.config, len(data.labels.names),
+                                              id2label=data.labels.id2label, encoder=base.encoder)
+        bert = Bert(config=base.config, model=model, tokenizer=base.tokenizer, path=folder,
+                    max_seq_length=cfg.max_length, name=base.name)
+        train_ids, train_types, cut = _tokenize(bert, data.train, cfg.max_length)
+        dev_ids, dev_types, _ = _tokenize(bert, data.dev, cfg.max_length)
+        lengths = [len(t) for t in train_ids]
+        plans = [epoch_batches(lengths, cfg.tokens_per_batch, cfg.batch_size, cfg.seed, e)
+                 for e in range(cfg.epochs)]
+        total = sum(len(p) for p in plans)
+        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+        scheduler = linear_schedule(optimizer, math.ceil(cfg.warmup * total), total)
+
+        epoch, batch, step = 0, 0, 0
+        history: list[dict] = []
+        acc = {"loss_sum": 0.0, "examples": 0, "tokens": 0, "train_seconds": 0.0, "wall_seconds": 0.0}
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"])
+            epoch, batch, step = state["epoch"], state["batch"], state["global_step"]
+            history, acc = state["history"], state["epoch_progress"]
+        resumed_from = step
+        kill_at = int(os.environ.get(KILL_HOOK_ENV, "0") or 0)
+
+        def checkpoint(e: int, b: int) -> None:
+            _save_state(out / STATE_FILE, {
+                "format": STATE_FORMAT, "config": asdict(cfg), "fingerprint": fingerprint,
+                "labels": list(data.labels.names), "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": torch.get_rng_state(), "epoch": e, "batch": b, "global_step": step,
+                "history": history, "epoch_progress": dict(acc)})
+            if kill_at and step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"--out {out} cannot be created ({e.strerror})") from None
+        if on_start is not None:
+            on_start(total, step)
+        encoder = PackedEncoder()
+        mark = time.perf_counter()
+
+        def tick() -> None:  # wall time since the last tick goes to this epoch
+            nonlocal mark
+            now = time.perf_counter()
+            acc["wall_seconds"] += now - mark
+            mark = now
+
+        while epoch < cfg.epochs:
+            plan = plans[epoch]
+            model.train()
+            while batch < len(plan):
+                idx = plan[batch]
+                t0 = time.perf_counter()
+                loss, tokens = train_step(model, encoder, optimizer, scheduler, [train_ids[i] for i in idx],
+                                          [train_types[i] for i in idx], [data.train_y[i] for i in idx],
+                                          packed=cfg.packed, pad_id=bert.tokenizer.pad_id)
+                acc["train_seconds"] += time.perf_counter() - t0
+                acc["loss_sum"] += loss * len(idx)
+                acc["examples"] += len(idx)
+                acc["tokens"] += tokens
+                batch += 1
+                step += 1
+                if on_step is not None:
+                    on_step(StepInfo(epoch, step, total, loss, acc["tokens"] / max(acc["train_seconds"], 1e-9)))
+                if cfg.save_every and step % cfg.save_every == 0 and batch < len(plan):
+                    tick()
+                    checkpoint(epoch, batch)
+            row = {"epoch": epoch + 1, "steps": len(plan), "train_loss": acc["loss_sum"] / max(1, acc["examples"]),
+                   "train_tokens": acc["tokens"], "train_seconds": acc["train_seconds"],
+                   "tokens_per_s": acc["tokens"] / max(acc["train_seconds"], 1e-9)}
+            if data.dev:
+                t0 = time.perf_counter()
+                probs = bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch)
+                pred = probs.argmax(1).tolist()
+                row.update(dev_accuracy=accuracy(pred, data.dev_y),
+                           dev_macro_f1=macro_f1(pred, data.dev_y, len(data.labels.names)),
+                           dev_seconds=time.perf_counter() - t0)
+            tick()
+            row["wall_seconds"] = acc["wall_seconds"]
+            history.append(row)
+            if on_epoch is not None:
+                on_epoch(row)
+            epoch, batch = epoch + 1, 0
+            acc = {"loss_sum": 0.0, "examples": 0, "tokens": 0, "train_seconds": 0.0, "wall_seconds": 0.0}
+            checkpoint(epoch, batch)
+            mark = time.perf_counter()
+
+    model.eval()
+    written = save_classifier(out, model, folder, cfg.max_length)
+    metrics = {
+        "model": str(folder), "train": cfg.train, "dev": cfg.dev, "labels": list(data.labels.names),
+        "train_examples": len(data.train), "dev_examples": len(data.dev), "train_truncated": cut,
+        "settings": {k: v for k, v in asdict(cfg).items() if k not in ("train", "dev", "model")}
+        | {"batch_tokens": cfg.tokens_per_batch},
+        "total_steps": total, "epochs": history,
+        "train_seconds": sum(r["train_seconds"] for r in history),
+        "wall_seconds": sum(r["wall_seconds"] for r in history),
+    }
+    written.append(write_text_atomic(out / METRICS_FILE, json.dumps(metrics, indent=1, allow_nan=False)))
+    (out / STATE_FILE).unlink(missing_ok=True)
+    return FinetuneResult(out_dir=out, metrics=metrics, model=model, labels=list(data.labels.names),
+                          resumed_from_step=resumed_from, truncated=cut, written=written)

@@ -1,0 +1,383 @@
+"""Every bad input the adversarial pass found, at every entry point: the library raises one
+plain InputError (or CheckpointError) sentence; the CLI prints one line, exits non-zero, shows
+no traceback and leaves nothing half-written."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import bertscope
+from bertscope.bench.corpus import save_random_checkpoint
+from bertscope.bert import Bert
+from bertscope.cli.main import main
+from bertscope.core.checkpoint import check_fits_in_memory
+from bertscope.errors import CheckpointError, InputError, InputTypeError
+from bertscope.understand.ablate import ablate, sweep
+from bertscope.understand.trace import trace
+from bertscope.understand.wsc import parse_wsc
+
+from conftest import IT_ANIMAL, ROOT
+
+TINY = bertscope.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+def one_line_error(code: int, err: str, fragment: str = "") -> str:
+    """The CLI's contract for bad input: non-zero, one line on stderr, no traceback."""
+    assert code != 0
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("bertscope: error:"), lines[0]
+    assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def cli_error(capsys, args: list[str], fragment: str = "") -> str:
+    code = main(args)
+    captured = capsys.readouterr()
+    return one_line_error(code, captured.err, fragment)
+
+
+def tiny_folder(tmp_path: Path, bundled_path: Path, name: str = "tiny", **changes) -> Path:
+    return save_random_checkpoint(TINY.replace(**changes), tmp_path / name, bundled_path)
+
+
+# ---------------------------------------------------------------- token types, T = 0, shapes
+
+@pytest.mark.parametrize("make_types, fragment", [
+    (lambda ids: torch.full_like(ids, 2), "token_type_ids must lie in 0..1"),
+    (lambda ids: torch.full_like(ids, -1), "token_type_ids must lie in 0..1"),
+    (lambda ids: torch.zeros(ids.shape[0], ids.shape[1] + 1, dtype=torch.long), "shape of input_ids"),
+    (lambda ids: torch.zeros(ids.shape[1], dtype=torch.long), "shape of input_ids"),
+    (lambda ids: torch.zeros(ids.shape, dtype=torch.float32), "integer segment ids"),
+])
+@pytest.mark.parametrize("path", ["packed", "reference"])
+def test_token_type_ids_checked_on_both_paths(bert, make_types, fragment, path):
+    batch = bert.encode(["a short text", "another"])
+    types = make_types(batch.input_ids)
+    run = bert if path == "packed" else bert.model
+    with pytest.raises(InputError, match=fragment) as e:
+        run(batch.input_ids, batch.attention_mask, types)
+    assert "\n" not in str(e.value)
+
+
+def test_pairs_on_a_model_with_one_segment_type(tmp_path, bundled_path):
+    """bert.encode(texts, pairs) makes segment B (type 1); a model with type_vocab_size 1 has
+    none: one clear sentence, not an IndexError. Its plain inputs still work, CLI included."""
+    folder = tiny_folder(tmp_path, bundled_path, type_vocab_size=1)
+    b = bertscope.load(folder)
+    batch = b.encode(["a question"], pairs=["an answer"])
+    assert int(batch.token_type_ids.max()) == 1
+    with pytest.raises(InputError, match="the model has 1 segment types"):
+        b(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    with pytest.raises(InputError, match="the model has 1 segment types"):
+        b.model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    single = b.encode(["a question"])
+    b(single.input_ids, single.attention_mask, single.token_type_ids)  # segment A only: fine
+    r = subprocess.run([sys.executable, "-m", "bertscope", "attend", "the cat sat", "--token", "cat",
+                        "--model", str(folder), "--json"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["token"] == "cat"
+
+
+@pytest.mark.parametrize("shape", [(1, 0), (0, 0), (3, 0)])
+def test_no_tokens_is_refused_on_both_paths(bert, shape):
+    ids = torch.zeros(shape, dtype=torch.long)
+    for run in (bert, bert.model):
+        with pytest.raises(InputError, match="T = 0"):
+            run(ids)
+
+
+def test_empty_batch_with_tokens_is_fine(bert):
+    out = bert(torch.zeros(0, 4, dtype=torch.long))
+    assert out.last_hidden_state.shape == (0, 4, bert.config.hidden_size)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((12, -3), "num_heads must be a positive whole number"),
+    ((12, 0), "num_heads must be a positive whole number"),
+    ((0, 1), "hidden_size must be a positive whole number"),
+    ((12, 5), "not divisible"),
+    ((12.0, 3), "hidden_size must be a positive whole number"),
+    ((12, True), "num_heads must be a positive whole number"),
+    ((12, 3, 1.0), "dropout must be a probability"),
+    ((12, 3, -0.1), "dropout must be a probability"),
+])
+def test_attention_module_checks_its_sizes(args, fragment):
+    with pytest.raises(ValueError, match=fragment) as e:
+        bertscope.MultiHeadSelfAttention(*args)
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- embed: modes, empty text
+
+def test_embed_in_training_mode_runs_eval_and_restores_the_mode(bert):
+    want = bert.embed([IT_ANIMAL, "a b c"])
+    bert.model.train()
+    try:
+        got = bert.embed([IT_ANIMAL, "a b c"])
+        again = bert.embed([IT_ANIMAL, "a b c"])
+        assert bert.model.training  # restored
+        assert all(m.training for m in bert.model.modules())
+    finally:
+        bert.model.eval()
+    assert np.abs(got - want).max() < 1e-6 and np.abs(again - want).max() < 1e-6  # no dropout
+
+
+def test_embed_empty_text_is_a_zero_vector_in_the_library_and_the_cli(bert, tmp_path, capsys):
+    lib = bert.embed(["", "   ", IT_ANIMAL])
+    assert not lib[0].any() and not lib[1].any()
+    assert abs(float(np.linalg.norm(lib[2])) - 1.0) < 1e-5
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n   \n" + IT_ANIMAL + "\n", encoding="utf-8")
+    assert main(["embed", str(inp), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    capsys.readouterr()
+    from bertscope.fast.embedjob import read_embeddings
+
+    emb, status = read_embeddings(tmp_path / "out")
+    assert status == ["empty", "empty", "ok"]
+    assert np.array_equal(emb[:2], lib[:2])
+    assert np.abs(emb[2] - lib[2]).max() < 1e-5
+
+
+# ---------------------------------------------------------------- ablate: one path for both runs
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ablating_a_dead_head_changes_nothing(bert, dtype):
+    """A head whose W_O input columns are zero contributes nothing, so silencing it must give
+    cosine 1. In bf16 a baseline from another path (packed) than the ablation (padded) would
+    differ by far more than the tolerance."""
+    layer, head = 2, 5
+    model = copy.deepcopy(bert.model).to(dtype)
+    D = bert.config.head_size
+    with torch.no_grad():
+        model.layers[layer].attention.output.weight[:, head * D:(head + 1) * D] = 0
+    dead = Bert(config=bert.config, model=model, tokenizer=bert.tokenizer, max_seq_length=bert.max_seq_length)
+    res = ablate(dead, IT_ANIMAL, [(layer, head)], word="it")
+    assert float(res.token_cosine.min()) > 1 - 1e-6
+    assert res.embedding_cosine > 1 - 1e-6
+    assert float(res.word_shift.abs().max()) < 1e-6
+    if dtype == torch.float32:
+        effects = sweep(dead, "The cat sat on the mat.")
+        assert float(effects.token_effect[layer, head]) < 1e-6
+        assert float(effects.token_effect.max()) > 1e-4  # other heads do matter
+
+
+# ---------------------------------------------------------------- texts that are not text
+
+@pytest.mark.parametrize("texts, error, fragment", [
+    (None, InputTypeError, "texts must be a list of strings"),
+    ("one string", InputTypeError, "not one str"),
+    ([None], InputTypeError, "texts[0] is NoneType"),
+    (["fine", 3], InputTypeError, "texts[1] is int"),
+    ([b"bytes"], InputTypeError, "texts[0] is bytes"),
+    (["\ud800"], InputError, "not valid Unicode"),
+    (["caf\udce9"], InputError, "lone surrogate U+DCE9"),
+])
+def test_embed_refuses_what_is_not_text(bert, texts, error, fragment):
+    with pytest.raises(error) as e:
+        bert.embed(texts)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, InputError)
+
+
+@pytest.mark.parametrize("call", [
+    lambda b: b.encode([None]),
+    lambda b: b.encode(["a"], pairs=["\ud800"]),
+    lambda b: b.tokenizer.encode_ids([1.5]),
+    lambda b: bertscope.attend(b, None, "it"),
+    lambda b: bertscope.attend(b, "it is", None),
+    lambda b: bertscope.attend(b, "it \ud800", "it"),
+    lambda b: bertscope.build_report(b, 42),
+    lambda b: bertscope.build_report(b, "fine", "\udcff"),
+    lambda b: trace(b, None, "it"),
+    lambda b: ablate(b, "the cat", [(0, 0)], word=7),
+    lambda b: sweep(b, None),
+], ids=["encode", "encode-pairs", "encode_ids", "attend-text", "attend-word", "attend-surrogate",
+        "report", "report-b", "trace", "ablate-word", "sweep"])
+def test_every_library_entry_point_checks_its_text(bert, call):
+    with pytest.raises(InputError) as e:
+        call(bert)
+    assert "\n" not in str(e.value)
+
+
+def test_heads_statistics_check_their_texts(bert):
+    from bertscope.understand.headstats import head_stats
+
+    with pytest.raises(InputTypeError, match="text 2 is NoneType"):
+        head_stats(bert, ["fine", None])
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["attend", "caf\udce9 au lait", "--token", "it"], "argument text holds byte 0xe9, which is not UTF-8"),
+    (["attend", IT_ANIMAL, "--token", "\ud800"], "argument token holds a lone surrogate U+D800"),
+    (["embed", "\udcff.txt", "--out", "x"], "argument input holds byte 0xff"),
+    (["heads", "corpus.txt", "--out", "d\udcc3"], "argument out holds byte 0xc3"),
+    (["trace", "ok", "--token", "ok", "--model", "m\udc80"], "argument model holds byte 0x80"),
+])
+def test_cli_refuses_arguments_that_are_not_utf8(capsys, tmp_path, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    cli_error(capsys, args, fragment)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_cli_refuses_non_utf8_bytes_in_argv_for_real():
+    """The bytes as a terminal sends them: Python turns them into surrogates (surrogateescape)."""
+    r = subprocess.run([sys.executable.encode(), b"-m", b"bertscope", b"attend", b"caf\xe9", b"--token", b"it"],
+                       capture_output=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    one_line_error(r.returncode, r.stderr.decode("utf-8", "replace"), "byte 0xe9, which is not UTF-8")
+
+
+# ---------------------------------------------------------------- NaN and infinite weights
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_weights_are_refused_at_load(tmp_path, bundled_path, capsys, value):
+    folder = tiny_folder(tmp_path, bundled_path)
+    state = load_file(str(folder / "model.safetensors"))
+    key = "encoder.layer.1.attention.self.key.weight"
+    state[key][3, 4] = value
+    state[key][0, 1] = value
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=f"'{key}' holds 2 NaN or infinite value"):
+        bertscope.load(folder)
+    cli_error(capsys, ["attend", "the cat sat", "--token", "cat", "--model", str(folder)], key)
+    cli_error(capsys, ["attend", "the cat sat", "--token", "cat", "--model", str(folder), "--json"], key)
+    out = tmp_path / "emb"
+    inp = tmp_path / "in.txt"
+    inp.write_text("the cat sat\n")
+    cli_error(capsys, ["embed", str(inp), "--out", str(out), "--quiet", "--model", str(folder)], key)
+    assert not out.exists() or not [p for p in out.iterdir() if p.name != "_job.json"]
+    cli_error(capsys, ["bench", "--model", str(folder), "--quick", "--json"], key)
+
+
+def test_a_weight_that_overflows_float16_is_refused(tmp_path, bundled_path):
+    folder = tiny_folder(tmp_path, bundled_path)
+    state = load_file(str(folder / "model.safetensors"))
+    state["pooler.dense.bias"][0] = 1e6  # finite in fp32, infinite in fp16
+    save_file(state, str(folder / "model.safetensors"))
+    bertscope.load(folder)  # fine in float32
+    with pytest.raises(CheckpointError, match="'pooler.dense.bias' does not fit in torch.float16"):
+        bertscope.load(folder, dtype=torch.float16)
+
+
+def test_embed_never_returns_non_finite_rows(bert):
+    broken = copy.deepcopy(bert.model)
+    with torch.no_grad():
+        broken.layers[0].attention.value.bias[0] = math.nan  # after loading: a library user's edit
+    b = Bert(config=bert.config, model=broken, tokenizer=bert.tokenizer, max_seq_length=bert.max_seq_length)
+    with pytest.raises(bertscope.BertscopeError, match="NaN or infinite values for 2 text"):
+        b.embed(["one", "two"])
+
+
+def test_bench_json_is_strict_even_with_a_nan_measurement(monkeypatch, capsys):
+    import bertscope.bench as bench
+
+    def fake_run_bench(**kw):
+        return {"machine": {}, "workloads": {"mixed": {"skipped": {}, "systems": {
+            "bertscope": {"texts_per_s": 10.0, "max_abs_diff_vs_bertscope": math.nan},
+            "onnxruntime": {"texts_per_s": math.inf}}}}, "scaling": {"ratio": [1.0, -math.inf]}}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    assert main(["bench", "--quick", "--json"]) == 0
+    captured = capsys.readouterr()
+
+    def refuse(name):
+        raise AssertionError(f"not JSON: {name}")
+
+    data = json.loads(captured.out, parse_constant=refuse)
+    systems = data["workloads"]["mixed"]["systems"]
+    assert systems["bertscope"]["max_abs_diff_vs_bertscope"] is None
+    assert systems["onnxruntime"]["texts_per_s"] is None and systems["bertscope"]["texts_per_s"] == 10.0
+    assert data["scaling"]["ratio"] == [1.0, None]
+    assert data["non_finite"] == ["workloads.mixed.systems.bertscope.max_abs_diff_vs_bertscope",
+                                  "workloads.mixed.systems.onnxruntime.texts_per_s", "scaling.ratio[1]"]
+    assert "3 measurement(s) were NaN or infinite" in captured.err
+
+
+# ---------------------------------------------------------------- absurd sizes, seeds
+
+def test_absurd_config_is_refused_before_allocating(tmp_path, bundled_path, capsys):
+    folder = tiny_folder(tmp_path, bundled_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(hidden_size=12_000_000, num_attention_heads=12)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    started = time.monotonic()
+    with pytest.raises(CheckpointError) as e:
+        bertscope.load(folder)
+    msg = str(e.value)
+    n = bertscope.BertConfig.from_json(folder / "config.json").num_parameters
+    assert f"{n:,} parameters" in msg and "memory available" in msg
+    assert re.search(r"\(\d+\.\d [KMGTP]iB in float32\)", msg), msg
+    cli_error(capsys, ["attend", "the cat", "--token", "cat", "--model", str(folder)], "parameters")
+    assert time.monotonic() - started < 60  # refused, not attempted (an attempt would take far longer or die)
+
+
+def test_memory_check_compares_the_float32_size_with_what_is_available():
+    base = bertscope.BertConfig.preset("bert-base")
+    need = 4 * base.num_parameters
+    check_fits_in_memory(base, available=need)  # exactly fits
+    with pytest.raises(CheckpointError, match="109,482,240 parameters"):
+        check_fits_in_memory(base, available=need - 1)
+
+
+@pytest.mark.parametrize("preset", ["minilm-l6", "tiny"])
+def test_parameter_formula_counts_the_built_model(preset):
+    cfg = TINY.replace(type_vocab_size=3, vocab_size=999) if preset == "tiny" else bertscope.BertConfig.preset(preset)
+    assert cfg.num_parameters == bertscope.count_params(bertscope.BertModel(cfg)).model_total
+
+
+@pytest.mark.parametrize("seed", [str(2 ** 70), str(2 ** 64), "-1"])
+def test_trace_seed_out_of_torch_range(capsys, seed):
+    cli_error(capsys, ["trace", "The cat sat", "--token", "cat", "--seed", seed], "--seed must be a whole number")
+
+
+def test_trace_seed_at_the_edges_of_the_range(bert):
+    for seed in (0, 2 ** 64 - 1):
+        assert trace(bert, "The cat sat", "cat", seed=seed).dropped.shape[0] > 0
+
+
+# ---------------------------------------------------------------- WSC files: bounded parse
+
+VALID_SCHEMA = ("<schema><text><txt1>The trophy doesn't fit into the suitcase because</txt1>"
+                "<pron>it</pron><txt2>is too large.</txt2></text><answers><answer>The trophy</answer>"
+                "<answer>the suitcase</answer></answers><correctAnswer>A</correctAnswer></schema>")
+
+
+@pytest.mark.parametrize("junk", ["<schema>", "<schema ", "<schema>\n"], ids=["tags", "unclosed-tags", "lines"])
+def test_wsc_parse_is_linear_in_unclosed_tags(junk):
+    """50,000 unclosed tags took 125 s with a lazy regex (quadratic); a linear parse takes well
+    under a second. The budget is generous (20 s for 200,000 tags)."""
+    data = (junk * 200_000 + VALID_SCHEMA).encode()
+    started = time.monotonic()
+    schemas, warnings = parse_wsc(data)
+    assert time.monotonic() - started < 20
+    assert len(schemas) == 1 and schemas[0].pronoun == "it"
+    if junk != "<schema ":
+        assert warnings == ["the file: 200000 <schema> element(s) are not closed and were skipped"]
+
+
+def test_wsc_line_numbers_still_right():
+    data = ("<root>\n" + VALID_SCHEMA + "\n\n" + VALID_SCHEMA.replace("<pron>it</pron>", "<pron></pron>")
+            + "\n</root>").encode()
+    schemas, warnings = parse_wsc(data)
+    assert schemas[0].line == 2 and warnings == ["schema 2 (line 4): its <pron> is missing or empty; skipped"]
+
+
+def test_coref_cli_on_unclosed_tags(tmp_path, capsys):
+    f = tmp_path / "hostile.xml"
+    f.write_text("<schema>" * 50_000)
+    cli_error(capsys, ["coref", str(f)], "has no <schema>...</schema> elements")

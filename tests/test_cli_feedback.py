@@ -1,0 +1,159 @@
+"""Feedback on long work and missing extras: progress bars on a terminal (and only there), extras
+checked before any work, `coref --bundled`, and `ablate`'s lines for the silenced heads' layer."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import numpy as np
+
+from bertscope.cli.main import main
+
+from conftest import IT_ANIMAL
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = "The cat sat on the mat"
+
+
+def _env() -> dict:
+    return {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
+            "COLUMNS": "100", "TERM": "xterm"}
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """Run `bertscope ARGS` with stderr on a pseudo-terminal (stdout on a pipe); return the exit
+    status, stdout, and everything written to the terminal."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 x 100, as a terminal
+    proc = subprocess.Popen([sys.executable, "-m", "bertscope", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave, env=_env())
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            piece = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not piece:
+            break
+        seen += piece
+    os.close(master)
+    out = proc.stdout.read().decode()
+    proc.stdout.close()
+    return proc.wait(timeout=60), out, seen.decode("utf-8", "replace")
+
+
+def _bar_drawn(text: str) -> bool:
+    return "ablate --sweep" in text and "/72 [" in text  # tqdm: "ablate --sweep:  40%|...| 29/72 [00:01<..."
+
+
+def test_progress_bar_on_a_terminal_and_not_with_quiet():
+    code, out, tty = _on_a_terminal("ablate", SHORT, "--sweep", "--top", "2")
+    assert code == 0 and "L" in out
+    assert _bar_drawn(tty), tty[-500:]
+    code, out, tty = _on_a_terminal("ablate", SHORT, "--sweep", "--top", "2", "--quiet")
+    assert code == 0 and "L" in out
+    assert tty == "", tty[-500:]
+
+
+def test_no_progress_bar_in_a_pipe_unless_asked():
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "bertscope", "ablate", SHORT, "--sweep", "--top", "1",  # noqa: E731
+                                         *extra], capture_output=True, text=True, env=_env(), timeout=180)
+    r = run()
+    assert r.returncode == 0 and r.stderr == ""
+    r = run("--progress")
+    assert r.returncode == 0 and _bar_drawn(r.stderr)
+
+
+def test_library_progress_callbacks_count_the_work(bert):
+    from bertscope.understand.ablate import sweep
+    from bertscope.understand.coref import evaluate
+    from bertscope.understand.headstats import head_stats
+    from bertscope.understand.wsc import BUNDLED_SCHEMAS, read_wsc
+
+    calls: list[tuple[int, int]] = []
+    sweep(bert, SHORT, progress=lambda d, t: calls.append((d, t)))
+    assert calls[0] == (0, 72) and calls[-1] == (72, 72) and [d for d, _ in calls] == list(range(73))
+    calls.clear()
+    head_stats(bert, ["one text", "two texts", "three"], progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    calls.clear()
+    schemas, _ = read_wsc(BUNDLED_SCHEMAS)
+    evaluate(bert, schemas[:4], progress=lambda d, t: calls.append((d, t)))
+    assert calls[-1] == (4, 4) and len(calls) == 5
+
+
+def test_embed_counts_texts_batch_by_batch(bert):
+    """The bar moves with every packed batch, not once per 2,048 texts."""
+    texts = [f"text number {i} " + "word " * (i % 17) for i in range(300)]
+    ids, _ = bert.tokenizer.encode_ids(texts)
+    steps: list[int] = []
+    out = bert.embed_ids(ids, batch_tokens=256, progress=steps.append)
+    assert sum(steps) == 300 and len(steps) >= 10 and max(steps) < 100
+    np.testing.assert_allclose(out, bert.embed_ids(ids, batch_tokens=256), atol=1e-6)
+
+
+def _without_matplotlib(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`bertscope ARGS` with matplotlib unimportable and the model loader replaced by a tripwire."""
+    code = ("import sys\nsys.modules['matplotlib'] = None\n"
+            "import bertscope.bert as b\n"
+            "def tripwire(*a, **k):\n    raise SystemExit('WORK STARTED: the model was loaded')\n"
+            "b.load = tripwire\n"
+            "from bertscope.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=_env(),
+                          timeout=120, cwd=cwd)
+
+
+def test_experiments_without_matplotlib_fails_before_any_work(tmp_path):
+    out = tmp_path / "exp"
+    r = _without_matplotlib("experiments", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "WORK STARTED" not in r.stderr
+    assert "matplotlib" in r.stderr and "pip install 'bertscope[plot]'" in r.stderr and "--no-plots" in r.stderr
+    assert not out.exists() or not any(out.iterdir())
+    # --no-plots needs no matplotlib: it goes on to the work (here: the tripwire)
+    r = _without_matplotlib("experiments", "--out", str(out), "--no-plots", cwd=tmp_path)
+    assert "WORK STARTED" in r.stderr
+
+
+def test_heads_out_and_plot_without_matplotlib_fail_before_any_work(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one line\nanother line\n")
+    r = _without_matplotlib("heads", str(corpus), "--out", str(tmp_path / "maps"), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "matplotlib" in r.stderr, r.stderr
+    r = _without_matplotlib("plot", SHORT, "--out", str(tmp_path / "x.png"), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "matplotlib" in r.stderr, r.stderr
+    r = _without_matplotlib("heads", str(corpus), cwd=tmp_path)  # no --out: no figure, no need
+    assert "WORK STARTED" in r.stderr
+
+
+def test_coref_bundled_by_name(capsys):
+    assert main(["coref", "--bundled", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "12 schemas scored" in out and "MAS" in out
+    assert main(["coref"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--bundled" in err
+    assert main(["coref", "x.xml", "--bundled"]) == 2
+    capsys.readouterr()
+
+
+def test_ablate_says_what_its_own_layer_shows(capsys):
+    assert main(["ablate", IT_ANIMAL, "--layer", "3", "--head", "1", "--token", "it"]) == 0
+    out = capsys.readouterr().out
+    lines = [l.strip() for l in out.splitlines() if l.strip().startswith("L")]
+    assert lines[0].startswith("L3: the silenced heads' own layer: largest move 0.000")
+    assert [l.split(":")[0] for l in lines[1:]] == ["L4", "L5"]
+    assert all("most moved" in l for l in lines[1:])

@@ -1,0 +1,136 @@
+"""The faithfulness experiment's parts: Spearman against scipy, each attribution against an
+independent route (classify on the edited text, explain), resume, the report and the command.
+
+The classifier here has a random head (training one takes minutes); the experiment's numbers
+come from `bertscope explain-experiments --faithfulness`, not from these tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import bertscope
+from bertscope.cli import main
+from bertscope.explain import faithfulness as fa
+
+SENTENCE = "the film is a gorgeous , witty and moving delight"
+
+
+@pytest.fixture(scope="module")
+def clf_folder(bert, tmp_path_factory):
+    from bertscope.core.classifier import BertForSequenceClassification
+    from bertscope.train.output import save_classifier
+
+    torch.manual_seed(1)
+    clf = BertForSequenceClassification(bert.config, 2, id2label={0: "negative", 1: "positive"},
+                                        encoder=copy.deepcopy(bert.encoder))
+    with torch.no_grad():
+        clf.classifier.weight.mul_(50)
+    out = tmp_path_factory.mktemp("clf")
+    save_classifier(out, clf, bert.path, 128)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clf(clf_folder):
+    return bertscope.load(clf_folder)
+
+
+def test_spearman_equals_scipy():
+    from scipy.stats import spearmanr  # scipy comes with the test dependencies (scikit-learn)
+
+    rng = np.random.default_rng(0)
+    for n in (3, 7, 20):
+        a = rng.integers(0, 5, n).astype(float)  # ties
+        b = rng.normal(size=n)
+        assert fa.spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+    assert fa.spearman(np.ones(5), np.arange(5.0)) is None
+
+
+def test_review_sentences_and_split():
+    rows = fa.review_sentences()
+    assert len(rows) == 8530 and {lab for _, lab in rows} == {"negative", "positive"}
+    train, held = fa.split_sentences(rows)
+    assert len(held) == fa.HELD_OUT and len(train) == len(rows) - fa.HELD_OUT
+    assert fa.split_sentences(rows)[1] == held  # seeded: the same split every time
+
+
+def test_attributions_against_independent_routes(clf):
+    a = fa.sentence_attributions(clf, SENTENCE, ig_steps=8)
+    words = SENTENCE.split()
+    assert a.words == words
+    probs = clf.classify([SENTENCE])[0]
+    c = int(probs.argmax())
+    assert a.predicted == c and a.probability == pytest.approx(float(probs[c]), abs=1e-5)
+    # occlusion: classify the text with the word taken out (tokenized afresh, the string path)
+    for i in (0, 4, 9):
+        edited = " ".join(w for j, w in enumerate(words) if j != i)
+        assert a.occlusion[i] == pytest.approx(float(probs[c] - clf.classify([edited])[0][c]), abs=1e-5)
+    # gradient x input: the library's explain of the same class, at word level
+    exp = bertscope.explain(clf, SENTENCE, "grad-input", target=c)
+    np.testing.assert_allclose(a.grad_input, exp.word_maps()[1:-1], atol=1e-6)
+    ig = bertscope.explain(clf, SENTENCE, "integrated-gradients", target=c)
+    assert np.abs(ig.word_maps()[1:-1]).max() > 0 and a.integrated_gradients.shape == (len(words),)
+    # the maps: [CLS]'s row at every layer, word level, heads averaged
+    for m in ("alti", "norm", "value-zeroing"):
+        wm = bertscope.explain(clf, SENTENCE, m).word_maps()
+        if wm.ndim == 4:
+            wm = wm.mean(1)
+        np.testing.assert_allclose(a.maps[m], wm[:, 0, 1:-1], atol=1e-5)
+
+
+def test_short_sentences_are_skipped(clf):
+    assert fa.score_sentence(clf, "dull .") is None
+
+
+def test_run_resumes_and_renders(clf, clf_folder, tmp_path, monkeypatch):
+    r = fa.run_faithfulness(clf, clf_folder, tmp_path, limit=3)
+    assert len(r.sentences) + r.skipped == 3 and r.held_out == fa.HELD_OUT
+    assert 0.0 <= r.accuracy <= 1.0
+    lines = (tmp_path / "faithfulness.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[0])["ig_steps"] == 0
+
+    def boom(*a, **k):
+        raise AssertionError("a cached sentence was scored again")
+
+    monkeypatch.setattr(fa, "score_sentence", boom)
+    again = fa.run_faithfulness(clf, clf_folder, tmp_path, limit=3)
+    assert [s.rho for s in again.sentences] == [s.rho for s in r.sentences]
+    assert r.cached == 0 and again.cached == 3 and again.scoring_seconds == pytest.approx(r.scoring_seconds)
+    md = fa.render_faithfulness(again, "bertscope explain-experiments --faithfulness", "experiments/x.png")
+    L = clf.config.num_hidden_layers
+    assert md.count(f"| method | {' | '.join(f'L{l}' for l in range(L))} |") == 2
+    mean, sd, n = again.summary("occlusion", "alti")
+    assert mean.shape == (L,) and (n <= len(again.sentences)).all()
+    alti_row = [l for l in md.splitlines() if l.startswith("| alti |")][1]  # the occlusion table
+    assert f"{mean[L - 1]:+.2f}" in alti_row
+    assert "0.55" in md and "Ferrando et al. 2022" in md  # their figures, quoted as theirs
+
+
+def test_command_writes_the_section_and_plot(clf_folder, tmp_path, capsys):
+    out, work = tmp_path / "docs", tmp_path / "work"
+    assert main(["explain-experiments", "--out", str(out), "--faithfulness", "--classifier", str(clf_folder),
+                 "--work", str(work), "--limit", "2", "--ig-steps", "4", "--quiet"]) == 0
+    text = (out / "EXPERIMENTS.md").read_text(encoding="utf-8")
+    assert "<!-- begin explain-faithfulness -->" in text and "<!-- begin explain-reread -->" in text
+    assert "integrated-gradients (input)" in text
+    png = out / "experiments" / "explain_faithfulness.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--limit", "3"], "--limit is for --faithfulness"),
+    (["--faithfulness", "--limit", "0"], "--limit must be at least 1"),
+    (["--faithfulness", "--classifier", "/nonexistent"], "is not a folder"),
+    (["--faithfulness", "--model", "/somewhere"], "pass --classifier"),
+])
+def test_command_errors(args, fragment, tmp_path, capsys):
+    assert main(["explain-experiments", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+    assert not (tmp_path / "EXPERIMENTS.md").exists()  # refused before any work

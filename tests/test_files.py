@@ -1,0 +1,145 @@
+"""Folders of outputs are written all at once or not at all (bertscope.files.write_folder_atomic),
+and `heads --out` and `experiments --out` use it: a failure leaves the old folder as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bertscope.cli.main import main
+from bertscope.files import TEMP_SUFFIX, write_folder_atomic, write_text_atomic
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too) and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def fill_with(files: dict[str, str], fail_after: int | None = None):
+    def fill(stage: Path) -> list[Path]:
+        written = []
+        for i, (name, text) in enumerate(files.items()):
+            if fail_after is not None and i == fail_after:
+                raise RuntimeError("the plotting library exploded")
+            written.append(write_text_atomic(stage / name, text))
+        return written
+    return fill
+
+
+def test_a_new_folder_appears_whole(tmp_path):
+    out = tmp_path / "new" / "report"
+    seen = []
+    paths = write_folder_atomic(out, fill_with({"a.json": "A", "img/b.png": "B"}),
+                                before_commit=lambda: seen.append(out.exists()))
+    assert seen == [False]  # nothing at OUT until everything was written
+    assert paths == [out / "a.json", out / "img" / "b.png"]
+    assert snapshot(out) == {"a.json": b"A", "img/b.png": b"B"}
+    assert oct(out.stat().st_mode & 0o777) == oct(0o755)
+    assert [p.name for p in out.parent.iterdir()] == ["report"]  # no staging folder left
+
+
+def test_an_existing_folder_keeps_other_files_and_gets_every_output(tmp_path):
+    out = tmp_path / "out"
+    (out / "img").mkdir(parents=True)
+    (out / "a.json").write_text("old A")
+    (out / "img" / "b.png").write_text("old B")
+    (out / "notes.txt").write_text("the user's own file")
+    seen = []
+    write_folder_atomic(out, fill_with({"a.json": "A", "img/b.png": "B", "c.md": "C"}),
+                        before_commit=lambda: seen.append(snapshot(out)))
+    outside_stage = {k: v for k, v in seen[0].items() if not k.startswith(".bertscope-stage-")}
+    assert outside_stage == {"a.json": b"old A", "img/b.png": b"old B", "notes.txt": b"the user's own file"}
+    assert snapshot(out) == {"a.json": b"A", "img/b.png": b"B", "c.md": b"C", "notes.txt": b"the user's own file"}
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_failure_while_filling_changes_nothing(tmp_path, exists):
+    out = tmp_path / "out"
+    if exists:
+        out.mkdir()
+        (out / "a.json").write_text("old A")
+        (out / "b.png").write_text("old B")
+    before = snapshot(out) if exists else None
+    with pytest.raises(RuntimeError, match="exploded"):
+        write_folder_atomic(out, fill_with({"a.json": "A", "b.png": "B", "c": "C"}, fail_after=2))
+    if exists:
+        assert snapshot(out) == before
+    else:
+        assert not out.exists()
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(TEMP_SUFFIX)]
+
+
+def test_a_failure_while_committing_is_undone(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.json").write_text("old A")
+    (out / "z.png").write_text("old Z")
+    before = snapshot(out)
+    real_replace = os.replace
+    calls = []
+
+    def replace(src, dst):
+        calls.append(Path(dst).name)
+        if Path(dst).name == "z.png" and Path(src).parent.name != ".old":  # the third output's commit
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="No space left"):
+        write_folder_atomic(out, fill_with({"a.json": "A", "new/b.txt": "B", "z.png": "Z"}))
+    monkeypatch.undo()
+    assert calls[:3] == ["a.json", "b.txt", "z.png"]  # two outputs were in place, then undone
+    assert snapshot(out) == before
+    assert not (out / "new").exists()
+
+
+def test_heads_out_failure_leaves_the_old_folder(tmp_path, capsys, monkeypatch):
+    import bertscope.see.figures as figures
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\n")
+    out = tmp_path / "heads"
+    out.mkdir()
+    (out / "heads.json").write_text('{"old": true}')
+    (out / "heads_entropy.png").write_bytes(b"old png")
+    (out / "heads_cls.png").write_bytes(b"old png")
+    before = snapshot(out)
+    real_save, calls = figures.save_heatmap, []
+
+    def third_heatmap_fails(path, *args, **kw):  # two new PNGs are written, then a failure
+        calls.append(Path(path).name)
+        if len(calls) == 3:
+            raise RuntimeError("matplotlib: cannot draw the heatmap")
+        return real_save(path, *args, **kw)
+
+    monkeypatch.setattr(figures, "save_heatmap", third_heatmap_fails)
+    code = main(["heads", str(corpus), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert len(calls) == 3
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "cannot draw the heatmap" in err
+    assert snapshot(out) == before  # not a mix of new PNGs and the old heads.json
+
+
+def test_experiments_out_failure_leaves_the_old_files(tmp_path, capsys, monkeypatch):
+    import bertscope.understand.experiments.report as report
+
+    out = tmp_path / "docs"
+    (out / "experiments").mkdir(parents=True)
+    (out / "EXPERIMENTS.md").write_text("# old\n")
+    (out / "BENCHMARKS.md").write_text("# someone else's\n")
+    (out / "experiments" / "results.json").write_text("{}")
+    (out / "experiments" / "s1_self_match.png").write_bytes(b"old png")
+    before = snapshot(out)
+
+    def half_the_plots(r, img):
+        write_text_atomic(img / "s1_self_match.png", "new png")
+        raise RuntimeError("matplotlib: out of fonts")
+
+    monkeypatch.setattr(report, "save_plots", half_the_plots)
+    code = main(["experiments", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert snapshot(out) == before

@@ -1,0 +1,339 @@
+"""bertscope finetune and predict, end to end: training, the HF-format output, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import bertscope
+from bertscope.cli.main import main
+from trainkit import sentiment_rows, tiny_checkpoint, write_csv, write_jsonl
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, bundled_path):
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", bundled_path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One real run: the bundled model, 240 made-up reviews, 2 epochs (a few seconds)."""
+    root = tmp_path_factory.mktemp("ft")
+    train = write_csv(root / "train.csv", sentiment_rows(240, seed=1))
+    dev = write_jsonl(root / "dev.jsonl", sentiment_rows(60, seed=2))
+    out = root / "out"
+    code = main(["finetune", str(train), "--dev", str(dev), "--out", str(out), "--epochs", "2",
+                 "--batch-size", "16", "--lr", "1e-4", "--max-length", "32", "--quiet"])
+    assert code == 0
+    return out, dev
+
+
+def test_finetune_reaches_high_dev_accuracy_and_writes_metrics(trained):
+    out, _ = trained
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [r["epoch"] for r in metrics["epochs"]] == [1, 2]
+    last = metrics["epochs"][-1]
+    assert last["dev_accuracy"] >= 0.9, metrics["epochs"]
+    assert last["dev_macro_f1"] >= 0.9
+    assert metrics["epochs"][1]["train_loss"] < metrics["epochs"][0]["train_loss"]
+    for r in metrics["epochs"]:
+        assert r["tokens_per_s"] > 0 and r["wall_seconds"] >= r["train_seconds"] > 0
+    assert metrics["labels"] == ["neg", "pos"] and metrics["train_examples"] == 240
+    assert not (out / "training_state.pt").exists()
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
+            "metrics.json"} <= {p.name for p in out.iterdir()}
+
+
+def test_output_loads_in_hf_with_equal_logits(trained):
+    import transformers
+
+    out, _ = trained
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    assert hf.config.id2label == {0: "neg", 1: "pos"}
+    clf = bertscope.load(out)
+    texts = ["this movie was wonderful", "the ending was awful and dull", "meh"]
+    b = clf.encode(texts)
+    with torch.no_grad():
+        ref = hf(input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids).logits
+        ours = clf.model(b.input_ids, b.attention_mask, b.token_type_ids).logits
+    assert (ours - ref).abs().max() <= TOL
+    probs = clf.classify(texts)
+    assert np.abs(probs - torch.softmax(ref, -1).numpy()).max() <= TOL
+    assert probs[0].argmax() == clf.labels.index("pos") and probs[1].argmax() == clf.labels.index("neg")
+
+
+def test_predict_agrees_with_classify_and_reports_bad_lines(trained, tmp_path, capsys):
+    out, dev = trained
+    lines = [json.loads(x) for x in dev.read_text().splitlines()][:20]
+    inp = tmp_path / "in.jsonl"
+    body = [json.dumps({"text": r["text"]}) for r in lines]
+    body.insert(3, "{not json")
+    body.insert(7, json.dumps({"body": "no text field"}))
+    body.insert(9, json.dumps({"text": 42}))
+    body.insert(11, json.dumps({"text": "   "}))
+    inp.write_text("\n".join(body) + "\n")
+    pred = tmp_path / "pred.jsonl"
+    assert main(["predict", str(out), str(inp), "--json", "--out", str(pred), "--quiet"]) == 0
+    rows = [json.loads(x) for x in pred.read_text().splitlines()]
+    assert [r["line"] for r in rows] == list(range(1, len(body) + 1))
+    assert {r["line"]: r["status"] for r in rows if r["status"] != "ok"} == {4: "bad_json", 8: "no_field",
+                                                                             10: "not_text", 12: "empty"}
+    clf = bertscope.load(out)
+    probs = clf.classify([r["text"] for r in lines])
+    good = [r for r in rows if r["status"] == "ok"]
+    assert len(good) == len(lines)
+    for r, p in zip(good, probs):
+        assert r["label"] == clf.labels[int(p.argmax())]
+        assert max(abs(r["probs"][n] - float(v)) for n, v in zip(clf.labels, p)) <= TOL
+    assert "1 bad_json record(s): line 4" in capsys.readouterr().err
+    # the plain table on stdout: a header, then one row per line
+    capsys.readouterr()
+    assert main(["predict", str(out), str(inp), "--quiet"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split("\t") == ["line", "status", "label", "p_neg", "p_pos"]
+    assert len(table) == len(body) + 1 and table[4].split("\t")[:3] == ["4", "bad_json", ""]
+
+
+def _run_cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "bertscope", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_resume_after_a_kill_mid_epoch_ends_with_the_uninterrupted_weights(tmp_path, tiny):
+    from safetensors.torch import load_file
+
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(120, seed=5))
+    common = ["finetune", str(train), "--model", str(tiny), "--epochs", "2", "--batch-size", "8",
+              "--max-length", "24", "--save-every", "4", "--seed", "3", "--quiet"]
+    full = _run_cli(common + ["--out", str(tmp_path / "full")])
+    assert full.returncode == 0, full.stderr
+    # 15 steps per epoch: kill right after the checkpoint of step 20 (mid second epoch)
+    cut = _run_cli(common + ["--out", str(tmp_path / "cut")], {"BERTSCOPE_TRAIN_KILL_AFTER_STEP": "20"})
+    assert cut.returncode == -9, cut.stderr
+    assert (tmp_path / "cut" / "training_state.pt").is_file() and not (tmp_path / "cut" / "model.safetensors").exists()
+    again = _run_cli(common + ["--out", str(tmp_path / "cut"), "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert "resumed at step 20" in again.stdout
+    a = load_file(str(tmp_path / "full" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ma = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    mb = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    assert [r["train_loss"] for r in ma["epochs"]] == [r["train_loss"] for r in mb["epochs"]]
+    # and the run changed the weights
+    start = load_file(str(tiny / "model.safetensors"))
+    assert not torch.equal(a["bert.encoder.layer.0.attention.self.query.weight"],
+                           start["encoder.layer.0.attention.self.query.weight"])
+
+
+# --- bad input: one line, a non-zero exit, nothing written in DIR ---------------------------------
+
+def _refused(capsys, args: list[str], match: str, out: Path | None = None) -> None:
+    code = main(args + ["--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("bertscope: error:") and len(err.splitlines()) == 1, err
+    assert match in err, err
+    if out is not None:
+        assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.fixture
+def good_train(tmp_path):
+    return write_jsonl(tmp_path / "train.jsonl", sentiment_rows(20, seed=0))
+
+
+def test_refuses_missing_label_field(tmp_path, tiny, capsys):
+    rows = sentiment_rows(10, seed=0)
+    del rows[4]["label"]
+    train = write_jsonl(tmp_path / "t.jsonl", rows)
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(out)],
+             "line 5: the label field 'label' is missing", out)
+    csv_train = write_csv(tmp_path / "t.csv", sentiment_rows(10, seed=0))
+    _refused(capsys, ["finetune", str(csv_train), "--model", str(tiny), "--out", str(out), "--label-field", "stars"],
+             "has no column 'stars'", out)
+
+
+def test_refuses_only_one_class(tmp_path, tiny, capsys):
+    rows = [dict(r, label="pos") for r in sentiment_rows(10, seed=0)]
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(write_jsonl(tmp_path / "t.jsonl", rows)), "--model", str(tiny),
+                      "--out", str(out)], "only one class", out)
+
+
+def test_refuses_unknown_labels_in_dev(tmp_path, tiny, good_train, capsys):
+    dev = sentiment_rows(6, seed=1)
+    dev[2]["label"] = "neutral"
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(good_train), "--dev", str(write_jsonl(tmp_path / "d.jsonl", dev)),
+                      "--model", str(tiny), "--out", str(out)], "line 3 has the label 'neutral'", out)
+
+
+def test_refuses_an_empty_file(tmp_path, tiny, capsys):
+    empty = tmp_path / "t.csv"
+    empty.write_text("")
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(empty), "--model", str(tiny), "--out", str(out)], "holds no examples", out)
+
+
+@pytest.mark.parametrize("label", [1.5, None, ["pos"], True, {"a": 1}])
+def test_refuses_labels_that_are_not_strings_or_ints(tmp_path, tiny, label, capsys):
+    rows = sentiment_rows(10, seed=0)
+    rows[6]["label"] = label
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(write_jsonl(tmp_path / "t.jsonl", rows)), "--model", str(tiny),
+                      "--out", str(out)], "line 7: the label field 'label' is", out)
+
+
+def test_int_labels_are_a_label_set(tmp_path, tiny):
+    from bertscope.train.data import LabelSet, read_examples
+
+    rows = [dict(r, label=10 if r["label"] == "pos" else 2) for r in sentiment_rows(10, seed=0)]
+    ex = read_examples(write_jsonl(tmp_path / "t.jsonl", rows))
+    assert LabelSet.from_examples(ex).names == ("2", "10")  # numeric order, not "10" < "2"
+
+
+def test_refuses_max_length_over_the_positions(tmp_path, tiny, good_train, capsys):
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--max-length", "257"],
+             "--max-length 257 is over the model's 256 positions", out)
+
+
+def test_refuses_an_unwritable_out(tmp_path, tiny, good_train, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(blocker / "sub")],
+             "cannot be a folder")
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", "/proc/bertscope-out"],
+             "--out")
+
+
+def test_refuses_an_existing_non_empty_out_without_resume(tmp_path, tiny, good_train, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out)],
+             "exists and is not empty; pass --resume")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--resume"],
+             "holds no interrupted run")
+
+
+def test_read_records_line_numbers_and_statuses(tmp_path):
+    from bertscope.train.data import read_records
+
+    csv_path = tmp_path / "a.csv"
+    csv_path.write_text('text,label\n"a review\nover two lines",pos\n\nshort,neg\nonly-text\n')
+    recs = read_records(csv_path, label_field="label")
+    assert [(r.line, r.status, r.label) for r in recs] == [(2, "ok", "pos"), (5, "ok", "neg"), (6, "ok", None)]
+    assert recs[2].label_problem == "is missing"
+    tsv = tmp_path / "a.tsv"
+    tsv.write_text("label\ttext\tpair\n1\tfirst\tsecond\n0\t\t\n")
+    recs = read_records(tsv, pair_field="pair", label_field="label")
+    assert [(r.text, r.pair, r.status, r.label) for r in recs] == [("first", "second", "ok", "1"), ("", "", "empty", "0")]
+    raw = tmp_path / "b.jsonl"
+    raw.write_bytes(b'{"text": "ok"}\n\xff\xfe\n[1]\n')
+    assert [r.status for r in read_records(raw)] == ["ok", "undecodable", "no_field"]
+
+
+def test_epoch_batches_cover_every_example_once_within_budget_and_are_reproducible():
+    from bertscope.train.batches import epoch_batches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 200, size=500).tolist()
+    a = epoch_batches(lengths, 1024, 16, seed=7, epoch=0)
+    assert sorted(i for b in a for i in b) == list(range(500))
+    assert all(len(b) <= 16 and (len(b) == 1 or sum(lengths[i] for i in b) <= 1024) for b in a)
+    assert a == epoch_batches(lengths, 1024, 16, seed=7, epoch=0)
+    assert a != epoch_batches(lengths, 1024, 16, seed=7, epoch=1)
+    # length-grouped: inside a batch lengths are close (far closer than in a random batch)
+    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in a if len(b) > 1])
+    assert spread < 40
+
+
+def test_macro_f1_matches_scikit_learn():
+    from sklearn.metrics import f1_score
+
+    from bertscope.train.metrics import accuracy, macro_f1
+
+    rng = np.random.default_rng(1)
+    gold = rng.integers(0, 3, 200).tolist()
+    pred = [g if rng.random() < 0.7 else int(rng.integers(0, 3)) for g in gold]
+    assert abs(macro_f1(pred, gold, 3) - f1_score(gold, pred, average="macro")) < 1e-12
+    assert accuracy(pred, gold) == np.mean(np.array(pred) == np.array(gold))
+
+
+def test_view_one_text_through_base_and_fine_tuned_model(trained, bert, tmp_path):
+    """`view TEXT --model-b DIR`: A is the base model's attention, B the fine-tune's (each against
+    HF transformers), and fine-tuning changed them."""
+    import transformers
+
+    from bertscope.see.report import build_report
+
+    out, _ = trained
+    text = "the acting was wonderful but the story was dull"
+    clf = bertscope.load(out)
+    rep = build_report(bert, text, bert_b=clf)
+    a, b = rep.texts
+    assert a.text == b.text == text and a.tokens == b.tokens
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out), attn_implementation="eager").eval()
+    enc = clf.encode([text])
+    with torch.no_grad():
+        ref = hf(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_attentions=True).attentions
+    np.testing.assert_allclose(b.attentions, torch.stack([x[0] for x in ref]).numpy(), atol=1e-5)
+    assert np.abs(a.attentions - b.attentions).max() > 1e-3  # fine-tuning moved the attention
+    page = tmp_path / "ab.html"
+    assert main(["view", text, "--model-b", str(out), "--out", str(page)]) == 0
+    assert f"B = {out.name}" in page.read_text()
+    with pytest.raises(bertscope.InputError, match="not both"):
+        build_report(bert, text, "another text", bert_b=clf)
+
+
+def test_head_change_against_hf_attentions(trained, bert, hf_model):
+    """Per head, the mean total variation between base and fine-tuned attention rows, against the
+    same quantity computed from HF transformers' attentions of the two models."""
+    import transformers
+
+    from bertscope.train.tradeoff import head_change
+
+    out, _ = trained
+    clf = bertscope.load(out)
+    texts = ["the acting was wonderful", "i thought the story was dull and the music weak"]
+    ours = head_change(bert, clf, texts)
+    tuned = transformers.AutoModelForSequenceClassification.from_pretrained(str(out), attn_implementation="eager").eval()
+    ref = np.zeros_like(ours)
+    for t in texts:
+        b = bert.encode([t])
+        with torch.no_grad():
+            p = torch.stack([x[0] for x in hf_model(input_ids=b.input_ids, output_attentions=True).attentions])
+            q = torch.stack([x[0] for x in tuned(input_ids=b.input_ids, output_attentions=True).attentions])
+        ref += (0.5 * (p - q).abs().sum(-1).mean(-1)).numpy() / len(texts)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+    assert ours.max() > 1e-3
+    assert np.abs(head_change(bert, bert, texts)).max() == 0
+
+
+def test_movie_reviews_long_split_is_balanced_disjoint_and_long(bert):
+    from bertscope.train.tradeoff import long_review_split, reviews
+
+    rt = reviews("rt")
+    assert len(rt) == 8530 and {lab for _, lab in rt} == {"pos", "neg"}  # the package's Rotten Tomatoes set
+    rows = rt[:400] + rt[-400:]
+    train, dev = long_review_split(bert, rows, 20, 10, min_tokens=30, seed=1)
+    assert [r["label"] for r in train].count("pos") == 10 and [r["label"] for r in dev].count("neg") == 5
+    assert not {r["text"] for r in train} & {r["text"] for r in dev}
+    assert min(bert.tokenizer.count_tokens([r["text"] for r in train + dev])) >= 30
+    assert (train, dev) == long_review_split(bert, rows, 20, 10, min_tokens=30, seed=1)

@@ -174,14 +174,14 @@ class AttentionKernels:
                 block = qkv.index_select(0, b.gather).view(b.G, b.L, 3, H, D)  # (G·L, 3C) -> (G, L, 3, H, D)
             q, k, v = block.permute(2, 0, 3, 1, 4).unbind(0)  # (G, H, L, D) each
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=b.keep, dropout_p=dropout_p)  # (G, H, L, D)@(G, H, D, L)@(G, H, L, D) -> (G, H, L, D)
-            rows = out.transpose(1, 2)  # (G, H, L, D) -> (G, L, H, D)
+            by_token = out.transpose(1, 2)  # (G, H, L, D) -> (G, L, H, D)
             if b.real is None:
                 if context is not None:
-                    context[b.start:b.end].view(b.G, b.L, H, D).copy_(rows)
+                    context[b.start:b.end].view(b.G, b.L, H, D).copy_(by_token)
                 else:
-                    parts.append(rows.reshape(b.G * b.L, C))  # (G·L, C)
+                    parts.append(by_token.reshape(b.G * b.L, C))  # (G·L, C)
                 continue
-            grid = rows.reshape(b.G * b.L, C)  # (G·L, C)
+            grid = by_token.reshape(b.G * b.L, C)  # (G·L, C)
             if context is not None:
                 torch.index_select(grid, 0, b.real, out=context[b.start:b.end])  # drop the padded queries
             else:

@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from bertscope.bench.run import run_bench, write_markdown  # noqa: E402
+from bertscope.bench.report import write_markdown  # noqa: E402
+from bertscope.bench.run import run_bench  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 
 

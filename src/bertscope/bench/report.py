@@ -81,7 +81,8 @@ def quality_lines(w: dict) -> list[str]:
 def write_markdown(r: dict) -> str:
     """The results as markdown tables (for docs/BENCHMARKS.md)."""
     m = r["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
+    flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
+    lines = [f"Machine: {m['cpu']} ({flags}), {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
              f"{m.get('gpu', 'no GPU used') if r['device'] != 'cpu' else 'CPU'}; dtype {r['dtype']}; "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
              "", f"Measured fp32 matmul peak (best of 1024³, 2048³, 4096×768×3072; torch.mm): **{r['matmul_peak_gflops']:.1f} GFLOP/s**"
@@ -89,7 +90,7 @@ def write_markdown(r: dict) -> str:
                 if r.get("matmul_peak_onednn_gflops") else "") + ".", ""]
     for wname, w in r["workloads"].items():
         lines += [f"### {w.get('label', wname)}: {w['texts']} texts, {w['real_tokens']} real tokens "
-                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}", "",
+                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}; {m['cpu']} ({flags})", "",
                   ] + systems_table(w)
         lines.append(f"\nbertscope's useful GFLOP/s are {100 * w['bertscope_fraction_of_matmul_peak']:.0f}% of the "
                      "higher measured matmul peak.")

@@ -203,6 +203,7 @@ class GemmBackend:
         self.failures: list[str] = []  # oneDNN failures seen on real shapes
         self._cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.int8_keep_fp32: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
 
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:
@@ -233,13 +234,16 @@ class GemmBackend:
         """Fresh linears for every layer of ``model`` from its current parameters."""
         keep = self.int8_keep_fp32.get(model, frozenset()) if precision == "int8" else frozenset()
         if precision == "int8":
-            from .quant import Int8Linear
+            from .quant import Int8Linear, Scratch
+
+            if self.scratch is None:
+                self.scratch = Scratch()
         out = []
         for i, weights in enumerate(layer_weights(model)):
             lins = {}
             for name, (w, b, act) in weights.items():
                 if precision == "int8" and (i, name) not in keep:
-                    lins[name] = Int8Linear(w, b, act, kernel=self.int8_kernel)
+                    lins[name] = Int8Linear(w, b, act, kernel=self.int8_kernel, scratch=self.scratch)
                 elif precision == "bf16":
                     lins[name] = Linear(w, b, "onednn", act, self._failed, dtype=torch.bfloat16)
                 else:

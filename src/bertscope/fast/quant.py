@@ -31,6 +31,7 @@ embeddings are fp32 throughout.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["COSINE_FLOOR", "ERROR_LIMIT", "INT8_KERNELS", "Int8Linear", "Int8Plan", "calibrate",
+__all__ = ["COSINE_FLOOR", "ERROR_LIMIT", "INT8_KERNELS", "Int8Linear", "Int8Plan", "Scratch", "calibrate",
            "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -74,15 +75,41 @@ def int8_kernel_available(kernel: str) -> bool:
         return False
 
 
+class Scratch:
+    """Reusable buffers for quantizing a linear's input, one set per thread.
+
+    Quantizing an (N, K) input takes an fp32 intermediate and an 8-bit copy. Fresh tensors of
+    that size come from the operating system page by page each time (glibc hands large blocks
+    back on free), which cost about as much as the arithmetic: writing into a kept buffer took
+    7 ms against 16 ms fresh for a 4096 x 3072 input (measured on the 2-core Xeon). A
+    GemmBackend owns one Scratch shared by all its int8 linears (they run one after another);
+    it holds at most the largest input seen, per thread and dtype.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def get(self, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised (n, k) tensor of ``dtype``, valid until the next call on this thread."""
+        key = (threading.get_ident(), dtype)
+        flat = self._bufs.get(key)
+        if flat is None or flat.numel() < n * k:
+            with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
+                flat = torch.empty(n * k, dtype=dtype)
+            self._bufs[key] = flat
+        return flat[: n * k].view(n, k)  # (n, k)
+
+
 class Int8Linear:
     """y = act(x·Wᵀ + b) with int8 weights (per channel) and int8 activations (per token)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None, *,
-                 kernel: str = "onednn") -> None:
+                 kernel: str = "onednn", scratch: Scratch | None = None) -> None:
         if kernel not in INT8_KERNELS:
             raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of {', '.join(INT8_KERNELS)}")
         M, K = weight.shape
         self.kernel = kernel
+        self.scratch = scratch if scratch is not None else Scratch()
         self.act_name = act
         self.act = activation(act) if act else None
         wq, self.w_scale = quantize_weight(weight)  # (M, K) int8, (M,)
@@ -101,19 +128,22 @@ class Int8Linear:
         padded = -(-n // ROW_BUCKET) * ROW_BUCKET
         if padded != n:  # the encoder rounds once per batch; this is for other callers
             x = F.pad(x, (0, 0, 0, padded - n))  # (N', K)
-        lo, hi = torch.aminmax(x, dim=1, keepdim=True)  # (N', 1) each
+        # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N', 1) each
         step = (hi - lo).clamp_(min=_TINY) / 255  # (N', 1) Δ
         inv = 1.0 / step  # (N', 1)
+        rows, K = x.shape
+        t = torch.mul(x, inv, out=self.scratch.get(rows, K, torch.float32))  # (N', K) x/Δ
         if self.kernel == "onednn":
             # q = round((x − lo)/Δ) in [0, 255]: +0.5 then truncation (to uint8) rounds in one pass
-            q = torch.addcmul(0.5 - lo * inv, x, inv).to(torch.uint8)  # (N', K)
+            q = self.scratch.get(rows, K, torch.uint8).copy_(t.add_(0.5 - lo * inv))  # (N', K)
             y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
                                                    1.0, 0, torch.float32, "none", [], "")  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
             offset = lo  # (N', 1)
         else:
             # torch._int_mm multiplies int8 by int8: centre the grid, q − 128 in [−128, 127]
             offset = lo + 128 * step  # (N', 1)
-            q = torch.addcmul(-offset * inv, x, inv).round_().to(torch.int8)  # (N', K)
+            q = self.scratch.get(rows, K, torch.int8).copy_(t.sub_(offset * inv).round_())  # (N', K)
             y = torch._int_mm(q, self.wq_t).float().mul_(self.w_scale)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
         y.mul_(step)  # Δ · (q·Ŵᵀ)
         y.addmm_(torch.cat([offset, torch.ones_like(offset)], 1), self.correction)  # + [lo, 1]·[Ŵ·1; b]
@@ -179,7 +209,7 @@ def calibrate(encoder, model, packed, *, kernel: str = "onednn") -> Int8Plan:
             layer = {}
             for name in LINEAR_NAMES:
                 w, b, a = lw[name]
-                q = Int8Linear(w, b, a, kernel=kernel)
+                q = Int8Linear(w, b, a, kernel=kernel, scratch=encoder.gemm.scratch)
                 xin = torch.cat(rec[name].inputs)  # (N, K)
                 y32, y8 = rec[name].inner(xin), q(xin)  # (N, M) each
                 errors[(i, name)] = float((y8 - y32).norm() / y32.norm().clamp(min=_TINY))

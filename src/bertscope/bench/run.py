@@ -132,8 +132,9 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
                     n: entry["systems"]["bertscope int8"]["tokens_per_s"] / s["tokens_per_s"]
                     for n, s in entry["systems"].items() if n != "bertscope int8"})
             entry["label"] = label
-            entry["model"] = str(folder if folder == bundled else f"random weights, {bert.config.hidden_size}"
-                                 f"/{bert.config.num_hidden_layers} layers/{bert.config.num_attention_heads} heads")
+            entry["model"] = (("bundled all-MiniLM-L6-v2" if model is None else str(folder)) if folder == bundled else
+                              f"random weights, {bert.config.hidden_size}/{bert.config.num_hidden_layers} layers/"
+                              f"{bert.config.num_attention_heads} heads")
             entry["config"] = bert.config.to_dict()
             entry["length_range"] = [min(lengths), max(lengths)]
             entry["skipped"] = skipped

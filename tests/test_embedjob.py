@@ -106,28 +106,31 @@ def test_killed_run_leaves_no_partial_output_and_resume_completes_it(tmp_path):
     out = tmp_path / "killed"
     killed = _subprocess_embed(inp, out, env_extra={KILL_HOOK_ENV: "2"})
     assert killed.returncode == -signal.SIGKILL  # really killed, mid-write of the third shard
-    finals = sorted(p.name for p in out.glob("part-*"))
-    assert finals == ["part-00000.npy", "part-00001.npy"]  # two whole shards, nothing half-written
-    assert list(out.glob(".*.tmp"))  # the third shard died as a temporary
+    assert not list(out.glob("part-*"))  # nothing in OUTPUT itself until the job is done
+    staged = sorted(p.name for p in (out / "_staging").glob("part-*"))
+    assert staged == ["part-00000.npy", "part-00001.npy"]  # two whole shards, nothing half-written
+    assert list((out / "_staging").glob(".*.tmp"))  # the third shard died as a temporary
     assert not (out / "_manifest.json").exists()
-    for f in finals:
-        assert np.load(out / f).shape == (4, 384)
+    for f in staged:
+        assert np.load(out / "_staging" / f).shape == (4, 384)
     with pytest.raises(Exception):
         read_embeddings(out)
 
     again = _subprocess_embed(inp, out)  # without --resume: refused, one line, no traceback
     assert again.returncode == 2 and "--resume" in again.stderr and "Traceback" not in again.stderr
 
-    mtime0 = (out / "part-00000.npy").stat().st_mtime_ns
+    mtime0 = (out / "_staging" / "part-00000.npy").stat().st_mtime_ns
     resumed = _subprocess_embed(inp, out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "2 already done" in resumed.stdout
-    assert (out / "part-00000.npy").stat().st_mtime_ns == mtime0  # not redone
-    assert not list(out.glob(".*.tmp"))
+    assert (out / "part-00000.npy").stat().st_mtime_ns == mtime0  # moved into place, not redone
+    assert not list(out.glob(".*.tmp")) and not (out / "_staging").exists()
     a, sa = read_embeddings(tmp_path / "whole")
     b, sb = read_embeddings(out)
     assert sa == sb and a.shape == (18, 384)
     assert np.abs(a - b).max() < 1e-6
+    runs = [s["run"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
+    assert runs == [1, 1, 2, 2, 2]  # the manifest says which run computed each shard: none twice
 
 
 def test_embed_jsonl_bad_lines_are_zero_rows_in_order(tmp_path, bert, capsys):

@@ -10,7 +10,7 @@ from typing import BinaryIO, Callable, Iterable
 
 from .errors import InputError
 
-__all__ = ["TEMP_SUFFIX", "read_input_bytes", "read_lines", "update_section", "write_atomic",
+__all__ = ["TEMP_SUFFIX", "move_into_place", "read_input_bytes", "read_lines", "update_section", "write_atomic",
            "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
@@ -47,6 +47,13 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def move_into_place(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Move a finished file (one :func:`write_atomic` wrote) to ``dst`` in one step, on the same
+    filesystem: a reader of ``dst`` sees the old file or the new one, never part of either."""
+    os.replace(src, dst)
+    return Path(dst)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:

@@ -69,3 +69,42 @@ def check_output_dir(value: str, flag: str = "--out") -> Path:
     from .guard import check_writable
 
     return check_writable(path, flag, folder=True)
+
+
+ENGINE_FLAGS = ("address", "workers", "cpus_per_worker", "gpus_per_worker")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """--engine local|ray and the Ray flags (--address, --workers, --cpus-per-worker, --gpus-per-worker)."""
+    g = p.add_argument_group("engine (Ray needs: pip install 'bertscope[ray]')")
+    g.add_argument("--engine", default="local", metavar="local|ray",
+                   help="local: this process (default); ray: a pool of Ray actors, each holding the model")
+    g.add_argument("--address", default=None, metavar="auto|HOST:PORT|ray://HOST:PORT",
+                   help="the Ray cluster to join (default: start Ray on this machine, stop it after)")
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Ray actors, one model each (default: as many as the cluster's CPUs / --cpus-per-worker)")
+    g.add_argument("--cpus-per-worker", type=float, default=None, metavar="C",
+                   help="CPUs per actor, also its torch threads (default 1)")
+    g.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
+                   help="GPUs per actor (default 0; fractions share a GPU); above 0 runs on CUDA")
+
+
+def engine_options(args: argparse.Namespace):
+    """The checked EngineOptions for --engine ray, or None for the local engine (one-line errors)."""
+    from ..errors import InputError
+
+    if args.engine not in ("local", "ray"):
+        raise InputError(f"--engine must be local or ray, not {args.engine!r}")
+    given = [f"--{f.replace('_', '-')}" for f in ENGINE_FLAGS if getattr(args, f) is not None]
+    if args.engine == "local":
+        if given:
+            raise InputError(f"{', '.join(given)} need(s) --engine ray")
+        return None
+    from ..scale.cluster import EngineOptions, check_engine_options, require_ray
+
+    opts = EngineOptions(address=args.address, workers=args.workers,
+                         cpus_per_worker=1.0 if args.cpus_per_worker is None else args.cpus_per_worker,
+                         gpus_per_worker=0.0 if args.gpus_per_worker is None else args.gpus_per_worker)
+    check_engine_options(opts)
+    require_ray()
+    return opts

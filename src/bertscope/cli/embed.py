@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_model_arg, load_model
+from .common import add_engine_args, add_model_arg, engine_options, load_model
 from .progress import add_progress_args, progress_enabled
 
 HELP = """\
 Embed every line of INPUT with the packed, length-batched fast path, and write OUTPUT as a
 folder of shards plus _manifest.json. One row per input line, in input order.
 
-INPUT is a text file (one text per line), or JSON Lines (one JSON object per line, the text in
-field "text" or the one --field names) if its name ends in .jsonl, .ndjson or .json, or if
---field is given. A .json file must be JSON Lines: a single JSON document (one that starts with
-"[", or whose first line is not a whole JSON object) is refused.
+INPUT is one file, a folder (its files, in sorted order) or a glob ("crawl/*.jsonl"), local or
+any URI pyarrow reads (s3://, gs://, hdfs://). Each file is a text file (one text per line),
+JSON Lines (one JSON object per line, the text in field "text" or the one --field names) if its
+name ends in .jsonl, .ndjson or .json, or if --field is given, or Parquet (.parquet: the text in
+column "text" or --field). A .json file must be JSON Lines: a single JSON document (one that
+starts with "[", or whose first line is not a whole JSON object) is refused.
 
 A bad line never stops the job: it gets a zero vector and a status -- empty, undecodable (not
 UTF-8), bad_json (not valid JSON), no_field (not an object with the field), not_text (the field
@@ -23,11 +25,21 @@ is not a string) -- and over-long texts are cut to the model's max_seq_length (t
 is reported with its line numbers, here and in the manifest. But if NO line holds a text (every
 non-blank line fails), the input is refused at once: that is the wrong --field or file.
 Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
-file; --resume finishes a job without redoing shards. A progress bar on stderr counts the
-texts as they are embedded (when stderr is a terminal; --quiet hides it, --progress forces it).
+file. Finished shards wait in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a
+dataset reader never mistakes an unfinished job for a complete one. --resume finishes a job
+without redoing shards; a shard whose input lines changed since (by content, not by size or
+date) is computed again. One job at a time per OUTPUT (a lock file): a second is refused.
+
+--engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
+writes the same OUTPUT (a job can be resumed by either engine). Without --address Ray starts on
+this machine; on a cluster, run it on the head node with --address auto. OUTPUT must be a
+folder every worker can write (one machine, or a shared filesystem).
+
+A progress bar on stderr counts the texts as they are embedded (when stderr is a terminal;
+--quiet hides it, --progress forces it).
 
 Read the result back in Python:
-  from bertscope.embedjob import read_embeddings
+  from bertscope.fast.embedjob import read_embeddings
   emb, status = read_embeddings("OUTPUT")      # (rows, C) float32, and "ok"/"empty"/... per row
 or, for --format parquet:  pyarrow.parquet.read_table("OUTPUT")  (columns line, status, embedding)
 
@@ -35,7 +47,10 @@ examples:
   bertscope embed texts.txt --out texts.emb
   bertscope embed docs.jsonl --field body --out docs.emb --format parquet
   bertscope embed texts.txt --out texts.emb --resume      # after an interruption
-  bertscope embed texts.txt --out texts.emb --precision int8   # CPU, about 1.5-2x faster
+  bertscope embed texts.txt --out texts.emb --precision int8   # CPU: int8 linears (docs/BENCHMARKS.md)
+  bertscope embed crawl/ --out crawl.emb --format parquet --engine ray --workers 2
+  bertscope embed 's3://bucket/crawl/*.jsonl' --out /shared/crawl.emb --engine ray \\
+      --address auto --gpus-per-worker 1
 
 --precision int8 quantizes the linears (per-channel int8 weights, per-token int8 activations;
 the few a calibration finds too sensitive stay fp32); bertscope bench prints its quality
@@ -47,11 +62,13 @@ A job records its precision; --resume refuses a different one.
 def register(sub) -> None:
     p = sub.add_parser("embed", help="embed every line of a file into resumable shards",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input", metavar="INPUT", help="text file (one text per line), or JSON Lines: .jsonl/.ndjson/.json")
+    p.add_argument("input", metavar="INPUT",
+                   help="a file, folder or glob: text (one text per line), JSON Lines (.jsonl/.ndjson/.json) or Parquet")
     p.add_argument("--out", metavar="OUTPUT", required=True, help="output folder (created)")
     add_model_arg(p)
     p.add_argument("--field", metavar="NAME", default=None,
-                   help='JSON Lines field holding the text (default "text"; implies JSON Lines input)')
+                   help='the JSON Lines field or Parquet column holding the text (default "text"; '
+                        'implies JSON Lines for files that are not Parquet)')
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default 2048 on CPU, 16384 on CUDA)")
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
@@ -63,6 +80,7 @@ def register(sub) -> None:
                    help="input lines per shard (default 10000)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted job in OUTPUT")
     add_progress_args(p)
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -80,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--format must be npy or parquet, not {args.format!r}")
     if (args.batch_tokens is not None and args.batch_tokens < 1) or args.shard_rows < 1:
         raise InputError("--batch-tokens and --shard-rows must be at least 1")
-    from pathlib import Path
+    engine = engine_options(args)  # Ray missing, --workers 0...: one line, before anything
+    if engine is not None and args.precision != "fp32":
+        raise InputError(f"--precision {args.precision} runs on the local engine only; leave out --engine ray")
+    from ..fast.jobinput import resolve_inputs
 
-    if not Path(args.input).is_file():
-        raise InputError(f"input file {args.input} does not exist" if not Path(args.input).exists()
-                         else f"{args.input} is not a file")
+    resolve_inputs(args.input, args.field)  # no such file, a glob matching nothing: one line
     check_output_dir(args.out)
     from tqdm import tqdm
 
@@ -104,17 +123,25 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.update(n)
 
+    common = dict(field_name=args.field, batch_tokens=args.batch_tokens, fmt=args.format, resume=args.resume,
+                  shard_rows=args.shard_rows, progress=progress, on_total=on_total)
     try:
-        res = run_embed_job(load, args.input, args.out, field_name=args.field,
-                            batch_tokens=args.batch_tokens, fmt=args.format, resume=args.resume,
-                            shard_rows=args.shard_rows, progress=progress, on_total=on_total)
+        if engine is None:
+            res = run_embed_job(load, args.input, args.out, **common)
+        else:
+            from ..scale.embed import run_ray_embed_job
+
+            res = run_ray_embed_job(args.model, args.input, args.out, engine=engine, **common)
     finally:
         if bar is not None:
             bar.close()
     skipped = f" ({res.shards_skipped} already done)" if res.shards_skipped else ""
     print(f"wrote {res.rows} rows x {res.dim} to {res.out_dir} in {res.shards} shard(s){skipped}")
+    if res.shards_redone:
+        print(f"  recomputed shard(s) {', '.join(str(k) for k in res.shards_redone)}: their input lines "
+              "changed since they were embedded", file=sys.stderr)
     field = args.field or "text"
-    max_len = loaded[0].max_seq_length if loaded else "max_seq_length"
+    max_len = res.max_seq_length or "max_seq_length"
     for kind, what in (("bad_json", "line(s) not valid JSON, zero vectors"),
                        ("no_field", f"line(s) not a JSON object with a field {field!r}, zero vectors"),
                        ("not_text", f"line(s) whose field {field!r} is not a string, zero vectors"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, check_output_dir, load_model
+from .common import add_engine_args, add_model_arg, check_output_dir, engine_options, load_model
 from .guard import dumps_strict, print_json_strict, writing
 from .progress import add_progress_args, bar
 
@@ -20,10 +20,15 @@ With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs
 pip install 'bertscope[plot]'; checked before any work), the class map, and heads.json.
 A progress bar on stderr counts the texts (when stderr is a terminal; --quiet hides it).
 
+With --engine ray the corpus is cut into shards of lines, Ray actors (each holding the model)
+sum each shard's statistics, and the sums are merged: the same result as the local engine
+(to float64 rounding), for corpora too big for one process.
+
 examples:
   bertscope heads corpus.txt
   bertscope heads corpus.txt --out heads-report/
   bertscope heads corpus.txt --json > heads.json
+  bertscope heads big-corpus.txt --engine ray --workers 4 --json > heads.json
 """
 
 
@@ -35,6 +40,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--out", metavar="DIR", help="write heatmaps (PNG) and heads.json into DIR")
     add_progress_args(p)
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -67,21 +73,29 @@ def run(args: argparse.Namespace) -> int:
     from ..files import read_lines
     from ..understand.headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
+    engine = engine_options(args)
     out = check_output_dir(args.out) if args.out else None
     if out is not None:
         from ..see.figures import require_matplotlib
 
         require_matplotlib("heads --out (for its heatmaps)")
-    lines, warns = read_lines(args.corpus)
-    for w in warns:
-        print(f"bertscope: warning: {w}", file=sys.stderr)
-    if not lines:
-        from ..errors import InputError
+    if engine is not None:
+        from ..scale.heads import ray_head_stats
 
-        raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
-    bert = load_model(args)
-    with bar(args, "heads", "text") as progress:
-        hs = head_stats(bert, lines, progress=progress)
+        hs, warns = ray_head_stats(args.corpus, args.model, engine=engine)
+        for w in warns:
+            print(f"bertscope: warning: {w}", file=sys.stderr)
+    else:
+        lines, warns = read_lines(args.corpus)
+        for w in warns:
+            print(f"bertscope: warning: {w}", file=sys.stderr)
+        if not lines:
+            from ..errors import InputError
+
+            raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
+        bert = load_model(args)
+        with bar(args, "heads", "text") as progress:
+            hs = head_stats(bert, lines, progress=progress)
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
     written: list[Path] = []

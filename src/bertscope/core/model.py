@@ -98,7 +98,7 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor | None, attention_m
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
             raise InputError(f"input_ids must lie in 0..{config.vocab_size - 1} (the vocabulary), "
                              f"got {int(input_ids.min())}..{int(input_ids.max())}")
-    if T == 0 and B > 0:
+    if T == 0:
         raise InputError("the input has no tokens (T = 0): a BERT input holds at least [CLS]")
     if T > config.max_position_embeddings:
         raise InputError(f"{T} tokens exceed the model's {config.max_position_embeddings} positions")

@@ -1,27 +1,42 @@
-"""A resumable, streaming batch-embedding job: a text or JSON Lines file in, a folder of shards out.
+"""A resumable, streaming batch-embedding job: an input in, a folder of shards out.
 
-Input: a text file (one text per line), or JSON Lines (one JSON object per line, the text in
-field ``text`` or the one ``field_name`` names) when the name ends in .jsonl, .ndjson or .json,
-or when ``field_name`` is given. A .json file must be JSON Lines: one that holds a single JSON
-document (it starts with ``[``, or its first line is not a whole JSON object) is refused.
+Input: one file, a folder or a glob (see :mod:`bertscope.fast.jobinput`): text files (one text
+per line), JSON Lines (one JSON object per line, the text in field ``text`` or the one
+``field_name`` names) when the name ends in .jsonl, .ndjson or .json or when ``field_name`` is
+given, or Parquet (the text in column ``text`` or ``field_name``). A .json file must be JSON
+Lines: one that holds a single JSON document (it starts with ``[``, or its first line is not a
+whole JSON object) is refused.
+
+The input is cut into deterministic shards of ``shard_rows`` records (:func:`plan_input`);
+every engine (this module's local loop, or :mod:`bertscope.scale` on Ray) computes the same
+shards with the same function, :func:`compute_shard`, so OUTPUT is the same whichever wrote it.
 
 Output layout (OUTPUT is a folder):
 
-    OUTPUT/_job.json          the job's parameters and the input's size and mtime (for --resume)
+    OUTPUT/_job.json          the job's parameters and its input's files and record count
+    OUTPUT/_runs.json         each run of the job (1 = the first, +1 per --resume) and its engine
+    OUTPUT/.lock              held (flock) by the running job: a second job on OUTPUT is refused
+    OUTPUT/_staging/          finished shards while the job runs, each with its record
+                              _part-00000.json (line range, SHA-256 of its input, problems, run)
     OUTPUT/part-00000.npy     rows 0 .. S-1 of the input, float32 (rows, C)   [--format npy]
     OUTPUT/part-00000.parquet columns line, status, embedding                 [--format parquet]
-    OUTPUT/_part-00000.json   that shard's line range and its problem lines
     OUTPUT/_manifest.json     written last: the job is complete when it exists
 
-One row per input line, in input order; line numbers are 1-based. A row's status is one of
+Shards are moved from ``_staging/`` into OUTPUT only when every shard is done, just before the
+manifest is written. Dataset readers skip names that start with ``_`` or ``.``, so
+``pyarrow.parquet.read_table(OUTPUT)`` on an unfinished job sees no rows (never a silent
+subset); once the job is done it reads every row in order.
+
+One row per input record, in input order; line numbers are 1-based (for several files, records
+are numbered across the files in order). A row's status is one of
 
     ok           the text's embedding
     truncated    longer than the model's max_seq_length: the embedding of its first tokens
-    empty        an empty or whitespace-only line (or JSON field): a zero vector
+    empty        an empty or whitespace-only line (or JSON field, or Parquet value): a zero vector
     undecodable  bytes that are not UTF-8: a zero vector
     bad_json     (JSON Lines) a line that is not valid JSON: a zero vector
     no_field     (JSON Lines) valid JSON, but not an object with the field: a zero vector
-    not_text     (JSON Lines) the field holds no string (a number, null, a list...): a zero vector
+    not_text     (JSON Lines, Parquet) the field holds no string (a number, null, a list...): a zero vector
 
 Zero vectors are easy to spot (a real embedding has norm 1 when normalised), and the manifest
 lists the line numbers of every row that is not ``ok``. One bad line never stops the job; but
@@ -29,45 +44,58 @@ if NO line holds a text (every line fails as not UTF-8, not JSON, without the fi
 string; blank lines aside), the input is refused before any work, as a usage mistake (the wrong
 ``--field``, or a file that is not JSON Lines). Read it all back with :func:`read_embeddings`,
 or per shard with ``numpy.load``; a parquet OUTPUT is a dataset that
-``pyarrow.parquet.read_table(OUTPUT)`` reads directly (files starting with ``_`` or ``.`` are
-skipped).
+``pyarrow.parquet.read_table(OUTPUT)`` reads directly.
 
-Every file is written to a temporary ``.NAME.*.tmp`` name in OUTPUT and renamed into place, so a
-crash never leaves a half-written shard; :func:`run_embed_job` with ``resume=True`` removes
-temporaries, keeps every finished shard and computes only the rest.
+Durability. Every file is written to a temporary ``.NAME.*.tmp`` name and renamed into place,
+so a crash never leaves a half-written shard; a full disk is one error naming the file, and
+leaves no temporary. Each shard's record holds a SHA-256 of its input records: ``resume=True``
+keeps every finished shard whose input is unchanged, recomputes the ones whose input changed
+(whatever the file's size or mtime say) and computes the rest. Only the job holding
+OUTPUT/.lock removes temporaries, so a resume never deletes a live job's files.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import logging
 import os
+import shutil
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
 from ..errors import InputError
-from ..files import TEMP_SUFFIX, write_atomic
+from ..files import TEMP_SUFFIX, move_into_place, write_atomic
+from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
-__all__ = ["EmbedJobResult", "read_embeddings", "run_embed_job", "STATUSES"]
+__all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
+           "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record", "embed_texts",
+           "finish_embed_job", "prepare_embed_job", "read_embeddings", "run_embed_job", "write_error"]
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "truncated", "empty", "undecodable", "bad_json", "no_field", "not_text")
 _PROBLEMS = STATUSES[1:]
 _FAILED = ("undecodable", "bad_json", "no_field", "not_text")  # lines that hold no text at all
-JOB_FILE, MANIFEST_FILE = "_job.json", "_manifest.json"
-# Test hook: SIGKILL this process while the shard after the first N is half written.
+JOB_FILE, RUNS_FILE, MANIFEST_FILE, LOCK_FILE, STAGING = "_job.json", "_runs.json", "_manifest.json", ".lock", "_staging"
+# Test hook: SIGKILL this process after N shards (local engine: while the next one is half written).
 KILL_HOOK_ENV = "BERTSCOPE_EMBED_KILL_AFTER_SHARDS"
 _CHUNK = 2048  # texts sorted and embedded together inside a shard
 
 
 @dataclass
 class EmbedJobResult:
-    """What a finished job wrote: rows, dim, shards, and the line numbers of each problem."""
+    """What a finished job wrote: rows, dim, shards, and the line numbers of each problem.
+
+    ``shards_skipped``: shards already done by an earlier run and kept; ``shards_redone``: the
+    indices of finished shards computed again because their input records changed.
+    """
 
     out_dir: Path
     rows: int
@@ -75,26 +103,26 @@ class EmbedJobResult:
     shards: int
     shards_skipped: int
     problems: dict[str, list[int]] = field(default_factory=dict)
+    shards_redone: list[int] = field(default_factory=list)
+    run: int = 1
+    max_seq_length: int | None = None
 
 
-def _is_jsonl(path: Path, field_name: str | None) -> bool:
-    """Whether ``path`` is read as JSON Lines; a .json file holding one JSON document is refused."""
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        _check_json_lines(path)
-    return field_name is not None or suffix in (".jsonl", ".ndjson", ".json")
+# --- reading records -------------------------------------------------------------------------
 
 
-def _check_json_lines(path: Path) -> None:
+def _check_json_lines(file: InputFile) -> None:
     """Refuse a .json file that is one JSON document rather than one JSON object per line."""
     first = b""
-    with open(path, "rb") as f:
-        for raw in f:
-            if raw.strip():
-                first = raw.strip()
-                break
+    with file.open() as f:
+        head = f.read(1 << 20)
+    for raw in head.split(b"\n"):
+        if raw.strip():
+            first = raw.strip()
+            break
     if not first:
         return  # empty: nothing to embed, nothing to refuse
+    path = file.name
     hint = "embed reads JSON Lines, one JSON object per line"
     if first.startswith((b"[", b"\xef\xbb\xbf[")):
         raise InputError(f"{path} is one JSON document (an array), not JSON Lines; {hint} "
@@ -108,20 +136,16 @@ def _check_json_lines(path: Path) -> None:
                          f"(convert with: jq -c . {path})")
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes without the line ending)."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            yield n, raw.rstrip(b"\r\n") if raw.endswith(b"\n") else raw
-
-
-def _decode(raw: bytes, jsonl: bool, field_name: str) -> tuple[str, str]:
-    """(text, status) for one line: a status of STATUSES, never an exception."""
+def decode_record(raw: bytes | None, kind: str, field_name: str | None) -> tuple[str, str]:
+    """(text, status) for one raw record of an input of ``kind``: a status of STATUSES, never an
+    exception. ``raw`` is a line's bytes, or a Parquet value's bytes (None for null)."""
+    if raw is None:
+        return "", "not_text"
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
         return "", "undecodable"
-    if jsonl:
+    if kind == "jsonl":
         if not line.strip():
             return "", "empty"
         try:
@@ -138,28 +162,33 @@ def _decode(raw: bytes, jsonl: bool, field_name: str) -> tuple[str, str]:
     return line, "ok"
 
 
-def _scan(path: Path, jsonl: bool, field_name: str) -> int:
-    """Count the lines, and refuse an input in which no line at all holds a text (see the
-    module doc) before any work starts. Lines are decoded only until the first one with a text."""
-    count, found = 0, False
+def check_has_text(plan: InputPlan) -> None:
+    """Refuse an input in which no record at all holds a text (see the module doc), before any
+    work. Records are decoded only until the first one with a text."""
+    jsonl = plan.kind == "jsonl"
     failed: dict[str, list[int]] = {s: [] for s in _FAILED}
-    for n, raw in _lines(path):
-        count = n
-        if not found:
-            _, status = _decode(raw, jsonl, field_name)
-            if status in failed:
-                failed[status].append(n)
-            else:
-                found = status == "ok" or (jsonl and raw.strip() != b"")  # a (maybe empty) string field
-    if found or not any(failed.values()):
-        return count
-    if not jsonl:
+    raws: dict[int, bytes | None] = {}
+    for n, raw in iter_records(plan, verify=False):
+        _, status = decode_record(raw, plan.kind, plan.field)
+        if status not in failed:
+            if status == "ok" or (jsonl and raw is not None and raw.strip() != b"") or plan.kind == "parquet":
+                return  # a text, or (JSON) a maybe-empty string field
+            continue
+        failed[status].append(n)
+        if len(failed[status]) == 1:
+            raws[n] = raw
+    if not any(failed.values()):
+        return
+    path = plan.files[0].name if len(plan.files) == 1 else plan.spec
+    if plan.kind == "text":
         raise InputError(f"{path}: no line is UTF-8 text (line {failed['undecodable'][0]} is the first)")
+    if plan.kind == "parquet":
+        raise InputError(f"{path}: no row holds a text in the column {plan.field!r} "
+                         f"(row {failed['not_text'][0] if failed['not_text'] else failed['undecodable'][0]} is the first)")
     if not any(failed[s] for s in ("no_field", "not_text")) and failed["bad_json"]:
         n = failed["bad_json"][0]
-        raw = next(r for m, r in _lines(path) if m == n)
         try:
-            json.loads(raw.decode("utf-8").lstrip("\ufeff"))
+            json.loads((raws[n] or b"").decode("utf-8").lstrip("\ufeff"))
             why = ""
         except ValueError as e:
             why = f" (line {n}: {getattr(e, 'msg', e)})"
@@ -172,49 +201,83 @@ def _scan(path: Path, jsonl: bool, field_name: str) -> int:
     keys = ""
     if failed["no_field"]:
         n = failed["no_field"][0]
-        record = json.loads(next(r for m, r in _lines(path) if m == n).decode("utf-8").lstrip("\ufeff"))
+        record = json.loads((raws[n] or b"").decode("utf-8").lstrip("\ufeff"))
         if isinstance(record, dict) and record:
             shown = ", ".join(repr(k) for k in list(record)[:6])
             keys = f"; line {n} has {shown}{', ...' if len(record) > 6 else ''}"
     hint = " (choose the field with --field)" if failed["no_field"] else ""
-    raise InputError(f"{path}: no line holds a text in the field {field_name!r}: {'; '.join(reasons)}"
+    raise InputError(f"{path}: no line holds a text in the field {plan.field!r}: {'; '.join(reasons)}"
                      f"{keys}{hint}")
 
 
-def _check_out_dir(out: Path, resume: bool) -> bool:
-    """Refuse an OUTPUT that cannot hold this job, before any work; True if it holds a job."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / JOB_FILE).is_file():
-            raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")
-        if not resume:
-            raise InputError(f"{out} already holds a job; pass --resume to finish it, or choose a new --out")
-        return True
-    return False
+# --- embedding -------------------------------------------------------------------------------
 
 
-def _atomic_write(path: Path, write: Callable[[object], None], kill_now: bool = False) -> None:
+def embed_texts(bert, texts: list[str], statuses: list[str], *, batch_tokens: int | None = None,
+                normalize: bool = True, progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Embeddings (n, C) float32 of the rows whose status is "ok"; zero rows for the others.
+
+    The texts are tokenized once (cut to the model's max_seq_length: the status becomes
+    "truncated", in place) and embedded on the packed path in chunks, each sorted by length and
+    batched by ``batch_tokens``. ``progress(n)`` after each chunk. The one embedding routine of
+    every engine and of :func:`bertscope.scale.embed_dataset`.
+    """
+    emb = np.zeros((len(texts), bert.config.hidden_size), dtype=np.float32)
+    todo = [i for i, s in enumerate(statuses) if s == "ok"]
+    if todo:
+        ids, cut = bert.tokenizer.encode_ids([texts[i] for i in todo], max_length=bert.max_seq_length)
+        for i, c in zip(todo, cut):
+            if c:
+                statuses[i] = "truncated"
+        for a in range(0, len(todo), _CHUNK):  # chunks of texts sorted and embedded together
+            part = todo[a:a + _CHUNK]
+            emb[part] = bert.embed_ids(ids[a:a + _CHUNK], batch_tokens=batch_tokens, normalize=normalize,
+                                       progress=progress)  # counts texts batch by batch
+    if progress is not None and len(texts) > len(todo):
+        progress(len(texts) - len(todo))
+    bad = ~np.isfinite(emb).all(axis=1)
+    if bad.any():  # a non-finite vector is never stored as a text's embedding
+        raise InputError(f"the model gave a non-finite embedding for {int(bad.sum())} text(s); "
+                         "are its weights finite?")
+    return emb
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def write_error(path: Path, e: OSError) -> InputError:
+    """One line naming the file and the reason; a full disk says so (numpy's short-write
+    message, "N requested and M written", carries no errno, so the free space decides)."""
+    no_space = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    if not no_space and e.errno is None and "written" in str(e):
+        try:
+            no_space = shutil.disk_usage(path.parent).free < (64 << 20)
+        except OSError:
+            pass
+    reason = "no space left on the device" if no_space else (e.strerror or str(e))
+    return InputError(f"cannot write {path}: {reason}")
+
+
+def _atomic_write(path: Path, data: bytes, kill_now: bool = False) -> None:
     def die() -> None:  # the test hook: die with a finished temporary and no final file
         os.kill(os.getpid(), signal.SIGKILL)
 
-    write_atomic(path, write, fsync=True, before_rename=die if kill_now else None)
+    try:
+        write_atomic(path, lambda f: f.write(data), fsync=True, before_rename=die if kill_now else None)
+    except OSError as e:  # write_atomic has removed its temporary
+        raise write_error(path, e) from None
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode("utf-8")))
+    _atomic_write(path, json.dumps(obj, indent=1).encode("utf-8"))
 
 
-def _fingerprint(path: Path) -> dict:
-    st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _write_shard(path: Path, fmt: str, emb: np.ndarray, lines: list[int], statuses: list[str],
-                 kill_now: bool) -> None:
+def _shard_bytes(fmt: str, emb: np.ndarray, lines: list[int], statuses: list[str]) -> bytes:
+    """A shard file's bytes (built in memory: the file is then written with one checked write)."""
     if fmt == "npy":
-        _atomic_write(path, lambda f: np.save(f, emb), kill_now)
-        return
+        buf = io.BytesIO()
+        np.save(buf, emb)
+        return buf.getvalue()
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -224,7 +287,302 @@ def _write_shard(path: Path, fmt: str, emb: np.ndarray, lines: list[int], status
         "status": pa.array(statuses, pa.string()),
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), C),
     })
-    _atomic_write(path, lambda f: pq.write_table(table, f), kill_now)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _shard_name(k: int, fmt: str) -> str:
+    return f"part-{k:05d}" + (".npy" if fmt == "npy" else ".parquet")
+
+
+def _record_name(k: int) -> str:
+    return f"_part-{k:05d}.json"
+
+
+def compute_shard(bert, plan: InputPlan, shard: Shard, out_dir: str | Path, *, fmt: str,
+                  batch_tokens: int | None = None, run: int = 1, engine: str = "local",
+                  progress: Callable[[int], None] | None = None, kill_now: bool = False) -> dict:
+    """Read, embed and write one shard into OUTPUT/_staging, then its record; return the record.
+
+    The same function serves every engine (it needs only a loaded model, the plan and a path).
+    The shard's input must still hash to the plan's SHA-256 (else InputError).
+    """
+    staging = Path(out_dir) / STAGING
+    raws = read_shard(plan, shard)
+    lines = list(range(shard.first_row, shard.first_row + shard.rows))
+    texts, statuses = [], []
+    for raw in raws:
+        text, status = decode_record(raw, plan.kind, plan.field)
+        texts.append(text)
+        statuses.append(status)
+    emb = embed_texts(bert, texts, statuses, batch_tokens=batch_tokens, progress=progress)
+    name = _shard_name(shard.index, fmt)
+    _atomic_write(staging / name, _shard_bytes(fmt, emb, lines, statuses), kill_now)
+    record = {"file": name, "shard": shard.index, "first_line": shard.first_row, "rows": shard.rows,
+              "sha256": shard.sha256, "run": run, "engine": engine,
+              "problems": {p: [ln for ln, s in zip(lines, statuses) if s == p] for p in _PROBLEMS}}
+    _write_json(staging / _record_name(shard.index), record)  # last: the shard is done
+    log.info("wrote %s (%d rows)", name, shard.rows)
+    return record
+
+
+# --- the job folder --------------------------------------------------------------------------
+
+
+def _contents(out: Path) -> list[Path]:
+    """What OUTPUT holds, apart from the lock file and temporaries of killed runs."""
+    return [p for p in out.iterdir() if p.name != LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))]
+
+
+def _check_out_dir(out: Path, resume: bool) -> bool:
+    """Refuse an OUTPUT that cannot hold this job; True if it holds a job."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a folder")
+    if out.is_dir() and _contents(out):
+        if not (out / JOB_FILE).is_file():
+            raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")
+        if not resume:
+            raise InputError(f"{out} already holds a job; pass --resume to finish it, or choose a new --out")
+        return True
+    return False
+
+
+class _Lock:
+    """An exclusive flock on OUTPUT/.lock, held for the whole job (released by close or exit)."""
+
+    def __init__(self, out: Path) -> None:
+        self.fd: int | None = None
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock, said once in the log
+            log.warning("no file locking on this platform; do not run two jobs on %s", out)
+            return
+        path = out / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise InputError(f"cannot write in {out} ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise InputError(f"{out} is in use by another running job (pid {pid}); wait for it to "
+                             "finish, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+@dataclass
+class EmbedJob:
+    """A job prepared by :func:`prepare_embed_job`: checked, planned and locked; ready to run.
+
+    ``pending``: the shards still to compute (in order); ``done``: index -> record of the
+    finished ones kept; ``redone``: finished shards whose input changed (recomputed).
+    """
+
+    plan: InputPlan
+    out: Path
+    fmt: str
+    batch_tokens: int | None
+    job: dict
+    run: int
+    engine: str
+    pending: list[Shard]
+    done: dict[int, dict]
+    redone: list[int]
+    complete: bool
+    lock: _Lock | None = None
+
+    @property
+    def done_rows(self) -> int:
+        return sum(r["rows"] for r in self.done.values())
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def _remove_temporaries(folder: Path) -> None:
+    if folder.is_dir():
+        for tmp in folder.glob(f".*{TEMP_SUFFIX}"):  # left by a killed run
+            tmp.unlink(missing_ok=True)
+
+
+def _read_json(path: Path, out: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise InputError(f"{path} is unreadable; remove {out} and start again") from None
+
+
+def _describe_model(bert) -> dict:
+    return {"model": str(bert.path or bert.name), "dim": bert.config.hidden_size,
+            "max_seq_length": bert.max_seq_length, "precision": getattr(bert, "precision", "fp32")}
+
+
+def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+                      field_name: str | None = None, batch_tokens: int | None = None, fmt: str = "npy",
+                      resume: bool = False, shard_rows: int = 10_000, engine: str = "local",
+                      before_model: Callable[[], object] | None = None) -> EmbedJob:
+    """Check everything, plan the input's shards and lock OUTPUT: the first half of every engine.
+
+    ``bert`` is a loaded :class:`~bertscope.bert.Bert`, or a function that returns one: it is
+    called only once the arguments, the input and OUTPUT have been checked, so a bad one fails
+    in moments, not after loading the model. ``before_model()`` runs just before that (an
+    engine's own checks, such as reaching a cluster). Bad input raises InputError, before any
+    work. Close the returned job (or let :func:`finish_embed_job` do it) to release the lock.
+    """
+    out = Path(out_dir)
+    if fmt not in ("npy", "parquet"):
+        raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise InputError("--format parquet needs pyarrow: pip install 'bertscope[parquet]'") from None
+    if (batch_tokens is not None and batch_tokens < 1) or shard_rows < 1:
+        raise InputError("--batch-tokens and the shard size must be at least 1")
+    files = resolve_inputs(input_path, field_name)
+    for f in files:
+        if f.kind == "jsonl" and f.name.lower().endswith(".json"):
+            _check_json_lines(f)
+    _check_out_dir(out, resume)  # early, before reading a large input
+    plan = plan_input(input_path, field_name=field_name, shard_rows=shard_rows, files=files)
+    check_has_text(plan)
+    if before_model is not None:
+        before_model()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the folder {out} ({e.strerror or e})") from None
+    if not hasattr(bert, "config") and callable(bert):
+        bert = bert()
+    lock = _Lock(out)
+    try:
+        return _open_job(bert, plan, out, fmt, batch_tokens, resume, engine, lock)
+    except BaseException:
+        lock.close()
+        raise
+
+
+def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | None, resume: bool,
+              engine: str, lock: _Lock) -> EmbedJob:
+    has_job = _check_out_dir(out, resume)  # again, now that OUTPUT is ours
+    job = {"input": plan.describe(), "format": fmt, "field": plan.field, "shard_rows": plan.shard_rows,
+           **_describe_model(bert), "rows": plan.rows}
+    staging = out / STAGING
+    if has_job:
+        before = _read_json(out / JOB_FILE, out)
+        if isinstance(before, dict):
+            before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
+        if before != job:
+            changed = sorted(k for k in set(job) | set(before) if before.get(k) != job.get(k))
+            raise InputError(f"cannot resume: {', '.join(changed)} changed since the job began")
+        _remove_temporaries(out)  # we hold the lock: these belong to no live job
+        _remove_temporaries(staging)
+        runs = _read_json(out / RUNS_FILE, out) if (out / RUNS_FILE).is_file() else {"runs": []}
+    else:
+        _write_json(out / JOB_FILE, job)
+        runs = {"runs": []}
+    run = len(runs["runs"]) + 1
+    runs["runs"].append({"run": run, "engine": engine, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+    done: dict[int, dict] = {}
+    redone: list[int] = []
+    complete = False
+    manifest_path = out / MANIFEST_FILE
+    if manifest_path.is_file():  # a finished job: nothing to do if its input is unchanged
+        manifest = _read_json(manifest_path, out)
+        old = {s.get("shard", k): s.get("sha256") for k, s in enumerate(manifest.get("shards", []))}
+        changed = [s for s in plan.shards if old.get(s.index) != s.sha256]
+        if changed:
+            first = changed[0]
+            raise InputError(f"cannot resume: the job in {out} is complete, but input records "
+                             f"{first.first_row}..{first.first_row + first.rows - 1}"
+                             f"{f' and {len(changed) - 1} more shard(s)' if len(changed) > 1 else ''} "
+                             "changed since; embed into a new --out")
+        for s in manifest["shards"]:
+            done[s.get("shard", 0)] = s
+        complete = True
+    elif staging.is_dir():
+        for shard in plan.shards:
+            rec_path = staging / _record_name(shard.index)
+            if not rec_path.is_file():
+                continue
+            rec = _read_json(rec_path, out)
+            name = _shard_name(shard.index, fmt)
+            present = (staging / name).is_file() or (out / name).is_file()
+            if rec.get("sha256") == shard.sha256 and rec.get("rows") == shard.rows and present:
+                done[shard.index] = rec
+            else:
+                if present and rec.get("sha256") != shard.sha256:
+                    redone.append(shard.index)
+                rec_path.unlink()
+    if not complete:  # a finished job's resume computes nothing: not a run
+        _write_json(out / RUNS_FILE, runs)
+    pending = [s for s in plan.shards if s.index not in done]
+    return EmbedJob(plan=plan, out=out, fmt=fmt, batch_tokens=batch_tokens, job=job, run=run,
+                    engine=engine, pending=pending, done=done, redone=redone, complete=complete,
+                    lock=lock)
+
+
+def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
+    """Move the staged shards into OUTPUT and write the manifest: the job is complete.
+
+    ``records``: index -> record of each shard computed by this run. A crash during the moves
+    leaves every record in _staging, so a resume simply does this again. Releases the lock.
+    """
+    try:
+        out, plan = job.out, job.plan
+        skipped = len(job.done)
+        all_records = {**job.done, **records}
+        missing = [s.index for s in plan.shards if s.index not in all_records]
+        if missing:
+            raise InputError(f"shard(s) {missing[:5]} were not computed; rerun with --resume")
+        staging = out / STAGING
+        if not job.complete:
+            for s in plan.shards:  # commit: move each staged shard into place
+                name = _shard_name(s.index, job.fmt)
+                if (staging / name).is_file():
+                    move_into_place(staging / name, out / name)
+        problems: dict[str, list[int]] = {p: [] for p in _PROBLEMS}
+        shards = []
+        for s in plan.shards:
+            rec = all_records[s.index]
+            shards.append({"file": rec["file"], "shard": s.index, "first_line": rec["first_line"],
+                           "rows": rec["rows"], "sha256": rec["sha256"], "run": rec.get("run", 1)})
+            for p in _PROBLEMS:
+                problems[p].extend(rec.get("problems", {}).get(p, []))
+        if job.complete:  # a finished job's manifest already holds the problems
+            problems = _read_json(out / MANIFEST_FILE, out)["problems"]
+        runs = _read_json(out / RUNS_FILE, out)["runs"] if (out / RUNS_FILE).is_file() else []
+        manifest = {
+            "rows": plan.rows, "dim": job.job["dim"], "format": job.fmt, "model": job.job["model"],
+            "input": job.job["input"], "shards": shards, "runs": runs,
+            "status_counts": {p: len(v) for p, v in problems.items()},
+            "problems": problems,
+            "rows_note": "one row per input line, in order; empty, undecodable, bad_json, no_field and "
+                         "not_text lines are zero vectors; truncated lines embed their first "
+                         "max_seq_length tokens",
+        }
+        if not job.complete:
+            _write_json(out / MANIFEST_FILE, manifest)
+            shutil.rmtree(staging, ignore_errors=True)
+        return EmbedJobResult(out_dir=out, rows=plan.rows, dim=job.job["dim"], shards=len(plan.shards),
+                              shards_skipped=skipped, problems=problems, shards_redone=list(job.redone),
+                              run=job.run, max_seq_length=job.job["max_seq_length"])
+    finally:
+        job.close()
 
 
 def run_embed_job(
@@ -240,133 +598,36 @@ def run_embed_job(
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int, int], None] | None = None,
 ) -> EmbedJobResult:
-    """Embed every line of ``input_path`` into shards under ``out_dir`` (see the module doc).
+    """Embed every record of ``input_path`` into shards under ``out_dir`` (see the module doc),
+    in this process: the local engine.
 
-    ``bert`` is a loaded :class:`~bertscope.loading.Bert`, or a function that returns one: it
-    is then called only once the arguments, the input and ``out_dir`` have been checked, so a
-    bad one fails in moments, not after loading the model. ``progress(n)`` is called after each
-    batch of n rows; ``on_total(total, done)`` once the input is counted and checked (done =
-    rows already in finished shards when resuming). Bad input raises InputError, before work.
+    ``bert`` is a loaded :class:`~bertscope.bert.Bert`, or a function that returns one (called
+    only once everything is checked). ``progress(n)`` is called after each batch of n rows;
+    ``on_total(total, done)`` once the input is counted and checked (done = rows already in
+    finished shards when resuming). Bad input raises InputError, before work.
     """
-    path, out = Path(input_path), Path(out_dir)
-    if fmt not in ("npy", "parquet"):
-        raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
-    if fmt == "parquet":
-        try:
-            import pyarrow  # noqa: F401
-            import pyarrow.parquet  # noqa: F401
-        except ImportError:
-            raise InputError("--format parquet needs pyarrow: pip install 'bertscope[parquet]'") from None
-    if not path.is_file():
-        raise InputError(f"input file {path} does not exist" if not path.exists()
-                         else f"{path} is not a file")
-    if (batch_tokens is not None and batch_tokens < 1) or shard_rows < 1:
-        raise InputError("--batch-tokens and the shard size must be at least 1")
-    has_job = _check_out_dir(out, resume)
-    jsonl = _is_jsonl(path, field_name)
-    field_name = field_name or "text"
-    total = _scan(path, jsonl, field_name)
+    loaded: list = []
+
+    def load():
+        loaded.append(bert() if not hasattr(bert, "config") and callable(bert) else bert)
+        return loaded[0]
+
+    job = prepare_embed_job(load, input_path, out_dir, field_name=field_name, batch_tokens=batch_tokens,
+                            fmt=fmt, resume=resume, shard_rows=shard_rows, engine="local")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"cannot create the folder {out} ({e.strerror or e})") from None
-    if not hasattr(bert, "config") and callable(bert):
-        bert = bert()
-
-    job = {"input": _fingerprint(path), "format": fmt, "field": field_name if jsonl else None,
-           "jsonl": jsonl, "shard_rows": shard_rows, "model": str(bert.path or bert.name),
-           "dim": bert.config.hidden_size, "max_seq_length": bert.max_seq_length, "rows": total,
-           "precision": getattr(bert, "precision", "fp32")}
-    existing = out / JOB_FILE
-    if has_job:
-        try:
-            before = json.loads(existing.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise InputError(f"{existing} is unreadable; remove {out} and start again") from None
-        if isinstance(before, dict):
-            before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
-        if before != job:
-            changed = sorted(k for k in job if before.get(k) != job[k])
-            raise InputError(f"cannot resume: {', '.join(changed)} changed since the job began")
-        for tmp in out.glob(f".*{TEMP_SUFFIX}"):  # left by a killed run
-            tmp.unlink()
-    else:
-        try:
-            _write_json(existing, job)
-        except OSError as e:
-            raise InputError(f"cannot write in {out} ({e.strerror or e})") from None
-
-    n_shards = (total + shard_rows - 1) // shard_rows
-    names = [f"part-{k:05d}" for k in range(n_shards)]
-    ext = ".npy" if fmt == "npy" else ".parquet"
-    done = {k for k in range(n_shards) if (out / (names[k] + ext)).is_file()
-            and (out / f"_{names[k]}.json").is_file()}
-    done_rows = sum(min(shard_rows, total - k * shard_rows) for k in done)
-    if on_total is not None:
-        on_total(total, done_rows)
-    kill_after = os.environ.get(KILL_HOOK_ENV)
-    written = 0
-
-    def finish_shard(k: int, lines: list[int], texts: list[str], statuses: list[str]) -> None:
-        nonlocal written
-        C = bert.config.hidden_size
-        emb = np.zeros((len(lines), C), dtype=np.float32)
-        todo = [i for i, s in enumerate(statuses) if s == "ok"]
-        if todo:
-            ids, cut = bert.tokenizer.encode_ids([texts[i] for i in todo], max_length=bert.max_seq_length)
-            for i, c in zip(todo, cut):
-                if c:
-                    statuses[i] = "truncated"
-            for a in range(0, len(todo), _CHUNK):  # chunks of texts sorted and embedded together
-                part = todo[a:a + _CHUNK]
-                emb[part] = bert.embed_ids(ids[a:a + _CHUNK], batch_tokens=batch_tokens,
-                                           progress=progress)  # counts texts batch by batch
-        if progress is not None and len(lines) > len(todo):
-            progress(len(lines) - len(todo))
-        problems = {p: [ln for ln, s in zip(lines, statuses) if s == p] for p in _PROBLEMS}
-        kill_now = kill_after is not None and written >= int(kill_after)
-        _write_json(out / f"_{names[k]}.json",
-                    {"file": names[k] + ext, "first_line": lines[0], "rows": len(lines),
-                     "problems": problems})
-        _write_shard(out / (names[k] + ext), fmt, emb, lines, statuses, kill_now)
-        written += 1
-        log.info("wrote %s (%d rows)", names[k] + ext, len(lines))
-
-    if len(done) < n_shards:
-        lines: list[int] = []
-        texts: list[str] = []
-        statuses: list[str] = []
-        for n, raw in _lines(path):
-            k = (n - 1) // shard_rows
-            if k in done:
-                continue
-            text, status = _decode(raw, jsonl, field_name)
-            lines.append(n)
-            texts.append(text)
-            statuses.append(status)
-            if len(lines) == shard_rows or n == total:
-                finish_shard(k, lines, texts, statuses)
-                lines, texts, statuses = [], [], []
-
-    problems: dict[str, list[int]] = {p: [] for p in _PROBLEMS}
-    shards = []
-    for k in range(n_shards):
-        part = json.loads((out / f"_{names[k]}.json").read_text(encoding="utf-8"))
-        shards.append({"file": part["file"], "first_line": part["first_line"], "rows": part["rows"]})
-        for p in _PROBLEMS:
-            problems[p].extend(part["problems"].get(p, []))
-    manifest = {
-        "rows": total, "dim": bert.config.hidden_size, "format": fmt, "model": job["model"],
-        "input": job["input"]["path"], "shards": shards,
-        "status_counts": {p: len(v) for p, v in problems.items()},
-        "problems": problems,
-        "rows_note": "one row per input line, in order; empty, undecodable, bad_json, no_field and "
-                     "not_text lines are zero vectors; truncated lines embed their first "
-                     "max_seq_length tokens",
-    }
-    _write_json(out / MANIFEST_FILE, manifest)
-    return EmbedJobResult(out_dir=out, rows=total, dim=bert.config.hidden_size, shards=n_shards,
-                          shards_skipped=len(done), problems=problems)
+        if on_total is not None:
+            on_total(job.plan.rows, job.done_rows)
+        kill_after = os.environ.get(KILL_HOOK_ENV)
+        records: dict[int, dict] = {}
+        for shard in job.pending:
+            kill_now = kill_after is not None and len(records) >= int(kill_after)
+            records[shard.index] = compute_shard(loaded[0], job.plan, shard, job.out, fmt=fmt,
+                                                 batch_tokens=batch_tokens, run=job.run, engine="local",
+                                                 progress=progress, kill_now=kill_now)
+    except BaseException:
+        job.close()
+        raise
+    return finish_embed_job(job, records)
 
 
 def read_embeddings(out_dir: str | Path) -> tuple[np.ndarray, list[str]]:

@@ -53,7 +53,8 @@ from ..bert import Bert
 from ..core.tokenizer import TruncationWarning, check_text
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
-           "TokenKinds", "classify", "head_stats", "map_stats", "pattern_features", "token_kinds"]
+           "HeadSums", "TokenKinds", "classify", "head_stats", "head_sums", "map_stats", "pattern_features",
+           "token_kinds"]
 
 BROAD_CUTOFF = 0.5
 ABOVE_UNIFORM = 1.5
@@ -206,7 +207,123 @@ class HeadStats:
         }
 
 
+@dataclass
+class HeadSums:
+    """Running sums behind :class:`HeadStats`, over any set of texts: add texts one by one, merge
+    the sums of disjoint sets exactly (float64 sums and integer counts), finish once.
+
+    Every statistic of :class:`HeadStats` is a ratio of these sums, so the statistics of a corpus
+    cut into shards are those of the whole corpus: ``merge`` the shards' sums, then ``finish``
+    (what ``bertscope heads --engine ray`` does). ``truncated``: line numbers of texts that were
+    cut to the tokenizer's limit.
+    """
+
+    layers: int
+    heads: int
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (N, H) float64 sums
+    features: dict[str, torch.Tensor] = field(default_factory=dict)  # v d r spread u -> (N, H) sums
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)  # class -> (N, H) maps
+    num_texts: int = 0
+    rows_total: int = 0  # query rows (tokens)
+    rows_nb: int = 0  # query rows that have a previous (or next) neighbour
+    truncated: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        N, H = self.layers, self.heads
+        for k in STATS:
+            self.stats.setdefault(k, torch.zeros(N, H, dtype=torch.float64))
+        for k in ("v", "d", "r", "spread", "u"):
+            self.features.setdefault(k, torch.zeros(N, H, dtype=torch.float64))
+        for c in CLASSES:
+            self.counts.setdefault(c, torch.zeros(N, H, dtype=torch.long))
+
+    def add(self, probs: torch.Tensor, kinds: TokenKinds) -> None:
+        """Add one text's attention maps (N, H, T, T) (float64 for exact sums)."""
+        N, H, T = probs.shape[0], probs.shape[1], probs.shape[-1]
+        ms = map_stats(probs, kinds)
+        for k in STATS:
+            w = (T - 1) if k in ("prev", "next") else T
+            self.stats[k] += ms[k] * w
+        self.rows_total += T
+        self.rows_nb += T - 1
+        pf = pattern_features(probs, kinds)
+        for k in self.features:
+            self.features[k] += pf[k]
+        for li in range(N):
+            for hi in range(H):
+                c = classify(float(pf["v"][li, hi]), float(pf["d"][li, hi]), float(pf["spread"][li, hi]),
+                             float(pf["u"][li, hi]))
+                self.counts[c][li, hi] += 1
+        self.num_texts += 1
+
+    def merge(self, other: "HeadSums") -> "HeadSums":
+        """These sums plus ``other``'s (texts of another shard), in place; returns self."""
+        if (other.layers, other.heads) != (self.layers, self.heads):
+            raise ValueError("cannot merge head sums of models of different shapes")
+        for k in self.stats:
+            self.stats[k] += other.stats[k]
+        for k in self.features:
+            self.features[k] += other.features[k]
+        for c in self.counts:
+            self.counts[c] += other.counts[c]
+        self.num_texts += other.num_texts
+        self.rows_total += other.rows_total
+        self.rows_nb += other.rows_nb
+        self.truncated.extend(other.truncated)
+        return self
+
+    def finish(self, model: str, max_length: int, warnings: list[str] | None = None) -> HeadStats:
+        """The statistics: means over the corpus's rows and maps, and each head's majority class."""
+        if not self.num_texts:
+            raise InputError("the corpus has no text (every line is empty)")
+        N, H = self.layers, self.heads
+        warns = list(warnings or [])
+        warns += [f"line {n} is longer than {max_length} tokens and was truncated" for n in sorted(self.truncated)]
+        stats = {}
+        for k in STATS:
+            rows = self.rows_nb if k in ("prev", "next") else self.rows_total
+            stats[k] = (self.stats[k] / rows).float() if rows else self.stats[k].float()
+        stacked = torch.stack([self.counts[c] for c in CLASSES])  # (classes, N, H)
+        best = stacked.argmax(0)  # (N, H); argmax takes the first of equal counts, i.e. CLASSES order
+        classes = [[CLASSES[int(best[li, hi])] for hi in range(H)] for li in range(N)]
+        share = (stacked.max(0).values.double() / self.num_texts).float()
+        return HeadStats(
+            model=model, num_texts=self.num_texts, num_tokens=self.rows_total, stats=stats,
+            features={k: (v / self.num_texts).float() for k, v in self.features.items()},
+            classes=classes, class_share=share, class_counts={c: v.clone() for c, v in self.counts.items()},
+            warnings=warns,
+        )
+
+
 @torch.inference_mode()
+def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
+              progress: Callable[[int, int], None] | None = None) -> HeadSums:
+    """The :class:`HeadSums` of ``texts`` (strings, or (line number, string) pairs); blank
+    texts are skipped. Each text runs alone through the reference model (its attentions).
+    ``progress(done, total)`` is called after each text (one forward pass each)."""
+    items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
+    items = [(n, check_text(t, f"text {n}")) for n, t in items]
+    sums = HeadSums(bert.config.num_hidden_layers, bert.config.num_attention_heads)
+    dev = bert.device
+    for done, (n, text) in enumerate(items):
+        if progress is not None:
+            progress(done, len(items))
+        if not text.strip():
+            continue
+        with pywarnings.catch_warnings():  # said once, by finish(), with the line number
+            pywarnings.simplefilter("ignore", TruncationWarning)
+            batch = bert.encode([text])
+        if batch.truncated[0]:
+            sums.truncated.append(n)
+        out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                         batch.token_type_ids.to(dev), output_attentions=True)
+        probs = torch.stack([a[0] for a in out.attentions]).double().cpu()  # (N, H, T, T)
+        sums.add(probs, token_kinds(batch.tokens[0]))
+    if progress is not None:
+        progress(len(items), len(items))
+    return sums
+
+
 def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                warnings: list[str] | None = None,
                progress: Callable[[int, int], None] | None = None) -> HeadStats:
@@ -214,56 +331,7 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
 
     ``progress(done, total)`` is called after each text (one forward pass each).
     """
-    items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
-    items = [(n, check_text(t, f"text {n}")) for n, t in items]
-    items = [(n, t) for n, t in items if t.strip()]
-    if not items:
+    sums = head_sums(bert, texts, progress=progress)
+    if not sums.num_texts:
         raise InputError("the corpus has no text (every line is empty)")
-    warns = list(warnings or [])
-    N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
-    sums = {k: torch.zeros(N, H, dtype=torch.float64) for k in STATS}
-    feat_sums = {k: torch.zeros(N, H, dtype=torch.float64) for k in ("v", "d", "r", "spread", "u")}
-    counts = {c: torch.zeros(N, H, dtype=torch.long) for c in CLASSES}
-    rows_total = 0
-    rows_nb = 0  # rows that have a previous (or next) neighbour
-    dev = bert.device
-    for done, (n, text) in enumerate(items):
-        if progress is not None:
-            progress(done, len(items))
-        with pywarnings.catch_warnings():  # said once, below, with the line number
-            pywarnings.simplefilter("ignore", TruncationWarning)
-            batch = bert.encode([text])
-        if batch.truncated[0]:
-            warns.append(f"line {n} is longer than {bert.tokenizer.max_length} tokens and was truncated")
-        out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
-                         batch.token_type_ids.to(dev), output_attentions=True)
-        probs = torch.stack([a[0] for a in out.attentions]).double().cpu()  # (N, H, T, T)
-        T = probs.shape[-1]
-        kinds = token_kinds(batch.tokens[0])
-        ms = map_stats(probs, kinds)
-        for k in STATS:
-            w = (T - 1) if k in ("prev", "next") else T
-            sums[k] += ms[k] * w
-        rows_total += T
-        rows_nb += T - 1
-        pf = pattern_features(probs, kinds)
-        for k in feat_sums:
-            feat_sums[k] += pf[k]
-        for li in range(N):
-            for hi in range(H):
-                c = classify(float(pf["v"][li, hi]), float(pf["d"][li, hi]), float(pf["spread"][li, hi]),
-                             float(pf["u"][li, hi]))
-                counts[c][li, hi] += 1
-    if progress is not None:
-        progress(len(items), len(items))
-    stats = {k: (sums[k] / (rows_nb if k in ("prev", "next") else rows_total)).float() if
-             (rows_nb if k in ("prev", "next") else rows_total) else sums[k].float() for k in STATS}
-    stacked = torch.stack([counts[c] for c in CLASSES])  # (classes, N, H)
-    best = stacked.argmax(0)  # (N, H); argmax takes the first of equal counts, i.e. CLASSES order
-    classes = [[CLASSES[int(best[li, hi])] for hi in range(H)] for li in range(N)]
-    share = (stacked.max(0).values.double() / len(items)).float()
-    return HeadStats(
-        model=bert.name, num_texts=len(items), num_tokens=rows_total, stats=stats,
-        features={k: (v / len(items)).float() for k, v in feat_sums.items()},
-        classes=classes, class_share=share, class_counts=counts, warnings=warns,
-    )
+    return sums.finish(bert.name, bert.tokenizer.max_length, warnings)

@@ -1,0 +1,253 @@
+"""Ray, started or joined, checked before any work; and a pool of model-holding actors over shards.
+
+Everything here imports Ray inside the function that needs it: ``import bertscope.scale`` stays
+light, and a missing Ray is one line with the pip hint (:func:`require_ray`).
+
+The pool (:func:`map_shards`) is Ray Data's: a dataset with one row per shard index, one block
+per row, mapped by ``map_batches`` with a fixed-size ``ActorPoolStrategy``. Each actor is built
+once (it loads the model once) and handles one shard per call; Ray Data restarts an actor that
+dies and retries its calls (``max_restarts=-1``, ``max_task_retries=-1``, Ray Data's defaults
+for actor pools), so a lost worker costs only the shards it held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..errors import BertscopeError, InputError
+
+__all__ = ["EngineOptions", "check_address", "check_engine_options", "map_shards", "pool_size",
+           "ray_session", "require_ray", "unwrap_error"]
+
+log = logging.getLogger(__name__)
+
+RAY_HINT = "pip install 'bertscope[ray]'"
+CONNECT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Where and how wide a Ray job runs.
+
+    address:          None: start Ray on this machine (stopped afterwards); "auto": the cluster
+                      this machine belongs to (``ray start``); "HOST:PORT" a cluster's head;
+                      "ray://HOST:10001" through Ray Client (needs ``ray[client]``).
+    workers:          actors, each holding one copy of the model (None: as many as the
+                      cluster's CPUs / cpus_per_worker, at least 1).
+    cpus_per_worker:  CPUs Ray reserves per actor (also its torch threads).
+    gpus_per_worker:  GPUs per actor (fractions share a GPU); > 0 runs the model on CUDA.
+    """
+
+    address: str | None = None
+    workers: int | None = None
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.cpus_per_worker))
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus_per_worker > 0 else "cpu"
+
+
+def require_ray():
+    """The ``ray`` module with Ray Data, or a one-line InputError saying how to install it."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise InputError(f"--engine ray needs Ray (with Ray Data): {RAY_HINT}") from None
+    return ray
+
+
+def check_engine_options(opts: EngineOptions) -> None:
+    """Refuse impossible sizes before anything starts (one line each)."""
+    if opts.workers is not None and (not isinstance(opts.workers, int) or opts.workers < 1):
+        raise InputError(f"--workers must be at least 1, not {opts.workers}")
+    if not opts.cpus_per_worker > 0:
+        raise InputError(f"--cpus-per-worker must be above 0, not {opts.cpus_per_worker}")
+    if not opts.gpus_per_worker >= 0:
+        raise InputError(f"--gpus-per-worker must be 0 or more, not {opts.gpus_per_worker}")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail in seconds, with one line, when ``address`` names no reachable cluster.
+
+    "HOST:PORT" and "ray://HOST:PORT" must accept a TCP connection within ``timeout`` seconds
+    (an unresolvable name or a closed port fails at once); "auto" is resolved by Ray itself,
+    which fails at once when this machine runs no cluster. Ray's own connection attempt, once
+    the port answers, is bounded by Ray (about 20 s if what answers is not a Ray cluster).
+    """
+    if address is None or address == "auto":
+        return
+    if address.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401  (Ray Client's transport)
+        except ImportError:
+            raise InputError(f"--address {address} uses Ray Client, which needs: pip install 'ray[client]'") from None
+    hp = _host_port(address)
+    if hp is None:
+        raise InputError(f"--address must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+    try:
+        with socket.create_connection(hp, timeout=timeout):
+            pass
+    except socket.timeout:
+        raise InputError(f"cannot reach a Ray cluster at {address}: no answer within {timeout:g} s") from None
+    except OSError as e:
+        raise InputError(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
+
+
+def _quiet_ray(ray) -> None:
+    """Ray Data's progress bars and per-dataset log lines off (the CLI draws its own bar)."""
+    import ray.data
+
+    with warnings.catch_warnings():  # Ray Data's deprecation notes, raised as it builds its context
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    for name in ("ray.data", "ray.data._internal.execution.streaming_executor", "ray._private.worker"):
+        logging.getLogger(name).setLevel(logging.WARNING if log.isEnabledFor(logging.DEBUG) else logging.ERROR)
+
+
+@contextlib.contextmanager
+def ray_session(opts: EngineOptions) -> Iterator[object]:
+    """Ray, ready to use: the session already running in this process if there is one (left
+    running), else one started or joined for this block (shut down after it).
+
+    Without an address, Ray starts on this machine with at least ``workers x cpus_per_worker``
+    CPUs, so the same command runs on a laptop and on a cluster.
+    """
+    ray = require_ray()
+    check_address(opts.address)
+    if ray.is_initialized():
+        _quiet_ray(ray)
+        yield ray
+        return
+    if not log.isEnabledFor(logging.DEBUG):
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ log lines off the terminal
+    kwargs: dict = {"include_dashboard": False, "logging_level": logging.ERROR,
+                    "log_to_driver": log.isEnabledFor(logging.DEBUG)}
+    if opts.address is None:
+        need = (opts.workers or 1) * opts.cpus_per_worker
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(need + 0.999))
+    try:
+        with _quiet_fd2(not log.isEnabledFor(logging.DEBUG)):
+            ray.init(address=opts.address, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"at {opts.address}" if opts.address else "on this machine"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"cannot start or join Ray {where}: {first}") from None
+    try:
+        _quiet_ray(ray)
+        _check_resources(ray, opts)
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _quiet_fd2(on: bool) -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null while Ray starts: its C++ logger writes a line there
+    (about its own log level) before the level applies. Python errors are raised, not lost."""
+    if not on:
+        yield
+        return
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _check_resources(ray, opts: EngineOptions) -> None:
+    """A cluster that can never hold even one worker is refused; a small one is only logged
+    (an autoscaling cluster may add nodes)."""
+    res = ray.cluster_resources()
+    cpus, gpus = res.get("CPU", 0.0), res.get("GPU", 0.0)
+    if opts.workers is None:
+        return
+    if opts.gpus_per_worker > gpus and opts.address is None:
+        raise InputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: this machine has {gpus:g} GPU(s) for Ray")
+    if opts.workers * opts.cpus_per_worker > cpus or opts.workers * opts.gpus_per_worker > gpus:
+        log.warning("the cluster has %g CPU(s) and %g GPU(s); %d worker(s) want %g and %g: some wait "
+                    "until the cluster grows", cpus, gpus, opts.workers, opts.workers * opts.cpus_per_worker,
+                    opts.workers * opts.gpus_per_worker)
+
+
+def map_shards(ray, shard_indices: list[int], actor_cls: type, ctor_kwargs: dict,
+               opts: EngineOptions) -> Iterator[dict]:
+    """Run ``actor_cls(**ctor_kwargs)(batch)`` over the shards on a pool of ``opts.workers`` actors.
+
+    One row (``{"shard": k}``) and one block per shard, so Ray balances whole shards across the
+    actors; yields each returned row as the shards finish (in no particular order).
+    """
+    if not shard_indices:
+        return
+    import ray.data
+
+    workers = opts.workers or pool_size(ray, opts)
+    log.info("%d worker(s) for %d shard(s)", workers, len(shard_indices))
+    with warnings.catch_warnings():  # Ray Data's own deprecation notes, raised as it copies its context
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ds = ray.data.from_items([{"shard": int(k)} for k in shard_indices],
+                                 override_num_blocks=len(shard_indices))
+        remote: dict = {"num_cpus": opts.cpus_per_worker}
+        if opts.gpus_per_worker > 0:
+            remote["num_gpus"] = opts.gpus_per_worker
+        ds = ds.map_batches(actor_cls, fn_constructor_kwargs=ctor_kwargs, batch_size=1, batch_format="numpy",
+                            compute=ray.data.ActorPoolStrategy(size=min(workers, len(shard_indices)),
+                                                               max_tasks_in_flight_per_actor=2),
+                            **remote)
+        yield from ds.iter_rows()
+
+
+def pool_size(ray, opts: EngineOptions) -> int:
+    """``opts.workers``, or as many workers as the cluster's CPUs (or GPUs) hold, at least 1."""
+    if opts.workers is not None:
+        return opts.workers
+    res = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}
+    n = int(res.get("CPU", 1.0) // opts.cpus_per_worker)
+    if opts.gpus_per_worker > 0:
+        n = min(n, int(res.get("GPU", 0.0) // opts.gpus_per_worker))
+    return max(1, n)
+
+
+def unwrap_error(e: BaseException) -> BaseException:
+    """The bertscope error inside a Ray error (a worker's InputError, say), else ``e`` itself.
+
+    Ray re-raises a worker's exception as a RayTaskError subclass of the same class, whose text
+    carries the remote traceback; the original, with its one-line message, is its ``cause``.
+    """
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, BertscopeError) and type(cur).__module__.startswith("bertscope"):
+            return cur
+        inner = getattr(cur, "cause", None)
+        cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
+    return e

@@ -1,0 +1,204 @@
+"""The embedding job's folder under stress (issue 14, items 5, 6, 8, 9): an unfinished job is not
+readable as a dataset, a full disk is one line and leaves nothing behind, resume checks the
+input's content, and one OUTPUT holds one running job."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import bertscope.files
+from bertscope.cli.main import main
+from bertscope.errors import InputError
+from bertscope.fast.embedjob import KILL_HOOK_ENV, LOCK_FILE, read_embeddings, run_embed_job
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TEXTS = [f"line {i}: " + "a few more words " * (i % 5) for i in range(20)]
+
+
+def _input(path: Path, texts=TEXTS) -> Path:
+    path.write_text("\n".join(texts) + "\n")
+    return path
+
+
+def _cli(args, capsys):
+    code = main(args)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _no_temporaries(out: Path) -> bool:
+    return not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_killed_parquet_job_reads_as_nothing_until_resumed(tmp_path):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **{KILL_HOOK_ENV: "2"})
+    cmd = [sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(out), "--shard-rows", "4",
+           "--format", "parquet", "--quiet"]
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert len(list((out / "_staging").glob("part-*.parquet"))) == 2  # two shards finished...
+    try:
+        table = pq.read_table(out)
+    except Exception:  # ...yet a dataset reader sees no rows: failing is fine too
+        table = None
+    assert table is None or table.num_rows == 0
+
+    env.pop(KILL_HOOK_ENV)
+    resumed = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    table = pq.read_table(out)
+    assert table.column("line").to_pylist() == list(range(1, len(TEXTS) + 1))  # every row, in order
+    emb = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    import bertscope
+
+    ref = bertscope.load().embed(TEXTS)
+    assert np.abs(emb - ref).max() < 1e-5
+
+
+class _FullDisk:
+    """os, except that files opened with fdopen take ``room`` bytes and then fail with ENOSPC."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def fdopen(self, fd, *a, **kw):
+        f = os.fdopen(fd, *a, **kw)
+        disk = self
+
+        class Writer:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                f.close()
+
+            def write(self, data):
+                if len(data) > disk.room:
+                    f.write(bytes(data[:disk.room]))
+                    f.flush()
+                    disk.room = 0
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                disk.room -= len(data)
+                return f.write(data)
+
+            def __getattr__(self, name):
+                return getattr(f, name)
+
+        return Writer()
+
+
+@pytest.mark.parametrize("fmt", ["npy", "parquet"])
+def test_full_disk_is_one_line_naming_the_file_and_leaves_no_temporary(tmp_path, capsys, monkeypatch, fmt):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    monkeypatch.setattr(bertscope.files, "os", _FullDisk(room=4000))  # room for the job's small files
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--format", fmt,
+                              "--quiet"], capsys)
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1, err
+    assert "no space left on the device" in lines[0]
+    assert str(out / "_staging" / f"part-00000.{fmt}") in lines[0]  # the file it could not write
+    assert "Traceback" not in err and _no_temporaries(out)
+    monkeypatch.undo()  # space again: the job resumes and completes
+    assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--format", fmt, "--resume",
+                 "--quiet"], capsys)[0] == 0
+    assert read_embeddings(out)[0].shape == (len(TEXTS), 384)
+
+
+class _StopAfter:
+    """A progress callback that interrupts the job once ``n`` rows are done."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done = n, 0
+
+    def __call__(self, k: int) -> None:
+        self.done += k
+        if self.done > self.n:
+            raise KeyboardInterrupt
+
+
+def _edit_keeping_size_and_mtime(path: Path, old: str, new: str) -> None:
+    assert len(old) == len(new)
+    st = path.stat()
+    path.write_text(path.read_text().replace(old, new, 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_resume_recomputes_a_shard_whose_lines_changed_with_the_same_size_and_mtime(tmp_path, bert, capsys):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):  # shards 0 and 1 finish, shard 2 does not
+        run_embed_job(bert, inp, out, shard_rows=4, progress=_StopAfter(8))
+    assert sorted(p.name for p in (out / "_staging").glob("part-*")) == ["part-00000.npy", "part-00001.npy"]
+    _edit_keeping_size_and_mtime(inp, "line 1: a few", "line 1: x few")  # in shard 0
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume",
+                              "--quiet"], capsys)
+    assert code == 0, err
+    assert "recomputed shard(s) 0" in err and "1 already done" in stdout
+    emb, _ = read_embeddings(out)
+    texts = inp.read_text().splitlines()
+    assert np.abs(emb - bert.embed(texts)).max() < 1e-5  # the edited line has its new embedding
+    assert np.abs(emb[1] - bert.embed([TEXTS[1]])[0]).max() > 1e-3
+
+    # a complete job whose input changed: refused with one line, nothing rewritten
+    _edit_keeping_size_and_mtime(inp, "line 6: a few", "line 6: x few")
+    code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "is complete, but input records 5..8" in err
+    assert np.array_equal(read_embeddings(out)[0], emb)
+
+
+def test_a_second_job_on_the_same_output_is_refused_and_its_files_kept(tmp_path, bert, capsys):
+    import fcntl
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_embed_job(bert, inp, out, shard_rows=4, progress=_StopAfter(4))
+    # another job is running on OUTPUT: it holds the lock and is writing a temporary
+    fd = os.open(out / LOCK_FILE, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.write(fd, b"4242\n")
+    live = out / "_staging" / ".part-00003.npy.live.tmp"
+    live.write_bytes(b"half a shard")
+    try:
+        code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume"], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "in use by another running job (pid 4242)" in err
+        assert live.read_bytes() == b"half a shard"  # the live job's file is untouched
+    finally:
+        os.close(fd)  # the other job ends
+    assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume", "--quiet"], capsys)[0] == 0
+    assert not live.exists() and read_embeddings(out)[0].shape == (len(TEXTS), 384)
+
+
+def test_lock_refusal_from_the_library(tmp_path, bert):
+    import fcntl
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(InputError, match="in use by another running job"):
+            run_embed_job(bert, inp, out)
+    finally:
+        os.close(fd)
+    assert json.loads((run_embed_job(bert, inp, out).out_dir / "_manifest.json").read_text())["rows"] == len(TEXTS)

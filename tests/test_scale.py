@@ -1,0 +1,290 @@
+"""bertscope on Ray: the Ray engine writes what the local engine writes, resumes after its driver
+is killed, survives a worker's death; embed_dataset equals Bert.embed; heads --engine ray equals
+the local statistics; bad input is one line. One local Ray (2 CPUs) serves the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+
+from bertscope.cli.main import main
+from bertscope.fast.embedjob import KILL_HOOK_ENV, read_embeddings, run_embed_job
+from bertscope.scale import EngineOptions, embed_dataset, ray_head_stats, run_ray_embed_job
+from bertscope.scale.embed import WORKER_KILL_HOOK_ENV
+from bertscope.understand.headstats import CLASSES, STATS, head_stats
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+WORDS = ("the cat sat on a mat while two dogs ran far away from it quickly under bright blue "
+         "skies and nobody saw where they went after that long day").split()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray for the module's tests (started here, shut down after the last one)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) for _ in range(n)]
+
+
+def _mixed_jsonl(path: Path, n: int = 3000) -> Path:
+    """JSON Lines with blank, non-UTF-8, bad-JSON and field-less lines mixed in."""
+    rows = []
+    for i, text in enumerate(_sentences(n, seed=7)):
+        kind = i % 50
+        if kind == 3:
+            rows.append(b"")
+        elif kind == 11:
+            rows.append(b'{"text": "caf\xe9 \xff"}')
+        elif kind == 19:
+            rows.append(b'{"text": "unclosed')
+        elif kind == 27:
+            rows.append(json.dumps({"body": text}).encode())
+        elif kind == 35:
+            rows.append(json.dumps({"text": None}).encode())
+        else:
+            rows.append(json.dumps({"text": text, "id": i}).encode())
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    return path
+
+
+def _cli(args, capsys):
+    code = main(args)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _table(out: Path):
+    t = pq.read_table(out)
+    return (t.column("line").to_pylist(), t.column("status").to_pylist(),
+            np.stack(t.column("embedding").to_numpy(zero_copy_only=False)))
+
+
+def test_ray_engine_equals_local_engine_row_for_row(cluster, tmp_path, capsys):
+    inp = _mixed_jsonl(tmp_path / "in.jsonl")
+    args = [str(inp), "--shard-rows", "500", "--format", "parquet", "--quiet"]
+    code, _, err = _cli(["embed", *args, "--out", str(tmp_path / "local")], capsys)
+    assert code == 0, err
+    code, out_ray, err_ray = _cli(["embed", *args, "--out", str(tmp_path / "ray"), "--engine", "ray",
+                                   "--workers", "2"], capsys)
+    assert code == 0, err_ray
+    assert err_ray == err  # the same problems reported, line by line
+    lines_l, status_l, emb_l = _table(tmp_path / "local")
+    lines_r, status_r, emb_r = _table(tmp_path / "ray")
+    assert lines_r == lines_l == list(range(1, 3001))
+    assert status_r == status_l
+    assert {"empty", "undecodable", "bad_json", "no_field", "not_text"} <= set(status_l)
+    assert np.abs(emb_r - emb_l).max() <= 1e-6
+    ml = json.loads((tmp_path / "local" / "_manifest.json").read_text())
+    mr = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
+    assert mr["problems"] == ml["problems"] and [s["sha256"] for s in mr["shards"]] == [s["sha256"] for s in ml["shards"]]
+    assert [r["engine"] for r in mr["runs"]] == ["ray"] and [r["engine"] for r in ml["runs"]] == ["local"]
+    emb, status = read_embeddings(tmp_path / "ray")  # the library reader reads it unchanged
+    assert status == status_l and np.array_equal(emb, emb_r)
+
+
+def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp_path, bert, capsys):
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(_sentences(400, seed=3)) + "\n")
+    whole = run_embed_job(bert, inp, tmp_path / "whole", shard_rows=40, fmt="parquet")
+    assert whole.shards == 10
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **{KILL_HOOK_ENV: "3"})
+    killed = subprocess.run([sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(out), "--shard-rows",
+                             "40", "--format", "parquet", "--quiet", "--engine", "ray", "--address", cluster,
+                             "--workers", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # the driver died after 3 shards
+    deadline = time.monotonic() + 60  # Ray ends a dead driver's actors: wait until their CPUs are back
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    staged = {int(p.name[6:11]): p.stat().st_mtime_ns for p in (out / "_staging").glob("_part-*.json")}
+    assert 3 <= len(staged) < 10
+    try:
+        assert pq.read_table(out).num_rows == 0  # an unfinished job reads as nothing
+    except Exception:
+        pass
+
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "40", "--format", "parquet",
+                              "--quiet", "--engine", "ray", "--workers", "2", "--resume"], capsys)
+    assert code == 0, err
+    assert f"({len(staged)} already done)" in stdout
+    manifest = json.loads((out / "_manifest.json").read_text())
+    runs = {s["shard"]: s["run"] for s in manifest["shards"]}
+    assert {k for k, r in runs.items() if r == 1} == set(staged)  # what run 1 finished, run 2 did not redo
+    assert {k for k, r in runs.items() if r == 2} == set(range(10)) - set(staged)
+    lines_w, status_w, emb_w = _table(tmp_path / "whole")
+    lines, status, emb = _table(out)
+    assert lines == lines_w == list(range(1, 401)) and status == status_w
+    assert np.abs(emb - emb_w).max() <= 1e-6
+
+
+def test_a_worker_killed_mid_shard_is_retried_and_every_row_is_written_once(cluster, tmp_path, bert, monkeypatch):
+    inp = tmp_path / "in.txt"
+    texts = _sentences(240, seed=5)
+    inp.write_text("\n".join(texts) + "\n")
+    marker = tmp_path / "a-worker-died"
+    monkeypatch.setenv(WORKER_KILL_HOOK_ENV, str(marker))
+    res = run_ray_embed_job(None, inp, tmp_path / "out", engine=EngineOptions(workers=2), shard_rows=40,
+                            fmt="parquet")
+    assert marker.exists()  # a worker really SIGKILLed itself in the middle of a shard
+    assert res.rows == 240 and res.shards == 6
+    lines, status, emb = _table(tmp_path / "out")
+    assert lines == list(range(1, 241)) and status == ["ok"] * 240  # every row, once, in order
+    assert np.abs(emb - bert.embed(texts)).max() <= 1e-6
+
+
+def test_a_job_begun_locally_is_finished_by_ray(cluster, tmp_path, bert, capsys):
+    inp = tmp_path / "in.txt"
+    texts = _sentences(120, seed=13)
+    inp.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out"
+
+    def stop_after_two_shards(n, seen=[0]):
+        seen[0] += n
+        if seen[0] > 80:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_embed_job(bert, inp, out, shard_rows=40, progress=stop_after_two_shards)
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "40", "--engine", "ray",
+                              "--workers", "1", "--resume", "--quiet"], capsys)
+    assert code == 0 and "(2 already done)" in stdout, err
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert [r["engine"] for r in manifest["runs"]] == ["local", "ray"]
+    assert [s["run"] for s in manifest["shards"]] == [1, 1, 2]
+    emb, status = read_embeddings(out)
+    assert status == ["ok"] * 120 and np.abs(emb - bert.embed(texts)).max() <= 1e-6
+
+
+def test_embed_dataset_equals_bert_embed_and_writes_parquet(cluster, tmp_path, bert):
+    import ray.data
+
+    texts = _sentences(60, seed=9) + ["", "   ", "word " * 400]
+    items = [{"text": t, "id": i} for i, t in enumerate(texts)] + [{"text": None, "id": len(texts)}]
+    ds = embed_dataset(ray.data.from_items(items), text_column="text", workers=1, batch_size=16)
+    rows = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(len(items)))
+    got = np.stack([np.asarray(r["embedding"], dtype=np.float32) for r in rows])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the long text is truncated, as Bert.embed warns
+        ref = bert.embed(texts)
+    assert got.dtype == np.float32 and got.shape == (len(items), bert.config.hidden_size)
+    assert np.abs(got[:len(texts)] - ref).max() <= 1e-6
+    assert [r["status"] for r in rows][-5:] == ["ok", "empty", "empty", "truncated", "not_text"]
+    assert not got[-1].any()
+
+    ds.write_parquet(str(tmp_path / "pq"))  # composes with Ray Data's writers
+    table = pq.read_table(tmp_path / "pq")
+    assert str(table.schema.field("embedding").type) == f"fixed_size_list<element: float>[{bert.config.hidden_size}]"
+    order = np.argsort(table.column("id").to_numpy())
+    back = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))[order]
+    assert np.array_equal(back, got)
+
+
+def test_heads_on_ray_equals_the_local_engine(cluster, tmp_path, bert, capsys):
+    corpus = tmp_path / "corpus.txt"
+    lines = _sentences(14, seed=11)
+    lines[3] = ""
+    raw = "\n".join(lines).encode() + b"\n\xff\xfe not utf-8\n" + b"The animal didn't cross the street, because it was tired.\n"
+    corpus.write_bytes(raw)
+    from bertscope.files import read_lines
+
+    items, read_warns = read_lines(corpus)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' thread count (1 CPU each): the same forward arithmetic
+    try:
+        local = head_stats(bert, items)
+    finally:
+        torch.set_num_threads(threads)
+    hs, warns = ray_head_stats(corpus, engine=EngineOptions(workers=2), shard_lines=4)
+    assert warns == read_warns and len(warns) == 1  # the non-UTF-8 line, with its line number
+    assert hs.num_texts == local.num_texts == 14 and hs.num_tokens == local.num_tokens
+    for k in STATS:
+        rel = ((hs.stats[k].double() - local.stats[k].double()).abs() / local.stats[k].double().abs().clamp_min(1e-30))
+        assert float(rel.max()) <= 1e-9, k
+    for k in local.features:
+        assert torch.allclose(hs.features[k].double(), local.features[k].double(), rtol=1e-9, atol=0), k
+    assert hs.classes == local.classes
+    for c in CLASSES:
+        assert torch.equal(hs.class_counts[c], local.class_counts[c])
+
+    code, out, err = _cli(["heads", str(corpus), "--engine", "ray", "--workers", "2", "--json"], capsys)
+    assert code == 0 and json.loads(out)["classes"] == local.classes
+    assert "line 15 is not UTF-8" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "ray", "--workers", "0"], "--workers must be at least 1"),
+    (["--engine", "ray", "--address", "127.0.0.1:1"], "cannot reach a Ray cluster at 127.0.0.1:1"),
+    (["--engine", "ray", "--address", "no-such-host.invalid:6379"], "cannot reach a Ray cluster"),
+    (["--address", "auto"], "--address need(s) --engine ray"),
+])
+@pytest.mark.parametrize("command", ["embed", "heads"])
+def test_bad_engine_input_is_one_line(cluster, tmp_path, capsys, command, args, message):
+    inp = tmp_path / "in.txt"
+    inp.write_text("one text\nanother\n")
+    extra = ["--out", str(tmp_path / "o")] if command == "embed" else []
+    start = time.monotonic()
+    code, stdout, err = _cli([command, str(inp), *extra, *args], capsys)
+    assert time.monotonic() - start < 30  # no hang on an unreachable cluster
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_glob_matching_nothing_is_one_line(cluster, tmp_path, capsys):
+    code, _, err = _cli(["embed", str(tmp_path / "nothing-*.jsonl"), "--out", str(tmp_path / "o"),
+                         "--engine", "ray"], capsys)
+    assert code == 2 and err.strip().splitlines() == [f"bertscope: error: no input file matches {tmp_path}/nothing-*.jsonl"]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["embed", "heads"])
+def test_ray_missing_is_one_line_with_the_install_hint(tmp_path, capsys, monkeypatch, command):
+    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import ray` now fails, as without the extra
+    monkeypatch.setitem(sys.modules, "ray", None)
+    inp = tmp_path / "in.txt"
+    inp.write_text("one text\n")
+    extra = ["--out", str(tmp_path / "o")] if command == "embed" else []
+    code, _, err = _cli([command, str(inp), *extra, "--engine", "ray"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        "bertscope: error: --engine ray needs Ray (with Ray Data): pip install 'bertscope[ray]'"]
+    assert not (tmp_path / "o").exists()
+
+
+class _Refuses:
+    """A worker whose every shard fails as bad input does."""
+
+    def __call__(self, batch):
+        from bertscope.errors import InputError
+
+        raise InputError("shard 0 cannot be read")
+
+
+def test_a_workers_input_error_reaches_the_driver_as_its_one_line(cluster):
+    from bertscope.errors import InputError
+    from bertscope.scale.cluster import map_shards, unwrap_error
+
+    with pytest.raises(Exception) as info:
+        list(map_shards(ray, [0], _Refuses, {}, EngineOptions(workers=1)))
+    inner = unwrap_error(info.value)
+    assert type(inner) is InputError and str(inner) == "shard 0 cannot be read"

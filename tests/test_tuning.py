@@ -87,6 +87,8 @@ def test_choice_is_measured_again_when_the_key_changes(cache, small_model, monke
         torch.set_num_threads(threads)
     # a cache file whose stored key is not the one asked for is never trusted
     monkeypatch.undo()
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(cache.parent))  # undo() also reset the fixture's folder
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
     calls = counting(monkeypatch)
     path = next(p for p in cache.glob("*.json") if json.loads(p.read_text())["key"] == first.key)
     d = json.loads(path.read_text())

@@ -34,7 +34,9 @@ WORDS = ("the cat sat on a mat while two dogs ran far away from it quickly under
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray for the module's tests (started here, shut down after the last one)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the workers import this module by name (for _Refuses below): put its folder on their path
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent)}})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

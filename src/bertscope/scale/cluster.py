@@ -213,6 +213,9 @@ def map_shards(ray, shard_indices: list[int], actor_cls: type, ctor_kwargs: dict
     log.info("%d worker(s) for %d shard(s)", workers, len(shard_indices))
     with warnings.catch_warnings():  # Ray Data's own deprecation notes, raised as it copies its context
         warnings.simplefilter("ignore", DeprecationWarning)
+        # a worker's own error (an InputError naming a line, say) reaches the driver as itself,
+        # not wrapped in Ray Data's UserCodeException (which loses it): see unwrap_error
+        ray.data.DataContext.get_current().raise_original_map_exception = True
         ds = ray.data.from_items([{"shard": int(k)} for k in shard_indices],
                                  override_num_blocks=len(shard_indices))
         remote: dict = {"num_cpus": opts.cpus_per_worker}
@@ -247,7 +250,8 @@ def unwrap_error(e: BaseException) -> BaseException:
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, BertscopeError) and type(cur).__module__.startswith("bertscope"):
-            return cur
+            first = str(cur).split("\n", 1)[0]  # Ray Data appends its retry advice to the message
+            return cur if first == str(cur) else type(cur)(first)
         inner = getattr(cur, "cause", None)
         cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
     return e

@@ -123,7 +123,7 @@ class AttentionKernels:
         context rows are zeros. ``impl`` is "auto", "groups" or "varlen". ``dropout_p`` > 0
         applies attention dropout (training).
         """
-        N, C3 = packed.num_tokens, qkv.shape[1]
+        C3 = qkv.shape[1]  # (N, 3C), N >= packed.num_tokens
         D = C3 // 3 // H
         if impl == "auto":
             if self._varlen_usable(qkv, D, dropout_p):

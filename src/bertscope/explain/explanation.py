@@ -43,7 +43,7 @@ from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, 
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
 
 __all__ = ["MAP_METHODS", "METHODS", "METHOD_INFO", "VALUE_ZEROING_MAX_TOKENS", "Explanation", "check_method",
-           "explain", "explain_batch", "map_measures", "method_kind", "parse_measures"]
+           "explain", "explain_batch", "map_measures", "measure_info", "method_kind", "parse_measures"]
 
 METHODS = HEAD_METHODS + LAYER_METHODS + GRAD_METHODS
 MAP_METHODS = HEAD_METHODS + LAYER_METHODS  # the measures the views can draw (token x token maps)
@@ -235,6 +235,15 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
     return Explanation(method=method, tokens=list(batch.tokens[0]), words=words.words,
                        token_words=words.token_words, maps=maps.float().cpu().numpy(),
                        target=None if tgt is None else tgt.name, truncated=batch.truncated[0])
+
+
+def measure_info(name: str) -> dict[str, object]:
+    """What a view needs to know of a map method: {"name", "per_head", "share"}; share: its rows
+    sum to 1 (every map method but ``norm``, whose values are vector lengths)."""
+    check_method(name)
+    if name not in MAP_METHODS:
+        raise InputError(f"{name} attributes one output to the words; it has no token x token map to show")
+    return {"name": name, "per_head": name in HEAD_METHODS, "share": name != "norm"}
 
 
 def parse_measures(values: list[str] | None) -> list[str]:

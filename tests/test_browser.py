@@ -203,6 +203,16 @@ def test_served_app(browser, bert, hf_model):
         explore(page, reference(bert, hf_model, IT_ANIMAL), words)
         page.screenshot(path=str(artifact("serve-head-view.png")), full_page=True)
 
+        from bertscope import explain  # the Measure switch: the server computes the measure on demand
+
+        before = lines_image(page)
+        page.select_option("#bs-measure", "alti")
+        settle(page)
+        assert lines_image(page) != before
+        check_values(shown_values(page), explain(bert, IT_ANIMAL, "alti").word_maps()[5, words.index("it")], "alti")
+        page.select_option("#bs-measure", "attention")
+        settle(page)
+
         page.fill("#bs-text", "x" * 2001)  # over the limit: the page shows the server's message
         assert page.inner_text("#bs-text-count") == "2,001 / 2,000 characters"  # the counter knows the limit
         assert "bs-over" in page.get_attribute("#bs-text-count", "class")

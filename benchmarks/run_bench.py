@@ -3,6 +3,8 @@
     PYTHONPATH=src python benchmarks/run_bench.py            # writes benchmarks/results/cpu.{json,md}
                                                              # and docs/s13_cpu.png
     PYTHONPATH=src python benchmarks/run_bench.py --quick    # a smoke run in seconds
+    PYTHONPATH=src python benchmarks/run_bench.py --rounds 5 --out benchmarks/results/xeon-amx \
+        --plot docs/s13_cpu_xeon_amx.png --section bench-xeon-amx   # also the named section of docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from bertscope.bench.run import run_bench, write_markdown  # noqa: E402
-from bertscope.files import write_text_atomic  # noqa: E402
+from bertscope.bench.report import write_markdown  # noqa: E402
+from bertscope.bench.run import run_bench  # noqa: E402
+from bertscope.files import update_section, write_text_atomic  # noqa: E402
 
 
 def main() -> int:
@@ -30,6 +33,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--plot", default=str(ROOT / "docs" / "s13_cpu.png"))
+    p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    p.add_argument("--section", default=None, help="write the tables into this named section of --doc")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     res = run_bench(model=a.model, preset=a.preset, corpus=a.corpus, quick=a.quick, threads=a.threads,
@@ -41,6 +46,8 @@ def main() -> int:
     name = "cpu-quick" if a.quick else "cpu"
     write_text_atomic(out / f"{name}.json", json.dumps(res, indent=1))
     write_text_atomic(out / f"{name}.md", md)
+    if a.section:
+        update_section(a.doc, a.section, md)
     if res["scaling"].get("plot_error"):
         print(f"could not write the plot: {res['scaling']['plot_error']}", file=sys.stderr)
         return 1

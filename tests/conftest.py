@@ -10,6 +10,7 @@ too, unless BERTSCOPE_NO_BROWSER=1 asks to leave them out (then each is reported
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The measured kernel choice is cached here, never in the user's own cache folder.
+os.environ.setdefault("BERTSCOPE_CACHE_DIR", tempfile.mkdtemp(prefix="bertscope-test-cache-"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 IT_ANIMAL = "The animal didn't cross the street because it was too tired"

@@ -120,9 +120,10 @@ def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp
     staged = {int(p.name[6:11]): p.stat().st_mtime_ns for p in (out / "_staging").glob("_part-*.json")}
     assert 3 <= len(staged) < 10
     try:
-        assert pq.read_table(out).num_rows == 0  # an unfinished job reads as nothing
-    except Exception:
-        pass
+        table = pq.read_table(out)
+    except Exception:  # a dataset reader that refuses the folder sees no rows either
+        table = None
+    assert table is None or table.num_rows == 0  # an unfinished job reads as nothing
 
     code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "40", "--format", "parquet",
                               "--quiet", "--engine", "ray", "--workers", "2", "--resume"], capsys)

@@ -12,8 +12,24 @@
 
 ``bert.model(...)`` is always the exact reference (it can return attentions, hidden states and
 every intermediate). Plain forwards (``bert(...)``), ``embed`` and the embedding jobs take the
-packed fast path (:mod:`bertscope.fast`), which the facade owns: its GEMM backend, caches and
-kernel state live on ``bert.fast``. Arrows: this module uses fast and core; they never use it.
+packed fast path (:mod:`bertscope.fast`), which the facade owns: its GEMM backend, caches,
+kernel state and measured kernel choice live on ``bert.fast``. Arrows: this module uses fast
+and core; they never use it.
+
+Precision (``load(..., precision=...)``, CPU only):
+
+    "fp32"  the default: the packed path equals the reference within 1e-5
+    "bf16"  the packed path's GEMMs in bfloat16 where the CPU has AMX or AVX512-BF16, the
+            kernel choice measured them faster than fp32, and the calibration texts' sentence
+            embeddings stay within BF16_BOUND of fp32; otherwise fp32, with a warning
+    "int8"  the packed path's linears in int8 (:mod:`bertscope.fast.quant`): per-channel
+            weights, per-token activations, the linears the calibration measures to break the
+            bound kept fp32
+
+Reduced precision changes only plain inference on the packed path (``embed``, ``bert(...)``
+without extras, the embedding jobs). Anything that asks for attentions, hidden states, head
+masks or intermediates (``view``, ``attend``, ``trace``...) runs ``bert.model``: exactly the
+fp32 reference, whatever the precision. Under autograd the packed path is fp32 too.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,9 +53,12 @@ from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
 from .errors import InputError, NonFiniteError
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
-from .fast.packing import mean_pool, pack_ids
+from .fast.gemm import PRECISIONS, GemmBackend
+from .fast.packing import mean_pool, pack_ids, sentence_means
+from .fast.tuning import NOISE_MARGIN, cpu_flags
 
-__all__ = ["Bert", "DEFAULT_BATCH_TOKENS", "bundled_model_path", "check_texts", "load"]
+__all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "bundled_model_path", "calibration_texts",
+           "check_texts", "load"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +66,14 @@ log = logging.getLogger(__name__)
 # activations should stay in cache; a GPU wants large batches. The measured kernel choice may
 # override the CPU value per machine.
 DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
+# bf16 runs only if the calibration texts' sentence embeddings keep this cosine to fp32: (mean, min).
+BF16_BOUND = (0.999, 0.995)
+
+
+def calibration_texts() -> list[str]:
+    """The 63 English texts (1 to about 120 words) bertscope calibrates reduced precision on."""
+    text = resources.files("bertscope.fast").joinpath("data/calibration.txt").read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line.strip()]
 
 
 @dataclass
@@ -64,7 +92,10 @@ class Bert:
     path: Path | None = None
     max_seq_length: int = 512  # sentence-transformers' limit for embed(), when the folder sets one
     name: str = field(default="")
-    fast: PackedEncoder = field(default_factory=PackedEncoder, repr=False)
+    fast: PackedEncoder = field(default_factory=lambda: PackedEncoder(tune=True), repr=False)
+    precision: str = "fp32"  # what the packed path runs in (see the module doc)
+    precision_note: str = ""  # why a requested reduced precision is off, or what calibration decided
+    int8_plan: object = field(default=None, repr=False)  # bertscope.fast.quant.Int8Plan in int8 mode
 
     @property
     def device(self) -> torch.device:
@@ -146,12 +177,14 @@ class Bert:
         out = np.zeros((len(ids), C), dtype=np.float32)
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if batch_tokens is None:
-            batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
+                choice = self.fast.prepare(self.model)  # measured once per machine and model shape
+                if batch_tokens is None:
+                    batch_tokens = (choice.batch_tokens if choice is not None
+                                    else DEFAULT_BATCH_TOKENS.get(self.device.type, 2048))
                 for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
                     packed = pack_ids([ids[i] for i in idx], device=self.device)
                     x = self.fast.encode(self.encoder, packed)  # (N, C) real tokens only
@@ -237,13 +270,90 @@ class Bert:
 
 
 def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
-         dtype: torch.dtype | None = None) -> Bert:
+         dtype: torch.dtype | None = None, precision: str = "fp32") -> Bert:
     """Load a checkpoint folder (or, with ``path=None``, the bundled all-MiniLM-L6-v2).
 
+    ``precision`` ("fp32", "bf16" or "int8"; CPU only) is what the packed path computes in
+    (see the module doc); "bf16" and "int8" calibrate on :func:`calibration_texts` while
+    loading (and measure the kernel choice, about 2 s, once per machine and model shape).
+
     Raises :class:`~bertscope.errors.CheckpointError` with one clear sentence when the folder
-    is missing, is not a checkpoint, or its weights do not match its config.
+    is missing, is not a checkpoint, or its weights do not match its config; InputError for a
+    precision that cannot be used as asked.
     """
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision != "fp32":
+        if torch.device(device).type != "cpu":
+            raise InputError(f"precision {precision!r} is a CPU mode; on a GPU load with dtype=torch.bfloat16")
+        if dtype not in (None, torch.float32):
+            raise InputError(f"precision {precision!r} works on an fp32 model; do not also give dtype={dtype}")
     folder = bundled_model_path() if path is None else Path(path).expanduser()
     ck = read_checkpoint(folder, device=device, dtype=dtype)
-    return Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
-                max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2")
+    bert = Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
+                max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",
+                fast=PackedEncoder(gemm=GemmBackend(precision=precision), tune=True))
+    if precision == "int8":
+        _calibrate_int8(bert)
+    elif precision == "bf16":
+        _check_bf16(bert)
+    return bert
+
+
+def _calibration_batch(bert: Bert):
+    ids, _ = bert.tokenizer.encode_ids(calibration_texts(), max_length=bert.max_seq_length)
+    return pack_ids(ids, device=bert.device)
+
+
+def _calibrate_int8(bert: Bert) -> None:
+    """int8 mode: pick the integer GEMM by measurement, then decide which linears stay fp32."""
+    from .fast.quant import INT8_KERNELS, calibrate, int8_kernel_available
+
+    usable = [k for k in INT8_KERNELS if int8_kernel_available(k)]
+    if not usable:
+        raise InputError("precision 'int8' needs an int8 GEMM that this torch lacks on this CPU "
+                         f"(tried {', '.join(INT8_KERNELS)}); use precision='fp32'")
+    with torch.inference_mode():
+        choice = bert.fast.prepare(bert.model)
+    kernel = choice.int8_kernel if choice is not None and choice.int8_kernel in usable else usable[0]
+    bert.fast.gemm.int8_kernel = kernel
+    bert.int8_plan = calibrate(bert.fast, bert.model, _calibration_batch(bert), kernel=kernel)
+    bert.precision = "int8"
+    kept = len(bert.int8_plan.keep_fp32)
+    bert.precision_note = (f"int8 ({kernel} kernel); {kept} of {len(bert.int8_plan.errors)} linears kept fp32; "
+                           f"calibration cosine to fp32 {bert.int8_plan.cosine_mean:.4f} mean, "
+                           f"{bert.int8_plan.cosine_min:.4f} min")
+
+
+def _check_bf16(bert: Bert) -> None:
+    """bf16 mode stays on only where the CPU runs bf16 natively, faster, and within BF16_BOUND."""
+    why = ""
+    if not {"avx512_bf16", "amx_bf16"} & set(cpu_flags()):
+        why = "this CPU has neither AVX512-BF16 nor AMX"
+    elif not bert.fast.gemm.onednn_usable():
+        why = "this torch has no oneDNN linear"
+    else:
+        with torch.inference_mode():
+            choice = bert.fast.prepare(bert.model)
+        speedup = choice.bf16_speedup if choice is not None else None
+        if speedup is not None and speedup < 1 + NOISE_MARGIN:
+            why = f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here"
+        else:
+            packed = _calibration_batch(bert)
+            with torch.inference_mode():
+                bert.fast.gemm.precision = "fp32"
+                ref = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+                bert.fast.gemm.precision = "bf16"
+                got = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+            cos = (got * ref).sum(1)  # (B,)
+            mean, low = float(cos.mean()), float(cos.min())
+            if mean < BF16_BOUND[0] or low < BF16_BOUND[1]:
+                why = f"bf16 embeddings' cosine to fp32 was {mean:.4f} mean, {low:.4f} min, below {BF16_BOUND}"
+            else:
+                bert.precision = "bf16"
+                bert.precision_note = (f"bf16 GEMMs ({'' if speedup is None else f'{speedup:.2f}x fp32, '}"
+                                       f"calibration cosine to fp32 {mean:.4f} mean, {low:.4f} min)")
+                return
+    bert.fast.gemm.precision = "fp32"
+    bert.precision_note = f"bf16 is off: {why}; running fp32"
+    warnings.warn(f"bertscope: {bert.precision_note}", RuntimeWarning, stacklevel=3)

@@ -9,16 +9,15 @@ from __future__ import annotations
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
+from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_name
+
 __all__ = ["CPU_FLAGS", "PEAK_SHAPES", "best_rate", "cpu_flags", "cpu_name", "machine", "matmul_peak",
            "onednn_matmul_peak", "sync"]
 
-# The instruction-set features that decide which kernels are fast on a CPU.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 PEAK_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 768, 3072))  # (M, K, N)
 
 
@@ -26,29 +25,6 @@ def sync(device: str) -> None:
     """Wait for the device's queued work (CUDA); nothing on CPU."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def cpu_name() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return cpu
-
-
-def cpu_flags() -> list[str]:
-    """Which of :data:`CPU_FLAGS` this CPU has (from /proc/cpuinfo; empty where it cannot be read)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in CPU_FLAGS if f in have]
-    except OSError:
-        pass
-    return []
 
 
 def machine() -> dict:

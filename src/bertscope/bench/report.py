@@ -41,10 +41,48 @@ def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[st
     return lines
 
 
+def setup_lines(w: dict) -> list[str]:
+    """What each bertscope system chose on this machine (kernel choice, precision notes)."""
+    out = []
+    for name, info in (w.get("bertscope_setup") or {}).items():
+        c = info.get("kernel_choice")
+        txt = f"- {name}: "
+        if c:
+            txt += (f"kernel choice ({c['source']}): {c['gemm']} GEMMs, {c['batch_tokens']}-token batches, "
+                    f"attention slack {c['slack']:g}")
+            if info.get("precision") == "int8":
+                txt += f", int8 kernel {c['int8_kernel']}"
+        if info.get("note"):
+            txt += f"; {info['note']}"
+        out.append(txt)
+    return [""] + out if out else []
+
+
+def quality_lines(w: dict) -> list[str]:
+    """Reduced-precision systems against bertscope fp32, and the int8 contract's verdict."""
+    q = w.get("quality_vs_fp32") or {}
+    if not q:
+        return []
+    out = ["", "| reduced precision | cosine to fp32: mean | min | top-10 neighbour overlap |", "|---|---:|---:|---:|"]
+    for name, a in q.items():
+        out.append(f"| {name} | {a['cosine_mean']:.4f} | {a['cosine_min']:.4f} | {a['top10_overlap']:.3f} |")
+    verdict = w.get("int8_contract")
+    if verdict:
+        terms = []
+        for k, v in verdict.items():
+            m = v["measured"]
+            shown = "not measured" if m is None else (f"{m:.2f}×" if k.startswith("speedup") else f"{m:.4f}")
+            terms.append(f"{k.replace('_', ' ')} ≥ {v['required']:g}: {shown} "
+                         f"({'—' if v['holds'] is None else 'holds' if v['holds'] else 'FAILS'})")
+        out += ["", "int8 quality contract: " + "; ".join(terms) + "."]
+    return out
+
+
 def write_markdown(r: dict) -> str:
     """The results as markdown tables (for docs/BENCHMARKS.md)."""
     m = r["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
+    flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
+    lines = [f"Machine: {m['cpu']} ({flags}), {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
              f"{m.get('gpu', 'no GPU used') if r['device'] != 'cpu' else 'CPU'}; dtype {r['dtype']}; "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
              "", f"Measured fp32 matmul peak (best of 1024³, 2048³, 4096×768×3072; torch.mm): **{r['matmul_peak_gflops']:.1f} GFLOP/s**"
@@ -52,10 +90,11 @@ def write_markdown(r: dict) -> str:
                 if r.get("matmul_peak_onednn_gflops") else "") + ".", ""]
     for wname, w in r["workloads"].items():
         lines += [f"### {w.get('label', wname)}: {w['texts']} texts, {w['real_tokens']} real tokens "
-                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}", "",
+                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}; {m['cpu']} ({flags})", "",
                   ] + systems_table(w)
         lines.append(f"\nbertscope's useful GFLOP/s are {100 * w['bertscope_fraction_of_matmul_peak']:.0f}% of the "
                      "higher measured matmul peak.")
+        lines += setup_lines(w) + quality_lines(w)
         for name, why in w["skipped"].items():
             lines.append(f"Skipped {name}: {why}.")
         lines.append("")

@@ -27,7 +27,8 @@ from .corpus import make_texts, mixed_lengths, read_corpus, save_random_checkpoi
 from .machine import machine, matmul_peak, onednn_matmul_peak
 from .report import PLOT_SUFFIXES, plot_scaling
 from .scaling import scaling
-from .systems import build_systems
+from .quality import contract_verdict
+from .systems import build_systems, reduced_systems
 from .timing import compare_and_time, useful_flops
 
 __all__ = ["run_bench"]
@@ -116,10 +117,24 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
             built, skipped = build_systems(folder, bert, work / wname, threads, device, dtype, systems)
             log.info("workload %s: %d texts, %d real tokens; systems %s", wname, len(texts), sum(lengths), list(built))
             entry = compare_and_time(built, texts, sum(lengths), useful_flops(bert.config, lengths),
-                                     1 if quick else rounds, device)
+                                     1 if quick else rounds, device, reduced=reduced_systems())
+            for name, f in built.items():  # what each bertscope system measured and decided
+                b = getattr(f, "bert", None)
+                if b is None:
+                    continue
+                info = {"precision": b.precision, "note": b.precision_note,
+                        "kernel_choice": b.fast.choice.to_json() if b.fast.choice is not None else None}
+                if b.int8_plan is not None:
+                    info["int8_calibration"] = b.int8_plan.to_json()
+                entry.setdefault("bertscope_setup", {})[name] = info
+            if "bertscope int8" in entry["quality_vs_fp32"]:
+                entry["int8_contract"] = contract_verdict(entry["quality_vs_fp32"]["bertscope int8"], {
+                    n: entry["systems"]["bertscope int8"]["tokens_per_s"] / s["tokens_per_s"]
+                    for n, s in entry["systems"].items() if n != "bertscope int8"})
             entry["label"] = label
-            entry["model"] = str(folder if folder == bundled else f"random weights, {bert.config.hidden_size}"
-                                 f"/{bert.config.num_hidden_layers} layers/{bert.config.num_attention_heads} heads")
+            entry["model"] = (("bundled all-MiniLM-L6-v2" if model is None else str(folder)) if folder == bundled else
+                              f"random weights, {bert.config.hidden_size}/{bert.config.num_hidden_layers} layers/"
+                              f"{bert.config.num_attention_heads} heads")
             entry["config"] = bert.config.to_dict()
             entry["length_range"] = [min(lengths), max(lengths)]
             entry["skipped"] = skipped

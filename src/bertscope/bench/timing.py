@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.config import BertConfig
 from .machine import sync
+from .quality import embedding_agreement
 from .systems import Embedder
 
 __all__ = ["compare_and_time", "median_time", "useful_flops"]
@@ -34,11 +35,16 @@ def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
 
 
 def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens: int, flops: float,
-                     rounds: int, device: str = "cpu") -> dict:
-    """Check every system's output against bertscope's, then time them round-robin."""
+                     rounds: int, device: str = "cpu", reduced: Sequence[str] = ()) -> dict:
+    """Check every system's output against bertscope's, then time them round-robin.
+
+    Systems named in ``reduced`` (int8, bf16) also get ``quality_vs_fp32``: cosine to
+    bertscope fp32 and top-10 neighbour overlap (:func:`bertscope.bench.quality.embedding_agreement`).
+    """
     outputs = {name: f(texts) for name, f in systems.items()}  # also the warm-up run
     ref = outputs["bertscope"]
     diffs = {name: float(np.abs(o - ref).max()) for name, o in outputs.items() if name != "bertscope"}
+    quality = {name: embedding_agreement(ref, outputs[name]) for name in reduced if name in outputs}
     times: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(rounds):
         for name, f in systems.items():
@@ -48,7 +54,7 @@ def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens
             sync(device)
             times[name].append(time.perf_counter() - t)
     result = {"texts": len(texts), "real_tokens": real_tokens, "useful_gflop": flops / 1e9,
-              "max_abs_diff_vs_bertscope": diffs, "systems": {}}
+              "max_abs_diff_vs_bertscope": diffs, "quality_vs_fp32": quality, "systems": {}}
     for name, ts in times.items():
         med = statistics.median(ts)
         result["systems"][name] = {"median_s": med, "tokens_per_s": real_tokens / med,

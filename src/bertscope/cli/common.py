@@ -17,7 +17,7 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
 def load_model(args: argparse.Namespace):
     from ..bert import load
 
-    return load(getattr(args, "model", None))
+    return load(getattr(args, "model", None), precision=getattr(args, "precision", "fp32"))
 
 
 def print_json(obj: Any) -> None:

@@ -47,9 +47,15 @@ examples:
   bertscope embed texts.txt --out texts.emb
   bertscope embed docs.jsonl --field body --out docs.emb --format parquet
   bertscope embed texts.txt --out texts.emb --resume      # after an interruption
+  bertscope embed texts.txt --out texts.emb --precision int8   # CPU: int8 linears (docs/BENCHMARKS.md)
   bertscope embed crawl/ --out crawl.emb --format parquet --engine ray --workers 2
   bertscope embed 's3://bucket/crawl/*.jsonl' --out /shared/crawl.emb --engine ray \\
       --address auto --gpus-per-worker 1
+
+--precision int8 quantizes the linears (per-channel int8 weights, per-token int8 activations;
+the few a calibration finds too sensitive stay fp32); bertscope bench prints its quality
+contract (cosine to fp32 mean >= 0.99, min >= 0.97, top-10 neighbours >= 0.9) and speed.
+A job records its precision; --resume refuses a different one.
 """
 
 
@@ -65,6 +71,9 @@ def register(sub) -> None:
                         'implies JSON Lines for files that are not Parquet)')
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default 2048 on CPU, 16384 on CUDA)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="fp32 (default, exact); int8 (CPU: int8 linears, cosine to fp32 >= 0.99 on the "
+                        "contract corpus); bf16 (CPU with AMX or AVX512-BF16, else fp32 with a warning)")
     p.add_argument("--format", default="npy", metavar="npy|parquet",
                    help="shard format: npy (default) or parquet (needs pyarrow)")
     p.add_argument("--shard-rows", type=int, default=10_000, metavar="N",
@@ -90,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.batch_tokens is not None and args.batch_tokens < 1) or args.shard_rows < 1:
         raise InputError("--batch-tokens and --shard-rows must be at least 1")
     engine = engine_options(args)  # Ray missing, --workers 0...: one line, before anything
+    if engine is not None and args.precision != "fp32":
+        raise InputError(f"--precision {args.precision} runs on the local engine only; leave out --engine ray")
     from ..fast.jobinput import resolve_inputs
 
     resolve_inputs(args.input, args.field)  # no such file, a glob matching nothing: one line

@@ -20,7 +20,7 @@ from ..errors import BertscopeError
 
 COMMAND_MODULES = [
     "params", "attend",  # core
-    "embed", "bench",  # fast
+    "embed", "bench", "doctor",  # fast
     "view", "plot", "serve",  # see attention
     "trace", "heads", "coref", "ablate", "experiments",  # understand heads
     "finetune", "predict",  # train
@@ -38,6 +38,7 @@ examples:
   bertscope embed texts.txt --out texts.emb
   bertscope finetune train.csv --dev dev.csv --out sentiment/
   bertscope bench --json
+  bertscope doctor
   bertscope COMMAND --help
 """
 

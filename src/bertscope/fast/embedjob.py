@@ -426,7 +426,7 @@ def _read_json(path: Path, out: Path) -> dict:
 
 def _describe_model(bert) -> dict:
     return {"model": str(bert.path or bert.name), "dim": bert.config.hidden_size,
-            "max_seq_length": bert.max_seq_length}
+            "max_seq_length": bert.max_seq_length, "precision": getattr(bert, "precision", "fp32")}
 
 
 def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -483,6 +483,8 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
     staging = out / STAGING
     if has_job:
         before = _read_json(out / JOB_FILE, out)
+        if isinstance(before, dict):
+            before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
         if before != job:
             changed = sorted(k for k in set(job) | set(before) if before.get(k) != job.get(k))
             raise InputError(f"cannot resume: {', '.join(changed)} changed since the job began")

@@ -24,15 +24,18 @@ the padded reference path within 1e-5 in fp32, outputs and gradients.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ..core.model import check_inputs
 from ..core.outputs import BertOutput
-from .gemm import GemmBackend
+from .gemm import GemmBackend, LayerLinears
 from .kernels import AttentionKernels, attention_plan
 from .packing import PackedBatch, pack, unpack
+from .tuning import KernelChoice, choose
 
 __all__ = ["PackedEncoder", "packed_encode"]
 
@@ -47,21 +50,62 @@ class PackedEncoder:
 
     gemm: GemmBackend = field(default_factory=GemmBackend)
     kernels: AttentionKernels = field(default_factory=AttentionKernels)
+    tune: bool = False  # measure the kernel choice at first CPU inference (the Bert facade sets it)
+    choice: KernelChoice | None = None  # the measured (or cached) choice, once made
+
+    def prepare(self, model) -> KernelChoice | None:
+        """Make the kernel choice for ``model`` if this encoder tunes and has none yet (CPU, fp32
+        model, inference only), and apply it; the choice, or None when nothing was chosen.
+
+        The choice comes from the on-disk cache when one was measured for this machine, torch,
+        model shape, dtype and precision; otherwise it is measured now (about 2 s) and cached.
+        See :mod:`bertscope.fast.tuning`.
+        """
+        if self.choice is not None or not self.tune or torch.is_grad_enabled():
+            return self.choice
+        p = next(model.parameters())
+        if p.device.type != "cpu" or p.dtype != torch.float32:
+            return None
+        self.apply(choose(model, precision=self.gemm.precision))
+        return self.choice
+
+    def apply(self, choice: KernelChoice) -> None:
+        """Use ``choice`` from now on: its GEMM library, int8 kernel and attention slack."""
+        self.choice = choice
+        if os.environ.get("BERTSCOPE_ONEDNN", "1") != "0":  # the environment's "blas" wins
+            self.gemm.prefer = choice.gemm
+        self.gemm.int8_kernel = choice.int8_kernel
 
     def encode(self, model, packed: PackedBatch, *, attention_impl: str = "auto",
-               slack: float | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+               slack: float | None = None, linears: list[LayerLinears] | None = None,
+               inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Embeddings and every layer (no pooler) on packed tokens: (N,) ids -> (N, C).
 
         ``attention_impl``: "auto", "groups" (SDPA per length bucket; any device) or "varlen"
-        (CUDA flash kernel). ``slack`` bounds the padding inside an attention bucket.
-        ``inputs_embeds`` (N, C), given, stands in for the packed tokens' word embeddings
-        (gradient attributions differentiate through it).
+        (CUDA flash kernel). ``slack`` bounds the padding inside an attention bucket (default:
+        the measured choice for this model, if one was made, else the device's default).
+        ``linears`` replaces the GEMM backend's linears (the kernel choice and the int8
+        calibration time and compare their own). ``inputs_embeds`` (N, C), given, stands in
+        for the packed tokens' word embeddings (gradient attributions differentiate through it).
         """
+        if linears is None:
+            self.prepare(model)
         ids = packed.input_ids if inputs_embeds is None else None
         x = model.embeddings(ids, packed.token_type_ids, packed.position_ids, inputs_embeds=inputs_embeds)  # (N, C)
+        if linears is None:
+            linears = self.gemm.linears(model, x)
+        N = x.shape[0]
+        rows = max((lin.row_multiple for lin in linears), default=1)
+        if rows > 1 and N % rows:
+            # oneDNN compiles one GEMM per row count: round N up once here (zero rows after the
+            # real tokens, which every row-wise step leaves alone and attention never sees)
+            # rather than in each of the 4 linears of every layer.
+            x = F.pad(x, (0, 0, 0, -(-N // rows) * rows - N))  # (N', C)
         H = model.config.num_attention_heads
+        if slack is None and self.choice is not None:
+            slack = self.choice.slack
         plan = attention_plan(packed, slack) if attention_impl != "varlen" else None  # once, for every layer
-        for layer, lin in zip(model.layers, self.gemm.linears(model, x)):
+        for layer, lin in zip(model.layers, linears):
             dropout_p = layer.attention.dropout_p if layer.training else 0.0
 
             def attend(h: torch.Tensor, lin=lin, dropout_p=dropout_p):
@@ -70,8 +114,8 @@ class PackedEncoder:
                                               dropout_p=dropout_p)  # (N, C)
                 return lin.output(context), None  # (N, C)@(C, C) -> (N, C): W_O
 
-            x, _ = layer.run(x, attend, lin.feed_forward)  # (N, C)
-        return x
+            x, _ = layer.run(x, attend, lin.feed_forward)  # (N', C)
+        return x[:N] if x.shape[0] != N else x  # (N, C)
 
     def forward(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> BertOutput:

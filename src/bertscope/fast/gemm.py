@@ -3,7 +3,7 @@
 Shape legend: N rows (real tokens), C hidden size, I feed-forward width, 3C the fused Q/K/V width.
 
 Per layer the packed path needs four linears: W_Q, W_K, W_V stacked into one (3C, C) product,
-W_O (C, C), W1 with its activation (I, C), and W2 (C, I). Two backends compute them:
+W_O (C, C), W1 with its activation (I, C), and W2 (C, I). Two backends compute them in fp32:
 
   * "blas":   ``F.linear`` (MKL/OpenBLAS on CPU, cuBLAS on CUDA), then the activation;
   * "onednn": oneDNN's fp32 GEMM with the weight reordered once into oneDNN's blocked layout
@@ -12,13 +12,23 @@ W_O (C, C), W1 with its activation (I, C), and W2 (C, I). Two backends compute t
               failure on a real shape falls back to "blas" for the rest of the object's life.
 
 Which one is faster depends on the CPU (oneDNN won on an AVX-512 machine and lost on an
-AVX2-only one), so :class:`GemmBackend` is told which to prefer; it never decides from a
-module-level flag. Everything it learns and caches lives on the object.
+AVX2-only one), so :class:`GemmBackend` is told which to prefer; the measured kernel choice
+(:mod:`bertscope.fast.tuning`) sets it per model. It never decides from a module-level flag.
+Everything it learns and caches lives on the object.
+
+Reduced precision (CPU inference only; ``precision`` of the backend):
+
+  * "bf16": the same oneDNN GEMM on bfloat16 copies of the weights and inputs (AMX or
+            AVX512-BF16 run it natively), the result back in fp32; everything between the
+            GEMMs (residuals, LayerNorm, attention) stays fp32;
+  * "int8": per-channel int8 weights and per-token int8 activations (:mod:`bertscope.fast.quant`),
+            except the linears a calibration keeps in fp32.
 
 Autograd: when gradients are enabled the linears are built afresh from the live parameters on
-every call (the fused Q/K/V weight is a ``torch.cat`` inside the graph), so every parameter
-gets its gradient. Only inference (no_grad or inference_mode) uses the cache, which is keyed by
-the parameters' identities and versions, dtype, device, backend and inference mode.
+every call (the fused Q/K/V weight is a ``torch.cat`` inside the graph), in fp32 BLAS whatever
+the backend prefers, so every parameter gets its exact gradient. Only inference (no_grad or
+inference_mode) uses the cache, which is keyed by the parameters' identities and versions,
+dtype, device, backend, precision and inference mode.
 """
 
 from __future__ import annotations
@@ -34,11 +44,14 @@ import torch.nn.functional as F
 
 from ..core.layer import activation
 
-__all__ = ["BACKENDS", "GemmBackend", "LayerLinears", "Linear", "fused_qkv", "onednn_linear_available"]
+__all__ = ["BACKENDS", "PRECISIONS", "GemmBackend", "LayerLinears", "Linear", "LINEAR_NAMES", "fused_qkv",
+           "onednn_linear_available"]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("blas", "onednn")
+PRECISIONS = ("fp32", "bf16", "int8")
+LINEAR_NAMES = ("qkv", "output", "ff_in", "ff_out")  # the fields of LayerLinears, in order
 # config.hidden_act -> oneDNN's post-op (name, algorithm)
 ONEDNN_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
                   "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
@@ -68,10 +81,15 @@ def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Linear:
-    """y = act(x·Wᵀ + b) for one weight, on the backend it was built for."""
+    """y = act(x·Wᵀ + b) for one weight, on the backend it was built for.
+
+    ``dtype`` is the GEMM's compute type: float32, or bfloat16 on the "onednn" backend (the
+    weight is stored in bf16, inputs are cast to bf16 and the result comes back in fp32).
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, backend: str, act: str | None = None,
-                 on_failure: Callable[[Exception], None] | None = None) -> None:
+                 on_failure: Callable[[Exception], None] | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown GEMM backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.backend = backend
@@ -79,9 +97,17 @@ class Linear:
         self.act = activation(act) if act else None
         self.weight, self.bias = weight, bias
         self.on_failure = on_failure
+        self.dtype = dtype
         self.packed = None
         if backend == "onednn":
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT)
+            w = weight.detach()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype), PACK_HINT)
+            self.packed_bias = bias.detach().to(dtype)
+
+    @property
+    def row_multiple(self) -> int:
+        """Row counts this linear prefers (oneDNN compiles one GEMM per distinct row count)."""
+        return ROW_BUCKET if self.packed is not None else 1
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -100,26 +126,52 @@ class Linear:
         attr, algo = ONEDNN_POSTOPS[self.act_name] if self.act_name else ("none", "")
         # oneDNN compiles and caches one GEMM per distinct row count N; a streaming job sees
         # hundreds of N, and resident memory grew by ~2 MiB per new N (measured). Rounding N up
-        # to a multiple of ROW_BUCKET with zero rows keeps the set of shapes small.
+        # to a multiple of ROW_BUCKET with zero rows keeps the set of shapes small. (The packed
+        # encoder rounds once per batch, so this pads only for callers that do not.)
         n = x.shape[0]
         padded = -(-n // ROW_BUCKET) * ROW_BUCKET
         if padded != n:
             x = F.pad(x, (0, 0, 0, padded - n))  # (N, in) -> (N', in), zero rows at the end
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias.detach(), attr, [], algo)  # (N', in) -> (N', out)
+        out_dtype = x.dtype
+        if self.dtype != x.dtype:
+            x = x.to(self.dtype)  # (N', in) in the GEMM's compute type
+        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, attr, [], algo)  # (N', in) -> (N', out)
+        if y.dtype != out_dtype:
+            y = y.to(out_dtype)
         return y[:n] if padded != n else y  # (N, out)
 
 
 @dataclass(frozen=True)
 class LayerLinears:
-    """One layer's linears on the packed path."""
+    """One layer's linears on the packed path (any objects that map (N, in) -> (N, out))."""
 
-    qkv: Linear  # (3C, C): W_Q, W_K, W_V in one product
-    output: Linear  # (C, C): W_O
-    ff_in: Linear  # (I, C): W1, then the activation
-    ff_out: Linear  # (C, I): W2
+    qkv: Callable[[torch.Tensor], torch.Tensor]  # (3C, C): W_Q, W_K, W_V in one product
+    output: Callable[[torch.Tensor], torch.Tensor]  # (C, C): W_O
+    ff_in: Callable[[torch.Tensor], torch.Tensor]  # (I, C): W1, then the activation
+    ff_out: Callable[[torch.Tensor], torch.Tensor]  # (C, I): W2
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.ff_out(self.ff_in(h))  # act((N, C)@(C, I)) -> (N, I)@(I, C) -> (N, C)
+
+    @property
+    def row_multiple(self) -> int:
+        """The row count multiple the encoder should pad a batch to (1: any)."""
+        return max(getattr(lin, "row_multiple", 1) for lin in (self.qkv, self.output, self.ff_in, self.ff_out))
+
+
+def layer_weights(model) -> list[dict[str, tuple[torch.Tensor, torch.Tensor, str | None]]]:
+    """Per layer: {linear name: (weight, bias, activation)} as the packed path multiplies them."""
+    act = model.config.hidden_act
+    out = []
+    for layer in model.layers:
+        att, ff = layer.attention, layer.feed_forward
+        out.append({
+            "qkv": (*fused_qkv(att), None),  # (3C, C)
+            "output": (att.output.weight, att.output.bias, None),  # (C, C)
+            "ff_in": (ff.dense_in.weight, ff.dense_in.bias, act),  # (I, C), then the activation
+            "ff_out": (ff.dense_out.weight, ff.dense_out.bias, None),  # (C, I)
+        })
+    return out
 
 
 class GemmBackend:
@@ -127,18 +179,31 @@ class GemmBackend:
 
     ``prefer``: "onednn" uses oneDNN where it can (CPU, fp32, inference, the op present), else
     BLAS; "blas" always uses BLAS. The environment variable BERTSCOPE_ONEDNN=0 forces "blas"
-    when the object is made. The measured choice per machine sets ``prefer``.
+    when the object is made. The measured choice per machine sets ``prefer`` (see
+    :mod:`bertscope.fast.tuning`).
+
+    ``precision``: "fp32" (exact), "bf16" or "int8" (see the module doc); reduced precision
+    applies to CPU inference of an fp32 model only, everything else runs fp32. ``int8_kernel``
+    names the integer GEMM (:data:`bertscope.fast.quant.INT8_KERNELS`). ``int8_keep_fp32``
+    holds, per model, the (layer, linear name) pairs that stay fp32 in int8 mode (set by
+    :func:`bertscope.fast.quant.calibrate`; none without a calibration).
     """
 
-    def __init__(self, prefer: str = "onednn") -> None:
+    def __init__(self, prefer: str = "onednn", precision: str = "fp32", int8_kernel: str = "onednn") -> None:
         if prefer not in BACKENDS:
             raise ValueError(f"unknown GEMM backend {prefer!r}; choose one of {', '.join(BACKENDS)}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
         if os.environ.get("BERTSCOPE_ONEDNN", "1") == "0":
             prefer = "blas"
         self.prefer = prefer
+        self.precision = precision
+        self.int8_kernel = int8_kernel
         self._onednn_ok: bool | None = None  # probed on first need
         self.failures: list[str] = []  # oneDNN failures seen on real shapes
         self._cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.int8_keep_fp32: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
 
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:
@@ -146,29 +211,44 @@ class GemmBackend:
         return self._onednn_ok and not self.failures
 
     def backend_for(self, x: torch.Tensor) -> str:
-        """The backend these inputs get: oneDNN only for fp32 CPU inference."""
+        """The fp32 backend these inputs get: oneDNN only for fp32 CPU inference."""
         if (self.prefer == "onednn" and x.device.type == "cpu" and x.dtype == torch.float32
                 and not torch.is_grad_enabled() and self.onednn_usable()):
             return "onednn"
         return "blas"
 
+    def precision_for(self, x: torch.Tensor) -> str:
+        """The precision these inputs get: bf16/int8 only for fp32 CPU inference, else fp32."""
+        if (self.precision == "fp32" or x.device.type != "cpu" or x.dtype != torch.float32
+                or torch.is_grad_enabled()):
+            return "fp32"
+        if self.precision == "bf16" and not self.onednn_usable():
+            return "fp32"
+        return self.precision
+
     def _failed(self, e: Exception) -> None:
         self.failures.append(f"{type(e).__name__}: {e}")
         self._cache.clear()  # rebuild with BLAS next time
 
-    def build(self, model, backend: str) -> list[LayerLinears]:
+    def build(self, model, backend: str, precision: str = "fp32") -> list[LayerLinears]:
         """Fresh linears for every layer of ``model`` from its current parameters."""
-        act = model.config.hidden_act
+        keep = self.int8_keep_fp32.get(model, frozenset()) if precision == "int8" else frozenset()
+        if precision == "int8":
+            from .quant import Int8Linear, Scratch
+
+            if self.scratch is None:
+                self.scratch = Scratch()
         out = []
-        for layer in model.layers:
-            att, ff = layer.attention, layer.feed_forward
-            mk = lambda w, b, a=None: Linear(w, b, backend, a, self._failed)  # noqa: E731
-            out.append(LayerLinears(
-                qkv=mk(*fused_qkv(att)),  # (3C, C)
-                output=mk(att.output.weight, att.output.bias),  # (C, C)
-                ff_in=mk(ff.dense_in.weight, ff.dense_in.bias, act),  # (I, C), then the activation
-                ff_out=mk(ff.dense_out.weight, ff.dense_out.bias),  # (C, I)
-            ))
+        for i, weights in enumerate(layer_weights(model)):
+            lins = {}
+            for name, (w, b, act) in weights.items():
+                if precision == "int8" and (i, name) not in keep:
+                    lins[name] = Int8Linear(w, b, act, kernel=self.int8_kernel, scratch=self.scratch)
+                elif precision == "bf16":
+                    lins[name] = Linear(w, b, "onednn", act, self._failed, dtype=torch.bfloat16)
+                else:
+                    lins[name] = Linear(w, b, backend, act, self._failed)
+            out.append(LayerLinears(**lins))
         return out
 
     def linears(self, model, x: torch.Tensor) -> list[LayerLinears]:
@@ -176,16 +256,18 @@ class GemmBackend:
         if torch.is_grad_enabled():
             return self.build(model, "blas")  # in the graph: every parameter gets its gradient
         backend = self.backend_for(x)
+        precision = self.precision_for(x)
         params = list(model.parameters())
         # Inference tensors (made under torch.inference_mode) keep no version counter, so an
         # in-place change could not be seen: such a model's linears are rebuilt on every call.
         if any(p.is_inference() for p in params):
-            return self.build(model, backend)
-        key = (backend, torch.is_inference_mode_enabled(), x.dtype, x.device) + tuple(
-            (p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+            return self.build(model, backend, precision)
+        keep = self.int8_keep_fp32.get(model) if precision == "int8" else None
+        key = (backend, precision, self.int8_kernel, keep, torch.is_inference_mode_enabled(), x.dtype,
+               x.device) + tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         cached = self._cache.get(model)
         if cached is not None and cached[0] == key:
             return cached[1]
-        built = self.build(model, backend)
+        built = self.build(model, backend, precision)
         self._cache[model] = (key, built)
         return built

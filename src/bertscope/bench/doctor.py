@@ -1,0 +1,67 @@
+"""``bertscope doctor``: what this machine is, and which fast-path kernels were measured to win.
+
+The machine (CPU model, the instruction sets that decide which kernels are fast: AVX2,
+AVX-512, AVX512-BF16, VNNI, AMX), torch and its threads, which of torch's kernels work here,
+then per precision the kernel choice (:mod:`bertscope.fast.tuning`): every candidate's time and
+the winner, from the on-disk cache or measured now, plus what bf16 and int8 decided.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..bert import load
+from ..core.checkpoint import bundled_model_path
+from ..core.config import BertConfig
+from ..fast.gemm import PRECISIONS, onednn_linear_available
+from ..fast.quant import INT8_KERNELS, int8_kernel_available
+from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_name, forget_choice, tuning_enabled
+from .corpus import save_random_checkpoint
+
+__all__ = ["diagnose"]
+
+
+def diagnose(model: str | None = None, preset: str | None = None, precisions=PRECISIONS,
+             retune: bool = False) -> dict:
+    """The doctor's findings as one JSON-able dict (see the module doc).
+
+    ``model``: a checkpoint folder (default the bundled one); ``preset``: a random-weight model
+    of that size. ``retune`` measures again even where a cached choice exists.
+    """
+    flags = cpu_flags()
+    out: dict = {
+        "machine": {"cpu": cpu_name(), "cpu_flags": flags, "logical_cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "has": {"avx2": "avx2" in flags, "avx512": "avx512f" in flags,
+                            "avx512_bf16": "avx512_bf16" in flags,
+                            "vnni": bool({"avx512_vnni", "avx_vnni"} & set(flags)),
+                            "amx": bool({"amx_tile", "amx_bf16", "amx_int8"} & set(flags))}},
+        "kernels_available": {"onednn_fp32_linear": onednn_linear_available(),
+                              **{f"int8_{k}": int8_kernel_available(k) for k in INT8_KERNELS}},
+        "cache_dir": str(cache_dir()), "tuning_enabled": tuning_enabled(), "precisions": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="bertscope-doctor-") as tmp:
+        folder = Path(model) if model else bundled_model_path()
+        if preset:
+            folder = save_random_checkpoint(BertConfig.preset(preset), Path(tmp) / preset, bundled_model_path())
+        out["model"] = preset or str(folder)
+        for precision in precisions:
+            if retune:  # forget any cached choice for this key: loading then measures afresh
+                forget_choice(choice_key(load(folder).config, torch.float32, precision))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RuntimeWarning)
+                bert = load(folder, precision=precision)
+                with torch.inference_mode():
+                    choice = bert.fast.prepare(bert.model)
+            entry = {"in_use": bert.precision, "note": bert.precision_note,
+                     "warnings": [str(w.message) for w in caught],
+                     "choice": choice.to_json() if choice is not None else None}
+            if bert.int8_plan is not None:
+                entry["int8_calibration"] = bert.int8_plan.to_json()
+            out["precisions"][precision] = entry
+    return out

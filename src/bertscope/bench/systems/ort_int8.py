@@ -1,0 +1,25 @@
+"""ONNX Runtime dynamic int8: the optimised ONNX model (as the fp32 competitor builds it)
+quantized with ``onnxruntime.quantization.quantize_dynamic`` (int8 weights per channel,
+activations quantized per tensor at run time), ONNX Runtime's recommended CPU int8 recipe."""
+
+from __future__ import annotations
+
+NAME = "onnxruntime int8"
+ORDER = 6
+DEVICES = ("cpu",)
+REDUCED = "int8"
+
+
+def build(setup):
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from .ort import export_optimized, session_embedder
+
+    path, tok, cfg = export_optimized(setup.folder, setup.workdir / "ort-int8")
+    q = path.with_name("model.int8.onnx")
+    # The optimizer's fused ops (Attention, SkipLayerNormalization, ...) carry no type
+    # information for shape inference; their outputs are fp32.
+    quantize_dynamic(str(path), str(q), per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return session_embedder(q, tok, cfg.hidden_size, setup.max_len, setup.threads)

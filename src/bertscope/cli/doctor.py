@@ -1,0 +1,104 @@
+"""bertscope doctor: the machine, and the fast-path kernels measured to win on it."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import MODEL_HELP, print_json
+
+HELP = """\
+Show what this machine is and which kernels bertscope's fast path uses on it, and why.
+
+Machine: the CPU model and the instruction sets that decide which kernels are fast (AVX2,
+AVX-512, AVX512-BF16, VNNI, AMX), logical CPUs, torch and its threads, and which of torch's
+kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul, torch._int_mm).
+
+Kernel choice, per precision (fp32, bf16, int8): the first time a model shape meets a machine,
+bertscope times each candidate on one layer of the model -- oneDNN with pre-packed weights or
+BLAS F.linear; 1,024, 2,048 or 4,096 tokens per batch; exact length groups or 10% / 30% padding
+in attention; for int8 oneDNN's int8 matmul or torch._int_mm; for bf16 bf16 against fp32 --
+in about 2 s, and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets
+it; BERTSCOPE_TUNE=0 turns measuring off). A candidate replaces the plain path (BLAS, 2,048
+tokens, exact groups) only if it is more than 5% faster. Times are seconds per 1,000 tokens
+through one layer. bf16 runs only where the CPU has AVX512-BF16 or AMX, it measured faster
+than fp32, and embeddings stayed within the stated bound; int8 shows which linears its
+calibration kept in fp32.
+
+examples:
+  bertscope doctor
+  bertscope doctor --json
+  bertscope doctor --retune --precision fp32      # measure again, replacing the cached choice
+  bertscope doctor --preset bert-base              # BERT-base shapes (random weights)
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="the machine, and the kernels measured to be fastest on it",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--preset", metavar="NAME", default=None, help="bert-base, bert-large or minilm-l6 (random weights)")
+    g.add_argument("--model", metavar="PATH", default=None, help=MODEL_HELP)
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8", "all"], default="all",
+                   help="which precision's choice to show (default: all)")
+    p.add_argument("--retune", action="store_true", help="measure again even where a choice is cached")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _timings(choice: dict) -> list[str]:
+    lines = []
+    winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
+               "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"]}
+    for step, times in choice.get("timings", {}).items():
+        cells = []
+        for cand, t in times.items():
+            mark = " *" if winners.get(step) == cand else ""
+            cells.append(f"{cand} {t:.4f}{mark}" if isinstance(t, float) else f"{cand} {t}")
+        lines.append(f"    {step:<13} " + "   ".join(cells))
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.doctor import diagnose
+    from ..core.config import BertConfig
+    from ..errors import InputError
+
+    if args.preset:
+        try:
+            BertConfig.preset(args.preset)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+    precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
+    res = diagnose(model=args.model, preset=args.preset, precisions=precisions, retune=args.retune)
+    if args.json:
+        print_json(res)
+        return 0
+    m = res["machine"]
+    yes = lambda v: "yes" if v else "no"  # noqa: E731
+    print(f"CPU:      {m['cpu']} ({m['logical_cpus']} logical CPUs; torch {m['torch']}, {m['torch_threads']} threads)")
+    print(f"flags:    {' '.join(m['cpu_flags']) or '(none of the tracked ones)'}")
+    h = m["has"]
+    print(f"          AVX2 {yes(h['avx2'])}, AVX-512 {yes(h['avx512'])}, AVX512-BF16 {yes(h['avx512_bf16'])}, "
+          f"VNNI {yes(h['vnni'])}, AMX {yes(h['amx'])}")
+    k = res["kernels_available"]
+    print("kernels:  " + ", ".join(f"{name} {yes(v)}" for name, v in k.items()))
+    print(f"cache:    {res['cache_dir']}" + ("" if res["tuning_enabled"] else " (BERTSCOPE_TUNE=0: not measuring)"))
+    print(f"model:    {res['model']}")
+    for precision, e in res["precisions"].items():
+        c = e["choice"]
+        print(f"\n{precision}: runs in {e['in_use']}" + (f" -- {e['note']}" if e["note"] else ""))
+        if c:
+            print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}): "
+                  f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
+                  + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
+                  + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
+            print("  candidates (s per 1,000 tokens, one layer; * = chosen):")
+            for line in _timings(c):
+                print(line)
+        cal = e.get("int8_calibration")
+        if cal:
+            worst = sorted(cal["errors"].items(), key=lambda kv: -kv[1])[:3]
+            print(f"  int8 calibration on {cal['tokens']} tokens: kept fp32: {', '.join(cal['keep_fp32']) or 'none'}; "
+                  f"largest errors {', '.join(f'{n} {v:.3f}' for n, v in worst)} (limit {cal['error_limit']}); "
+                  f"cosine to fp32 {cal['cosine_mean']:.4f} mean, {cal['cosine_min']:.4f} min")
+    return 0

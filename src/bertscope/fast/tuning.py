@@ -1,0 +1,332 @@
+"""The kernel choice: which fast-path candidates win on this machine, measured, cached on disk.
+
+What is chosen, per machine and model shape:
+
+    gemm          "onednn" (weights pre-packed, activation fused) or "blas" (``F.linear``)
+    batch_tokens  real tokens per ``embed`` batch: 1024, 2048 or 4096
+    slack         padding allowed inside an attention bucket: 0 (exact length groups), 0.1, 0.3
+    int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``
+    bf16_speedup  precision "bf16": bf16 GEMMs' time against fp32 (bf16 runs only if faster)
+
+Why measure: a choice that wins on one CPU loses on another. oneDNN's fp32 GEMM beat MKL by
+2.3x on an AVX-512 AMD EPYC and lost to it on an AVX2-only one (146 against 168 GFLOP/s).
+
+How: the first time a model shape meets a machine, each candidate runs ONE layer of the model
+(all layers share their shapes) on a batch of real shapes: random tokens in sequences of mixed
+lengths (8 to 256 tokens, as many as fill the token budget). Rounds visit every candidate in
+turn, so a burst of load from elsewhere hits all alike, until the step's share of the budget
+(about 2 s in all) is spent, two rounds at least; each candidate's best time counts. The plain
+path is the baseline (BLAS ``F.linear``, 2048 tokens, exact length groups), and another
+candidate replaces it only if it is faster by more than ``NOISE_MARGIN``: the chosen path is
+never slower than the plain one beyond noise. A candidate that raises is recorded with its
+error and never chosen. Every candidate computes the same fp32 result within 1e-5 (tests hold
+each one to the padded reference); only bf16 and int8 change results, and only when asked.
+
+Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
+flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
+this module's format version. A file whose key differs is ignored (measured again and
+replaced); ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..files import write_text_atomic
+from .gemm import GemmBackend
+from .packing import PackedBatch, pack_ids
+
+__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "cache_dir", "choice_key",
+           "cpu_flags", "cpu_name", "forget_choice", "load_choice", "measure_choice", "choose", "tuning_enabled"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what is measured changes: older cache files are then re-measured
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
+BUDGET_S = 2.0
+BATCH_TOKENS = (1024, 2048, 4096)
+SLACKS = (0.0, 0.1, 0.3)
+BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn"}
+
+
+def cpu_name() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return cpu
+
+
+def cpu_flags() -> list[str]:
+    """Which of :data:`CPU_FLAGS` this CPU has (from /proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in CPU_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def cache_dir() -> Path:
+    """Where bertscope keeps what it measures: ``BERTSCOPE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/bertscope``, else ``~/.cache/bertscope``."""
+    if os.environ.get("BERTSCOPE_CACHE_DIR"):
+        return Path(os.environ["BERTSCOPE_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bertscope"
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("BERTSCOPE_TUNE", "1") != "0"
+
+
+def choice_key(config, dtype: torch.dtype, precision: str) -> dict:
+    """What a measured choice depends on (a different value means measuring again)."""
+    return {"format": FORMAT, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "model": {"hidden": config.hidden_size, "layers": config.num_hidden_layers,
+                      "heads": config.num_attention_heads, "intermediate": config.intermediate_size,
+                      "act": config.hidden_act},
+            "dtype": str(dtype).replace("torch.", ""), "precision": precision}
+
+
+@dataclass
+class KernelChoice:
+    """The winning candidates for one key, and what was measured to pick them.
+
+    timings: {step: {candidate: seconds per 1,000 tokens through one layer, or "error: ..."}}
+    source: "measured", "cache" (read from ``path``) or "default" (nothing measured)
+    """
+
+    gemm: str = BASELINE["gemm"]
+    batch_tokens: int = BASELINE["batch_tokens"]
+    slack: float = BASELINE["slack"]
+    int8_kernel: str = BASELINE["int8_kernel"]
+    bf16_speedup: float | None = None
+    key: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    source: str = "default"
+    seconds: float = 0.0
+    path: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KernelChoice":
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _cache_file(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "kernel-choice" / f"{digest}.json"
+
+
+def load_choice(key: dict) -> KernelChoice | None:
+    """The cached choice for ``key``, or None (none cached, unreadable, or made for another key)."""
+    path = _cache_file(key)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or d.get("key") != key:
+        return None
+    try:
+        choice = KernelChoice.from_json(d)
+    except TypeError:
+        return None
+    choice.source, choice.path = "cache", str(path)
+    return choice
+
+
+def forget_choice(key: dict) -> bool:
+    """Remove the cached choice for ``key`` (the next use measures again); whether there was one."""
+    try:
+        _cache_file(key).unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def save_choice(choice: KernelChoice) -> None:
+    path = _cache_file(choice.key)
+    try:
+        write_text_atomic(path, json.dumps(choice.to_json(), indent=1))
+        choice.path = str(path)
+    except OSError as e:  # a read-only home: the choice still holds for this process
+        log.warning("could not cache the kernel choice in %s (%s)", path.parent, e)
+
+
+class _OneLayer(nn.Module):
+    """A model's embeddings and first layer (its parameters, not copies): what one candidate runs."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.config = model.config
+        self.embeddings = model.embeddings
+        self.layers = nn.ModuleList(list(model.layers)[:1])
+
+
+def synthetic_batch(config, tokens: int, max_len: int, seed: int = 0) -> PackedBatch:
+    """Random tokens in sequences of mixed lengths (8 to min(256, max_len)) filling ``tokens``."""
+    rng = random.Random(seed)
+    hi = max(8, min(256, max_len, config.max_position_embeddings))
+    ids: list[list[int]] = []
+    left = tokens
+    while left > 0:
+        L = min(left, rng.randint(min(8, hi), hi))
+        ids.append([rng.randrange(1000, config.vocab_size) if config.vocab_size > 1000 else
+                    rng.randrange(1, config.vocab_size) for _ in range(L)])
+        left -= L
+    return pack_ids(ids)
+
+
+def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 2,
+         max_rounds: int = 12) -> dict:
+    """Round-robin timing: {name: best seconds} or {name: "error: ..."} for a candidate that raised.
+
+    At least ``min_rounds`` rounds; then more while ``budget_s`` lasts, at most ``max_rounds``
+    (a small model is measured in a fraction of the budget)."""
+    best: dict[str, float | str] = {}
+    live = dict(candidates)
+    for name, run in list(live.items()):  # warm-up (builds, packs, first-call costs), and errors
+        try:
+            run()
+        except Exception as e:  # any candidate may fail on a machine: it is never chosen
+            best[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+            del live[name]
+            log.warning("kernel candidate %s failed: %s", name, best[name])
+    end = time.perf_counter() + budget_s
+    rounds = 0
+    while live and (rounds < min_rounds or (time.perf_counter() < end and rounds < max_rounds)):
+        for name, run in live.items():
+            t = time.perf_counter()
+            run()
+            dt = time.perf_counter() - t
+            prev = best.get(name)
+            best[name] = dt if not isinstance(prev, float) else min(prev, dt)
+        rounds += 1
+    return best
+
+
+def pick(times: dict, baseline: str) -> str:
+    """The fastest candidate if it beats ``baseline`` by more than NOISE_MARGIN, else the baseline.
+    A baseline that failed gives way to the fastest candidate that ran."""
+    ok = {k: v for k, v in times.items() if isinstance(v, float)}
+    if not ok:
+        return baseline
+    fastest = min(ok, key=ok.get)
+    if baseline not in ok:
+        return fastest
+    return fastest if ok[fastest] < (1 - NOISE_MARGIN) * ok[baseline] else baseline
+
+
+def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
+                   candidates: dict | None = None) -> KernelChoice:
+    """Measure every candidate for ``model`` on this machine (see the module doc).
+
+    ``candidates`` overrides the lists measured ({"gemm": [...], "batch_tokens": [...],
+    "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
+    """
+    from .encoder import PackedEncoder
+    from .quant import INT8_KERNELS
+
+    cands = {"gemm": ["blas", "onednn"], "batch_tokens": list(BATCH_TOKENS), "slack": list(SLACKS),
+             "int8_kernel": list(INT8_KERNELS)}
+    cands.update(candidates or {})
+    started = time.perf_counter()
+    dtype = next(model.parameters()).dtype
+    one = _OneLayer(model)
+    choice = KernelChoice(key=choice_key(model.config, dtype, precision), source="measured")
+    steps = 3 + (precision in ("int8", "bf16"))
+    share = budget_s / steps
+    per_k = lambda secs, n: secs * 1000 / n  # noqa: E731  seconds per 1,000 tokens
+
+    def runner(make_gemm: Callable[[], GemmBackend], packed: PackedBatch, slack: float) -> Callable[[], object]:
+        encoder: list[PackedEncoder] = []  # made at the first (warm-up) call: a failure is the candidate's
+
+        def run():
+            if not encoder:
+                encoder.append(PackedEncoder(gemm=make_gemm()))
+            with torch.inference_mode():
+                return encoder[0].encode(one, packed, slack=slack)
+        return run
+
+    def timed(step: str, runs: dict, n_tokens: dict) -> dict:
+        raw = race(runs, share)
+        out = {k: (per_k(v, n_tokens[k]) if isinstance(v, float) else v) for k, v in raw.items()}
+        choice.timings[step] = out
+        return out
+
+    base_batch = synthetic_batch(model.config, BASELINE["batch_tokens"], max_len)
+    if precision != "int8":  # in int8 mode the fp32 GEMMs serve only the linears calibration keeps
+        runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
+        times = timed("gemm", runs, {g: base_batch.num_tokens for g in runs})
+        choice.gemm = pick(times, BASELINE["gemm"])
+    else:
+        runs = {k: runner(lambda k=k: GemmBackend(prefer="onednn", precision="int8", int8_kernel=k), base_batch,
+                          BASELINE["slack"]) for k in cands["int8_kernel"]}
+        times = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs})
+        choice.int8_kernel = pick(times, BASELINE["int8_kernel"])
+        choice.gemm = "onednn"
+
+    def chosen_gemm() -> GemmBackend:
+        return GemmBackend(prefer=choice.gemm, precision=precision, int8_kernel=choice.int8_kernel)
+
+    if precision == "bf16":  # bf16 against the fp32 winner, both on the chosen GEMM library
+        runs = {"fp32": runner(lambda: GemmBackend(prefer=choice.gemm), base_batch, 0.0),
+                "bf16": runner(lambda: GemmBackend(prefer="onednn", precision="bf16"), base_batch, 0.0)}
+        times = timed("bf16", runs, {k: base_batch.num_tokens for k in runs})
+        if all(isinstance(times[k], float) for k in ("fp32", "bf16")):
+            choice.bf16_speedup = times["fp32"] / times["bf16"]
+
+    batches = {n: synthetic_batch(model.config, n, max_len) for n in cands["batch_tokens"]}
+    runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"]) for n in batches}
+    times = timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches})
+    choice.batch_tokens = int(pick(times, str(BASELINE["batch_tokens"])))
+
+    packed = batches.get(choice.batch_tokens) or synthetic_batch(model.config, choice.batch_tokens, max_len)
+    runs = {str(s): runner(chosen_gemm, packed, s) for s in cands["slack"]}
+    times = timed("slack", runs, {str(s): packed.num_tokens for s in cands["slack"]})
+    choice.slack = float(pick(times, str(BASELINE["slack"])))
+    choice.seconds = time.perf_counter() - started
+    log.info("kernel choice for %s measured in %.1f s: gemm %s, batch %d tokens, slack %g",
+             choice.key["model"], choice.seconds, choice.gemm, choice.batch_tokens, choice.slack)
+    return choice
+
+
+def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
+           retune: bool = False, candidates: dict | None = None) -> KernelChoice:
+    """The kernel choice for ``model`` here: from the cache when its key matches, else measured
+    (and cached); the plain defaults when ``BERTSCOPE_TUNE=0``."""
+    dtype = next(model.parameters()).dtype
+    key = choice_key(model.config, dtype, precision)
+    if not tuning_enabled() and not retune:
+        return KernelChoice(key=key, source="default")
+    if not retune:
+        cached = load_choice(key)
+        if cached is not None:
+            return cached
+    choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
+                            candidates=candidates)
+    save_choice(choice)
+    return choice

@@ -1,0 +1,66 @@
+"""`bertscope doctor`: valid JSON with the machine's CPU flags, every candidate's timing and the
+choice; the choice it shows is the one cached on disk and the one `load` then uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import bertscope
+from bertscope.cli.main import main
+from bertscope.fast.tuning import CPU_FLAGS
+
+
+def cpuinfo_flags() -> set[str]:
+    """This CPU's flags straight from /proc/cpuinfo (the reference the doctor must agree with)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monkeypatch, capsys, bundled_path):
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    assert main(["doctor", "--json", "--precision", "fp32"]) == 0
+    res = json.loads(capsys.readouterr().out)  # strict JSON: json.loads refuses anything else
+    m = res["machine"]
+    have = cpuinfo_flags()
+    assert set(m["cpu_flags"]) == {f for f in CPU_FLAGS if f in have}
+    assert m["has"]["avx2"] == ("avx2" in have) and m["has"]["avx512"] == ("avx512f" in have)
+    assert m["has"]["amx"] == bool({"amx_tile", "amx_bf16", "amx_int8"} & have)
+    e = res["precisions"]["fp32"]
+    assert e["in_use"] == "fp32"
+    c = e["choice"]
+    assert c["source"] == "measured" and Path(c["path"]).is_file()
+    # every step timed its candidates, and the winner of each step is one of them
+    assert set(c["timings"]["gemm"]) == {"blas", "onednn"}
+    assert c["gemm"] in c["timings"]["gemm"] and str(c["batch_tokens"]) in c["timings"]["batch_tokens"]
+    assert str(float(c["slack"])) in c["timings"]["slack"]
+    for step in ("gemm", "batch_tokens", "slack"):
+        assert all(isinstance(t, float) and t > 0 or str(t).startswith("error") for t in c["timings"][step].values())
+    # the plain path wins unless another candidate beat it by more than the noise margin
+    g = c["timings"]["gemm"]
+    if c["gemm"] == "onednn":
+        assert g["onednn"] < g["blas"]
+    # the human-readable form reads the same choice from the cache, and load() applies it
+    assert main(["doctor", "--precision", "fp32"]) == 0
+    text = capsys.readouterr().out
+    assert "choice (cache)" in text and "flags:" in text and f"{c['gemm']} GEMMs" in text
+    b = bertscope.load(bundled_path)
+    b.embed(["a text"])
+    assert b.fast.choice.source == "cache" and b.fast.gemm.prefer == c["gemm"]
+    assert b.fast.choice.batch_tokens == c["batch_tokens"]
+
+
+def test_doctor_int8_reports_its_calibration(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["doctor", "--json", "--precision", "int8"]) == 0
+    e = json.loads(capsys.readouterr().out)["precisions"]["int8"]
+    assert e["in_use"] == "int8"
+    cal = e["int8_calibration"]
+    assert len(cal["errors"]) == 6 * 4  # every linear of the bundled model's 6 layers was measured
+    # the stated rule: every linear whose error is over the limit stays fp32
+    over = {k for k, v in cal["errors"].items() if v > cal["error_limit"]}
+    assert over <= set(cal["keep_fp32"])
+    assert e["choice"]["int8_kernel"] in e["choice"]["timings"]["int8_kernel"]

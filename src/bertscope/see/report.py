@@ -47,7 +47,8 @@ from ..core.words import group_words
 from ..bert import Bert
 
 __all__ = ["ALIGN_MIN_SHARE", "QK_AUTO_BYTES", "QUANT_SCALE", "Report", "ReportText", "align_units", "alignment_meta",
-           "MeasureProvider", "analyze", "build_report", "dequantize", "measure_scale", "measures_meta", "with_measures", "parse_span", "quantize_rows", "render_page"]
+           "MeasureProvider", "analyze", "build_report", "dequantize", "measure_scale", "measures_meta",
+           "parse_span", "quantize_rows", "render_page", "with_measures"]
 
 QUANT_SCALE = 2048  # weights are stored as k / 2048: error below 1/2048 ≈ 4.9e-4
 QK_AUTO_BYTES = 4 * 2**20  # q, k, v of a text (3·N·T·C float32) are stored by default up to this size

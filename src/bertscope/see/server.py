@@ -57,7 +57,8 @@ from ..errors import BertscopeError, InputError
 from ..bert import Bert
 from .report import ReportText, alignment_meta, analyze, render_page
 
-__all__ = ["Analyzer", "MeasureFunction", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAULT_MAX_CHARS", "LOOPBACK_NAMES", "allowed_host",
+__all__ = ["Analyzer", "MeasureFunction", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAULT_MAX_CHARS", "LOOPBACK_NAMES",
+           "allowed_host",
            "bind", "body_limit", "create_app", "is_all_interfaces", "require_serve_extra", "run"]
 
 DEFAULT_MAX_CHARS = 2000
@@ -175,11 +176,12 @@ class Analyzer:
         key = (*texts, "\x00pair", pair) if pair is not None else tuple(texts)
         return self._cached(key, lambda: analyze(self.bert, list(texts), pair=pair, qk=True))
 
-    def measure(self, compute: MeasureFunction, name: str, texts: list[str], pair: str | None = None) -> list[np.ndarray]:
+    def measure(self, compute: MeasureFunction, name: str, texts: list[str],
+                pair: str | None = None) -> list[np.ndarray]:
         """One measure's maps of each text, ``compute(bert, text, pair, [name])[name]``, cached."""
         key = (*texts, "\x00pair", pair, "\x00measure", name)
-        return self._cached(key, lambda: [np.ascontiguousarray(compute(self.bert, t, pair, [name])[name], dtype=np.float32)
-                                          for t in texts])
+        return self._cached(key, lambda: [np.ascontiguousarray(compute(self.bert, t, pair, [name])[name],
+                                                               dtype=np.float32) for t in texts])
 
     def _cached(self, key: tuple, make: Callable[[], list]) -> list:
         with self._lock:

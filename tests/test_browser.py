@@ -203,6 +203,16 @@ def test_served_app(browser, bert, hf_model):
         explore(page, reference(bert, hf_model, IT_ANIMAL), words)
         page.screenshot(path=str(artifact("serve-head-view.png")), full_page=True)
 
+        from bertscope import explain  # the Measure switch: the server computes the measure on demand
+
+        before = lines_image(page)
+        page.select_option("#bs-measure", "alti")
+        settle(page)
+        assert lines_image(page) != before
+        check_values(shown_values(page), explain(bert, IT_ANIMAL, "alti").word_maps()[5, words.index("it")], "alti")
+        page.select_option("#bs-measure", "attention")
+        settle(page)
+
         page.fill("#bs-text", "x" * 2001)  # over the limit: the page shows the server's message
         assert page.inner_text("#bs-text-count") == "2,001 / 2,000 characters"  # the counter knows the limit
         assert "bs-over" in page.get_attribute("#bs-text-count", "class")
@@ -547,4 +557,64 @@ def test_512_token_page_paints_fast_and_never_blocks(browser, bert, tmp_path):
     expected = np.zeros(tw.max() + 1)
     np.add.at(expected, tw, row[np.where(tw == 150)[0]].mean(0))
     assert vals and max(abs(v["value"] - expected[v["to"]]) for v in vals) <= TOL
+    page.close()
+
+
+def test_measure_switch_changes_lines_and_values(browser, bert, tmp_path):
+    """`view --measure`: the page's Measure switch redraws the lines from another measure, and the
+    numbers it shows are bertscope.explain's maps (word level, the explain record's own rule)."""
+    from bertscope import explain
+    from bertscope.explain import map_measures
+
+    rep = build_report(bert, IT_ANIMAL, measures=lambda b, text, pair: map_measures(b, text, ["norm", "alti"], pair=pair))
+    path = rep.save(tmp_path / "measures.html")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    it = rep.texts[0].words.index("it")
+    alti = explain(bert, IT_ANIMAL, "alti").word_maps()  # (N, W, W)
+    norm = explain(bert, IT_ANIMAL, "norm").word_maps()  # (N, H, W, W)
+
+    assert page.is_visible("#bs-measure")
+    attention_lines = lines_image(page)
+    page.select_option("#bs-measure", "alti")
+    settle(page)
+    assert lines_image(page) != attention_lines  # the switch changes the drawn lines
+    assert page.get_attribute("#bs-head-view .bs-panel[data-panel='0']", "data-heads") == "alti"
+    assert page.is_disabled(".bs-head[data-head='0']") and page.is_disabled("#bs-mode")  # per layer: no heads
+    click_token(page, it)
+    check_values(shown_values(page), alti[0, it], "alti")
+    page.select_option("#bs-layer", "4")
+    settle(page)
+    check_values(shown_values(page), alti[4, it], "alti")
+
+    page.select_option("#bs-measure", "norm")  # per head: the head choices come back
+    settle(page)
+    assert page.is_enabled(".bs-head[data-head='1']")
+    page.click(".bs-head[data-head='1']")
+    settle(page)
+    check_values(shown_values(page), norm[4, 1, it], "1")
+
+    page.select_option("#bs-measure", "alti")
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    heads = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.dataset.head)")
+    assert heads == ["alti"] * rep.num_layers  # one thumbnail per layer
+
+    page.select_option("#bs-measure", "attention")
+    settle(page)
+    heads = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.dataset.head)")
+    assert len(heads) == rep.num_layers * (rep.num_heads + 2)
+    assert not errors, errors
+    page.close()
+
+
+def test_no_measure_switch_without_measures(browser, bert, tmp_path):
+    path = build_report(bert, "A short text.").save(tmp_path / "plain.html")
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    assert not page.is_visible("#bs-measure")  # the page of today: attention only
     page.close()

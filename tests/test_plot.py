@@ -115,3 +115,39 @@ def test_plot_bad_output_paths(tmp_path, capsys):
         assert main(["plot", "T", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, err
+
+
+def test_plot_measure_cli_and_its_errors(tmp_path, capsys):
+    from bertscope.cli.main import main
+
+    out = tmp_path / "norm.png"
+    assert main(["plot", IT_ANIMAL, "--measure", "norm", "--layer", "3", "--head", "1", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    for args, why in ((["--measure", "nope"], "unknown measure 'nope'"),
+                      (["--measure", "alti", "--head", "1"], "one map per layer"),
+                      (["--measure", "norm,alti"], "one measure")):
+        assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, (args, err)
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_measure_figures_show_explains_maps(bert):
+    from bertscope import explain
+    from bertscope.explain import map_measures
+    from bertscope.see.report import with_measures
+
+    [rt] = analyze(bert, [IT_ANIMAL], qk=False)
+    rt = with_measures(rt, map_measures(bert, IT_ANIMAL, ["norm", "alti"]))
+    alti = explain(bert, IT_ANIMAL, "alti").word_maps()  # (N, W, W), explain's own word rule
+    norm = explain(bert, IT_ANIMAL, "norm").word_maps()  # (N, H, W, W)
+    ax = head_figure(rt, 4, None, measure="alti").axes[0]
+    np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), alti[4], atol=1e-6)
+    assert ax.get_title().startswith("alti, layer 4")
+    ax = head_figure(rt, 3, 1, measure="norm").axes[0]
+    np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), norm[3, 1], atol=1e-5)
+    fig = grid_figure(rt, measure="alti")
+    panels = [a for a in fig.axes if a.images]
+    assert len(panels) == rt.attentions.shape[0]  # a panel per layer, no heads
+    np.testing.assert_allclose(np.asarray(panels[2].images[0].get_array()), alti[2], atol=1e-6)

@@ -308,3 +308,40 @@ def test_serve_without_fastapi_fails_before_anything():
     assert r.returncode == 2, r.stderr
     assert r.stderr == "bertscope: error: serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'\n"
     assert r.stdout == "" and "LOADED" not in r.stderr + r.stdout
+
+
+def _floats(b64: str, shape) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(b64), dtype="<f4").reshape(shape)
+
+
+def test_measures_over_http_equal_the_library(server, bert):
+    """serve offers the explain measures: /api/analyze with "measures" returns their whole maps,
+    /api/attention one layer of them; both equal bertscope.explain's maps."""
+    from bertscope import explain
+
+    alti, norm = explain(bert, IT_ANIMAL, "alti").maps, explain(bert, IT_ANIMAL, "norm").maps
+    status, meta = request(server, "POST", "/api/analyze", {"text": IT_ANIMAL, "measures": ["alti", "norm"]})
+    assert status == 200, meta
+    offered = {m["name"]: m for m in meta["measures"]}
+    assert set(offered) == {"norm", "norm-residual", "value-zeroing", "alti", "rollout"}
+    assert offered["norm"]["per_head"] and not offered["alti"]["per_head"] and not offered["norm"]["share"]
+    maps = {m["measure"]: m for m in meta["maps"]}
+    assert maps["alti"]["shape"] == list(alti.shape) and len(alti.shape) == 3  # (N, T, T)
+    assert maps["norm"]["shape"] == list(norm.shape) and len(norm.shape) == 4  # (N, H, T, T)
+    np.testing.assert_allclose(_floats(maps["alti"]["data"], alti.shape), alti, atol=1e-4)
+    np.testing.assert_allclose(_floats(maps["norm"]["data"], norm.shape), norm, atol=1e-4)
+
+    T = alti.shape[-1]
+    status, body = request(server, "POST", "/api/attention", {"text": IT_ANIMAL, "layer": 2, "kind": "measure", "measure": "alti"})
+    assert status == 200 and [m["head"] for m in body["matrices"]] == [-1]
+    np.testing.assert_allclose(_floats(body["matrices"][0]["data"], (T, T)), alti[2], atol=1e-4)
+    status, body = request(server, "POST", "/api/attention",
+                           {"text": IT_ANIMAL, "layer": 2, "heads": [1], "kind": "measure", "measure": "norm"})
+    assert status == 200 and [m["head"] for m in body["matrices"]] == [1]
+    np.testing.assert_allclose(_floats(body["matrices"][0]["data"], (T, T)), norm[2, 1], atol=1e-4)
+
+    status, body = request(server, "POST", "/api/analyze", {"text": IT_ANIMAL, "measures": ["nope"]})
+    assert status == 400 and "unknown measure 'nope'" in body["detail"] and "\n" not in body["detail"]
+    status, body = request(server, "POST", "/api/attention", {"text": "word " * 150, "layer": 0, "kind": "measure",
+                                                             "measure": "value-zeroing"})
+    assert status == 400 and "128 tokens" in body["detail"]

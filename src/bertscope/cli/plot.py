@@ -16,11 +16,16 @@ numbered from 0. Needs matplotlib (pip install 'bertscope[plot]').
 Colour scales: one head is scaled to its own largest weight unless --vmax fixes the darkest
 value (draw two figures with the same --vmax to compare them). --grid draws every panel on
 one scale with one colour bar; --per-panel scales each panel to its own maximum instead.
+--measure draws another measure of what each token takes from the others instead of the
+weights (bertscope explain's map methods): norm (per head), norm-residual, value-zeroing, alti
+or rollout (one map per layer: no --head; with --grid one panel per layer). value-zeroing is
+refused above 128 tokens.
 --span START:END plots only a window of tokens of a long text (positions from 0, END excluded).
 
 examples:
   bertscope plot "The animal didn't cross the street because it was too tired" --layer 3 --head 1 --out it.png
   bertscope plot "The animal didn't cross the street because it was too tired" --grid --out grid.svg
+  bertscope plot "The animal didn't cross the street because it was too tired" --measure alti --layer 5 --out alti.png
   bertscope plot "Tokenization splits rare words" --layer 0 --head 0 --tokens --out tokens.pdf
   bertscope plot "$(cat long.txt)" --layer 2 --head 5 --span 40:80 --vmax 1 --out window.png
 """
@@ -31,7 +36,9 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", metavar="TEXT", help="the text to run through the model")
     p.add_argument("--layer", type=int, default=0, metavar="L", help="layer, from 0 (default 0)")
-    p.add_argument("--head", type=int, default=0, metavar="H", help="head, from 0 (default 0)")
+    p.add_argument("--head", type=int, default=None, metavar="H", help="head, from 0 (default 0)")
+    p.add_argument("--measure", default="attention", metavar="M",
+                   help="attention (default), norm, norm-residual, value-zeroing, alti or rollout")
     p.add_argument("--grid", action="store_true", help="all layers x heads instead of one head")
     p.add_argument("--tokens", action="store_true", help="sub-tokens instead of words")
     p.add_argument("--out", metavar="FILE", required=True, help="FILE.png, FILE.svg or FILE.pdf")
@@ -63,21 +70,35 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--per-panel goes with --grid (one head is one panel)")
     if args.span is not None:
         parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
+    from ..explain import map_measures, method_kind, parse_measures
+
+    names = parse_measures([args.measure])
+    if len(names) != 1 or "," in args.measure:
+        raise InputError(f"--measure takes one measure, got {args.measure!r}")
+    measure = names[0]
+    per_layer = method_kind(measure) == "layer"
+    if per_layer and args.head is not None:
+        raise InputError(f"{measure} gives one map per layer, not per head; leave out --head")
     require_matplotlib()  # before the model loads
     bert = load_model(args)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     if not args.grid:
         if not 0 <= args.layer < N:
             raise InputError(f"--layer must be 0..{N - 1}, got {args.layer}")
-        if not 0 <= args.head < H:
+        if args.head is not None and not 0 <= args.head < H:
             raise InputError(f"--head must be 0..{H - 1}, got {args.head}")
     [rt] = analyze(bert, [args.text], qk=False)
+    if measure != "attention":
+        from ..see.report import with_measures
+
+        rt = with_measures(rt, map_measures(bert, args.text, [measure]))
     span = parse_span(args.span, len(rt.tokens))
     words = not args.tokens
     if args.grid:
-        fig = grid_figure(rt, words=words, span=span, shared=not args.per_panel, vmax=args.vmax)
+        fig = grid_figure(rt, words=words, span=span, shared=not args.per_panel, vmax=args.vmax, measure=measure)
     else:
-        fig = head_figure(rt, args.layer, args.head, words=words, span=span, vmax=args.vmax)
+        head = None if per_layer else (0 if args.head is None else args.head)
+        fig = head_figure(rt, args.layer, head, words=words, span=span, vmax=args.vmax, measure=measure)
     with writing(out):
         path = save_figure(fig, out, dpi=args.dpi)
     print(f"wrote {path}")

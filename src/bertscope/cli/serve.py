@@ -15,6 +15,9 @@ one-line error. Texts longer than --max-chars get HTTP 413. The last analyses ar
 Requests must name this server in their Host header (localhost, 127.0.0.1, [::1], the --host
 address, or a name given with --allow-host); others get HTTP 421, so a web page elsewhere cannot
 reach it through DNS rebinding. Binding to every interface (0.0.0.0 or ::) prints a warning.
+The page's Measure switch also offers norm, norm-residual, value-zeroing, alti and rollout
+(bertscope explain's map methods), each computed when first chosen; --measure offers only those
+named (repeatable or a comma list; "attention" alone: none). value-zeroing is refused above 128 tokens.
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C.
 
 examples:
@@ -22,6 +25,7 @@ examples:
   bertscope serve --port 8080 --max-chars 5000
   bertscope serve --model ./my-bert-folder --host 0.0.0.0   # reachable from other machines
   bertscope serve --host 0.0.0.0 --allow-host bert.example.org
+  bertscope serve --measure alti,norm    # only these two beside the attention weights
 """
 
 
@@ -35,6 +39,9 @@ def register(sub) -> None:
                    help="longest text accepted, in characters (default 2000); longer gets HTTP 413")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="also answer requests whose Host header is NAME (repeatable)")
+    p.add_argument("--measure", action="append", default=None, metavar="M[,M...]",
+                   help="measures offered beside the attention (default: all of norm, norm-residual, "
+                        "value-zeroing, alti, rollout)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--port must be 0..65535, got {args.port}")
     if args.max_chars < 1:
         raise InputError("--max-chars must be at least 1")
+    from ..explain import MAP_METHODS, map_measures, measure_info, parse_measures
+
+    names = [m for m in (parse_measures(args.measure) if args.measure is not None else MAP_METHODS) if m != "attention"]
     require_serve_extra()  # before anything is bound, loaded or printed
     if is_all_interfaces(args.host):
         print(f"bertscope: warning: --host {args.host or '(empty)'} listens on every network interface: anyone "
@@ -61,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"bertscope: serving {bert.name} on http://{host}:{port}/ (Ctrl-C stops)",
               file=sys.stderr, flush=True)
         serve(bert, host=args.host, max_chars=args.max_chars, sock=sock,
-              allowed_hosts=tuple(args.allow_host))
+              allowed_hosts=tuple(args.allow_host),
+              measures=(lambda b, text, pair, wanted: map_measures(b, text, wanted, pair=pair)) if names else None,
+              measure_info=[measure_info(m) for m in names])
     finally:
         sock.close()
     return 0

@@ -25,6 +25,13 @@ The file has no external resources: it opens from disk in any browser, offline. 
 stored to within 1/2048 (rows still sum to 1); queries, keys and values exactly, when they are
 small enough (--qk stores them always, --no-qk never).
 
+With --measure the page also offers other measures of what each token takes from the others
+(bertscope explain's map methods): norm (Kobayashi et al. 2020, per head), norm-residual
+(Kobayashi et al. 2021), value-zeroing (Mohebbi et al. 2023), alti (Ferrando et al. 2022) and
+rollout (Abnar & Zuidema 2020), per layer. A "Measure" switch on the page picks one; head choices
+are switched off for the per-layer ones. Repeat --measure or give a comma list; "all" is every
+one. value-zeroing reruns every layer once per token: texts over 128 tokens are refused.
+
 With --model-b, TEXT runs through two models instead (A = --model, B = --model-b), side by side
 with the difference: e.g. a base model and its fine-tune, to see which heads fine-tuning changed.
 
@@ -33,6 +40,7 @@ examples:
   bertscope view "The animal didn't cross the street because it was too tired" \\
                  "The animal didn't cross the street because it was too wide" --out compare.html
   bertscope view "A moving, beautifully acted film" --model-b sentiment/ --out finetuned.html
+  bertscope view "The animal didn't cross the street because it was too tired" --measure alti,norm
   bertscope view "Where is the animal?" --pair "The animal is in the street." --out pair.html
   bertscope view "$(cat long.txt)" --span 100:180 --out long.html
 """
@@ -53,6 +61,9 @@ def register(sub) -> None:
     add_model_arg(p)
     p.add_argument("--model-b", metavar="PATH", default=None,
                    help="a second model folder (e.g. a fine-tune): TEXT through both, with the difference")
+    p.add_argument("--measure", action="append", default=None, metavar="M[,M...]",
+                   help="also offer these measures: norm, norm-residual, value-zeroing, alti, rollout, or all "
+                        "(repeatable; attention is always there)")
     p.add_argument("--out", metavar="FILE.html", default="bertscope-report.html",
                    help="where to write the page (default: bertscope-report.html)")
     p.set_defaults(func=run)
@@ -77,6 +88,13 @@ def run(args: argparse.Namespace) -> int:
         from ..see.report import parse_span
 
         parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
+    measures = None
+    if args.measure is not None:
+        from ..explain import map_measures, parse_measures
+
+        names = [m for m in parse_measures(args.measure) if m != "attention"]  # the weights are always shown
+        if names:
+            measures = lambda b, text, pair: map_measures(b, text, names, pair=pair)  # noqa: E731
     out = check_output_file(args.out, "--out", (".html", ".htm"))
     bert = load_model(args)
     bert_b = None
@@ -84,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         from ..bert import load
 
         bert_b = load(args.model_b)
-    report = build_report(bert, args.text, args.text_b, pair=args.pair, span=args.span, qk=args.qk, bert_b=bert_b)
+    report = build_report(bert, args.text, args.text_b, pair=args.pair, span=args.span, qk=args.qk, bert_b=bert_b,
+                          measures=measures)
     with writing(out):
         path = report.save(out).resolve()
     size = path.stat().st_size

@@ -3,8 +3,10 @@ norms, value zeroing, ALTI, rollout and gradients (``bertscope.explain(bert, tex
 
 from __future__ import annotations
 
-from .explanation import METHOD_INFO, METHODS, Explanation, check_method, explain, explain_batch, method_kind
+from .explanation import (MAP_METHODS, METHOD_INFO, METHODS, VALUE_ZEROING_MAX_TOKENS, Explanation, check_method,
+                          explain, explain_batch, map_measures, measure_info, method_kind, parse_measures)
 from .gradients import Target, class_target, similarity_target
 
-__all__ = ["METHODS", "METHOD_INFO", "Explanation", "Target", "check_method", "explain", "explain_batch",
+__all__ = ["MAP_METHODS", "METHODS", "METHOD_INFO", "VALUE_ZEROING_MAX_TOKENS", "map_measures", "measure_info",
+           "parse_measures", "Explanation", "Target", "check_method", "explain", "explain_batch",
            "class_target", "method_kind", "similarity_target"]

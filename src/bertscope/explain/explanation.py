@@ -42,9 +42,12 @@ from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, 
                         similarity_target)
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
 
-__all__ = ["METHODS", "METHOD_INFO", "Explanation", "check_method", "explain", "explain_batch", "method_kind"]
+__all__ = ["MAP_METHODS", "METHODS", "METHOD_INFO", "VALUE_ZEROING_MAX_TOKENS", "Explanation", "check_method",
+           "explain", "explain_batch", "map_measures", "measure_info", "method_kind", "parse_measures"]
 
 METHODS = HEAD_METHODS + LAYER_METHODS + GRAD_METHODS
+MAP_METHODS = HEAD_METHODS + LAYER_METHODS  # the measures the views can draw (token x token maps)
+VALUE_ZEROING_MAX_TOKENS = 128  # value zeroing runs every layer once per token: longer texts are refused
 
 # name -> (who it comes from, what one value means)
 METHOD_INFO: dict[str, tuple[str, str]] = {
@@ -232,3 +235,59 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
     return Explanation(method=method, tokens=list(batch.tokens[0]), words=words.words,
                        token_words=words.token_words, maps=maps.float().cpu().numpy(),
                        target=None if tgt is None else tgt.name, truncated=batch.truncated[0])
+
+
+def measure_info(name: str) -> dict[str, object]:
+    """What a view needs to know of a map method: {"name", "per_head", "share"}; share: its rows
+    sum to 1 (every map method but ``norm``, whose values are vector lengths)."""
+    check_method(name)
+    if name not in MAP_METHODS:
+        raise InputError(f"{name} attributes one output to the words; it has no token x token map to show")
+    return {"name": name, "per_head": name in HEAD_METHODS, "share": name != "norm"}
+
+
+def parse_measures(values: list[str] | None) -> list[str]:
+    """``--measure`` values (repeated and/or comma lists; ``all``) -> map method names, in
+    :data:`MAP_METHODS` order, without duplicates. InputError for a name that is not a map method."""
+    names: list[str] = []
+    for value in values or []:
+        for name in (x.strip() for x in value.split(",")):
+            if not name:
+                continue
+            if name == "all":
+                names += MAP_METHODS
+            elif name not in MAP_METHODS:
+                raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)} (or all)")
+            else:
+                names.append(name)
+    return [m for m in MAP_METHODS if m in names]
+
+
+@torch.no_grad()
+def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
+                 pair: str | None = None) -> dict[str, np.ndarray]:
+    """Several map methods of one text (or one sentence pair [CLS] text [SEP] pair [SEP]) from one
+    reference forward: name -> float32 (L, H, T, T) or (L, T, T), as :func:`explain` gives them.
+
+    ``value-zeroing`` is refused (InputError) above :data:`VALUE_ZEROING_MAX_TOKENS` tokens,
+    before any work: it runs every layer once per token.
+    """
+    for name in names:
+        if name not in MAP_METHODS:
+            raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
+    batch = bert.encode([text], pairs=None if pair is None else [pair])
+    T = batch.lengths[0]
+    if "value-zeroing" in names and T > VALUE_ZEROING_MAX_TOKENS:
+        raise InputError(f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer "
+                         f"once per token); this text has {T}")
+    model = bert.model
+    was_training = model.training
+    model.eval()
+    try:
+        dev = bert.device
+        fw = run_forward(bert.encoder, batch.input_ids.to(dev), batch.attention_mask.to(dev),
+                         batch.token_type_ids.to(dev))
+        methods = map_methods()
+        return {name: methods[name](fw)[0].float().cpu().numpy() for name in names}
+    finally:
+        model.train(was_training)

@@ -69,19 +69,32 @@ def _matplotlib():
     return Figure
 
 
-def units(rt: ReportText, words: bool = True, span: tuple[int, int] | None = None) -> tuple[list[str], np.ndarray]:
+def _maps(rt: ReportText, measure: str | None) -> np.ndarray:
+    """(N, H, T, T): the attention, or ``rt.measures[measure]`` (a per-layer one as H = 1)."""
+    if measure is None or measure == "attention":
+        return rt.attentions
+    if measure not in rt.measures:
+        raise InputError(f"the text has no {measure!r} maps (it has: {', '.join(rt.measures) or 'none'})")
+    m = rt.measures[measure]
+    return m if m.ndim == 4 else m[:, None]  # (N, T, T) -> (N, 1, T, T)
+
+
+def units(rt: ReportText, words: bool = True, span: tuple[int, int] | None = None,
+          measure: str | None = None) -> tuple[list[str], np.ndarray]:
     """Labels and attention (N, H, U, U) of a text, at word (U = W) or sub-token (U = T) level.
 
     ``span`` (start, end): only the units inside that window of token positions (a word is kept
-    if one of its sub-tokens is); rows are not renormalised.
+    if one of its sub-tokens is); rows are not renormalised. ``measure``: the maps of
+    ``rt.measures[measure]`` instead of the attention ((N, 1, U, U) for a per-layer measure).
     """
+    maps = _maps(rt, measure)
     if not words:
-        labels, att = list(rt.tokens), rt.attentions
+        labels, att = list(rt.tokens), maps
         keep = list(range(len(labels)))
         if span is not None:
             keep = [i for i in keep if span[0] <= i < span[1]]
     else:
-        w = word_attention(torch.from_numpy(rt.attentions), rt.token_words)  # (N, H, W, W)
+        w = word_attention(torch.from_numpy(maps), rt.token_words)  # (N, H, W, W)
         labels, att = list(rt.words), w.numpy()
         keep = list(range(len(labels)))
         if span is not None:
@@ -106,15 +119,20 @@ def _ticks(ax, labels: list[str]) -> None:
     ax.tick_params(length=0)
 
 
-def head_figure(rt: ReportText, layer: int, head: int, *, words: bool = True,
-                span: tuple[int, int] | None = None, vmax: float | None = None):
+def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = True,
+                span: tuple[int, int] | None = None, vmax: float | None = None, measure: str | None = None):
     """A heatmap of one head: rows attend (from), columns are attended to (to).
 
     ``vmax``: the weight drawn darkest (default: this map's largest), so that two figures can be
-    drawn on the same scale; ``span``: a window of token positions (start, end).
+    drawn on the same scale; ``span``: a window of token positions (start, end). ``measure``:
+    one of ``rt.measures`` instead of the attention; a per-layer one takes ``head`` None.
     """
     Figure = _matplotlib()
-    labels, att = units(rt, words, span)
+    labels, att = units(rt, words, span, measure)
+    per_layer = measure not in (None, "attention") and rt.measures[measure].ndim == 3
+    if per_layer and head is not None:
+        raise InputError(f"{measure} gives one map per layer, not per head; leave out --head")
+    head = 0 if head is None else head
     N, H = att.shape[:2]
     if not 0 <= layer < N:
         raise InputError(f"--layer must be 0..{N - 1}, got {layer}")
@@ -133,7 +151,10 @@ def head_figure(rt: ReportText, layer: int, head: int, *, words: bool = True,
     ax.set_xlabel("attended to (key)")
     ax.set_ylabel("attending (query)")
     where = f", tokens {span[0]}–{span[1] - 1} (rows not renormalised)" if span is not None else ""
-    ax.set_title(f"layer {layer}, head {head}{where}", fontsize=12)
+    what = f"layer {layer}" + ("" if per_layer else f", head {head}")
+    if measure not in (None, "attention"):
+        what = f"{measure}, {what}"
+    ax.set_title(f"{what}{where}", fontsize=12)
     if U <= 20:
         for i in range(U):
             for j in range(U):
@@ -147,15 +168,19 @@ def head_figure(rt: ReportText, layer: int, head: int, *, words: bool = True,
 
 
 def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | None = None,
-                shared: bool = True, vmax: float | None = None):
+                shared: bool = True, vmax: float | None = None, measure: str | None = None):
     """Every layer (rows) x head (columns) as small heatmaps.
 
     ``shared`` (default): one colour scale for every panel (0 .. the largest weight of all, or
     ``vmax``), with one colour bar; otherwise each panel is scaled to its own maximum, and the
-    title says the colours cannot be compared.
+    title says the colours cannot be compared. ``measure``: one of ``rt.measures`` instead of the
+    attention (a per-layer measure is one row of panels, one per layer).
     """
     Figure = _matplotlib()
-    labels, att = units(rt, words, span)
+    labels, att = units(rt, words, span, measure)
+    per_layer = measure not in (None, "attention") and rt.measures[measure].ndim == 3
+    if per_layer:
+        att = att[:, 0][None]  # (N, 1, U, U) -> (1, N, U, U): one row, a panel per layer
     N, H = att.shape[:2]
     if vmax is not None and not vmax > 0:
         raise InputError(f"--vmax must be above 0, got {vmax}")
@@ -171,15 +196,22 @@ def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | N
             im = ax.imshow(M, cmap="Blues", vmin=0.0, vmax=top, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
+            if per_layer:
+                ax.set_title(f"layer {head}", fontsize=8)  # one row: the columns are the layers
+                continue
             if layer == 0:
                 ax.set_title(f"head {head}", fontsize=8)
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
     shown = rt.text if len(rt.text) <= 110 else rt.text[:107] + "…"
+    named = measure not in (None, "attention")
+    if named:
+        shown = f"{measure}: {shown}"
     if span is not None:
         shown += f"  [tokens {span[0]}–{span[1] - 1}]"
     if shared and im is not None:
-        fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight (one scale for every panel)")
+        fig.colorbar(im, ax=axes, shrink=0.6,
+                     label=f"{measure if named else 'attention weight'} (one scale for every panel)")
     else:
         shown += "\n(each panel scaled to its own maximum: colours are not comparable between panels)"
     fig.suptitle(shown, fontsize=9)

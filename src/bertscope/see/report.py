@@ -10,6 +10,12 @@ within 1/2048 of the model's value, and each row still sums to exactly 1), store
 planes of uint16, deflated and base64-encoded. The browser inflates them with its built-in
 DecompressionStream.
 
+Other measures than the attention weights (norms, value zeroing, ALTI, ... computed by
+``bertscope.explain``, which ranks above this module) come in as plain arrays: ``build_report(...,
+measures=provider)`` with ``provider(bert, text, pair) -> {name: (N, H, T, T) or (N, T, T)}``.
+Each is stored like the weights, on its own scale: multiples of 1/2048, or coarser when a value
+would pass 65535/2048 = 32 (``norm``'s raw vector lengths), so every value is within one step.
+
 The query-key view needs each head's queries, keys and values (the seed's steps [3]-[5] worked
 out in the browser). They are read from the model's own intermediates
 (``bert.encoder(..., output_intermediates=True)``), kept exact (float32, as four byte planes,
@@ -19,6 +25,7 @@ deflated) and stored when they are small enough (:data:`QK_AUTO_BYTES` per text)
 from __future__ import annotations
 
 import base64
+import dataclasses
 import difflib
 import html
 import json
@@ -27,7 +34,7 @@ import zlib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -40,7 +47,8 @@ from ..core.words import group_words
 from ..bert import Bert
 
 __all__ = ["ALIGN_MIN_SHARE", "QK_AUTO_BYTES", "QUANT_SCALE", "Report", "ReportText", "align_units", "alignment_meta",
-           "analyze", "build_report", "dequantize", "parse_span", "quantize_rows", "render_page"]
+           "MeasureProvider", "analyze", "build_report", "dequantize", "measure_scale", "measures_meta",
+           "parse_span", "quantize_rows", "render_page", "with_measures"]
 
 QUANT_SCALE = 2048  # weights are stored as k / 2048: error below 1/2048 ≈ 4.9e-4
 QK_AUTO_BYTES = 4 * 2**20  # q, k, v of a text (3·N·T·C float32) are stored by default up to this size
@@ -59,6 +67,8 @@ class ReportText:
     segments:    per token its segment id (0 = A, 1 = B) when the text is a sentence pair.
     pair:        the second text of a sentence pair (read as [CLS] text [SEP] pair [SEP]).
     qkv:         (3, N, H, T, D) float32 queries, keys and values of every head, or None.
+    measures:    name -> (N, H, T, T) (per head) or (N, T, T) (per layer) float32 maps of other
+                 measures (what token i takes from token j), in the order they are offered.
     """
 
     text: str
@@ -72,6 +82,7 @@ class ReportText:
     segments: list[int] | None = None
     pair: str | None = None
     qkv: np.ndarray | None = None
+    measures: dict[str, np.ndarray] = field(default_factory=dict)
 
     def meta(self) -> dict[str, Any]:
         """Everything about the text except the numbers (JSON-ready)."""
@@ -87,6 +98,26 @@ class ReportText:
             out["segments"] = list(self.segments)
             out["pair"] = self.pair
         return out
+
+
+MeasureProvider = Callable[[Bert, str, "str | None"], "dict[str, np.ndarray]"]
+
+
+def measures_meta(rt: ReportText) -> list[dict[str, Any]]:
+    """What the page needs to know of each measure: its name, whether it has a map per head, and
+    whether its rows are shares (sum to 1; else raw sizes, drawn relative to the largest)."""
+    out = []
+    for name, m in rt.measures.items():
+        rows = m.sum(-1)  # (N, [H,] T)
+        share = bool(np.all((np.abs(rows - 1) < 1e-3) | (rows == 0)))
+        out.append({"name": name, "per_head": m.ndim == 4, "share": share})
+    return out
+
+
+def measure_scale(maps: np.ndarray) -> int:
+    """The quantisation scale of a measure: 2048, or less so that its largest value fits uint16."""
+    top = float(np.max(maps)) if maps.size else 0.0
+    return int(min(QUANT_SCALE, 65535 // max(1.0, np.ceil(top + 1e-6))))
 
 
 def align_units(a: list[str], b: list[str]) -> list[list[int]]:
@@ -131,6 +162,8 @@ class Report:
                "texts": [t.meta() for t in self.texts], "options": dict(self.options)}
         if len(self.texts) == 2:
             out["alignment"] = alignment_meta(*self.texts)
+        if self.texts and self.texts[0].measures:
+            out["measures"] = measures_meta(self.texts[0])
         return out
 
     def to_html(self) -> str:
@@ -138,14 +171,24 @@ class Report:
         meta = self.meta()
         planes, layout = [], []
         offset = 0
+        names = list(self.texts[0].measures) if self.texts else []
+        scales = {f"m:{n}": min(measure_scale(t.measures[n]) for t in self.texts) for n in names}
         for t in self.texts:
             q_att = quantize_rows(t.attentions)  # (N, H, T, T) uint16
             q_roll = quantize_rows(t.rollout)  # (N, T, T) uint16
-            layout.append({"attn": offset, "rollout": offset + q_att.size})
+            where = {"attn": offset, "rollout": offset + q_att.size}
             offset += q_att.size + q_roll.size
             planes += [q_att.ravel(), q_roll.ravel()]
+            for n in names:  # (N, H, T, T) or (N, T, T) uint16, each on its own scale
+                q_m = quantize_rows(t.measures[n], scales[f"m:{n}"])
+                where[f"m:{n}"] = offset
+                offset += q_m.size
+                planes.append(q_m.ravel())
+            layout.append(where)
         q = np.concatenate(planes) if planes else np.zeros(0, np.uint16)
         meta["data"] = {"scale": QUANT_SCALE, "count": int(q.size), "layout": layout}
+        if scales:
+            meta["data"]["scales"] = scales
         blob = _pack_planes(q)
         qk_parts, qk_layout, qk_off = [], [], 0
         for t in self.texts:
@@ -314,9 +357,21 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
     return result
 
 
+def with_measures(rt: ReportText, maps: dict[str, np.ndarray]) -> ReportText:
+    """``rt`` with measure maps attached; InputError if one does not match its layers and tokens."""
+    N, H, T = rt.attentions.shape[:3]
+    checked = {}
+    for name, m in maps.items():
+        m = np.ascontiguousarray(m, dtype=np.float32)
+        if m.shape not in ((N, H, T, T), (N, T, T)):
+            raise InputError(f"measure {name!r} has shape {m.shape}; expected {(N, H, T, T)} or {(N, T, T)}")
+        checked[name] = m
+    return dataclasses.replace(rt, measures=checked)
+
+
 def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str | None = None,
                  span: str | tuple[int, int] | None = None, qk: bool | None = None,
-                 bert_b: Bert | None = None) -> Report:
+                 bert_b: Bert | None = None, measures: MeasureProvider | None = None) -> Report:
     """Attention of ``text`` (and ``text_b``, shown side by side with the difference).
 
     ``pair``: read ``text`` and ``pair`` as one sentence pair instead (segments A and B).
@@ -325,6 +380,8 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     ``bert_b`` instead of ``text_b``: ``text`` through two models (A = ``bert``, B = ``bert_b``,
     e.g. a base model and its fine-tuned classifier), side by side with the difference A - B.
     The two must have the same shape (layers and heads).
+    ``measures``: ``provider(bert, text, pair) -> {name: maps}`` (e.g. from ``bertscope.explain``),
+    called once per text and model; the page then offers each measure beside the attention.
     """
     if text_b is not None and pair is not None:
         raise InputError("give a second text to compare, or a pair text, not both")
@@ -343,6 +400,9 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
         name_b = bert_b.name or (bert_b.path.name if bert_b.path else "BERT")
         name = f"A = {name}, B = {name_b}"
         analysed = analyze(bert, [text], pair=pair, qk=qk) + analyze(bert_b, [text], pair=pair, qk=qk)
+    if measures is not None:
+        models = [bert, bert] if bert_b is None else [bert, bert_b]
+        analysed = [with_measures(rt, measures(m, rt.text, rt.pair)) for rt, m in zip(analysed, models)]
     options: dict[str, Any] = {}
     if span is not None:
         options["span"] = list(parse_span(span, max(len(t.tokens) for t in analysed)))

@@ -7,9 +7,12 @@ Routes:
     GET  /assets/NAME      a file of the package's asset folder, by exact name (an allow-list:
                            nothing outside the folder can be named, ``..`` included)
     GET  /api/health       {"status": "ok", "model": ...}: readiness
-    POST /api/analyze      {"text", "text_b"?, "pair"?} -> tokens and words of each text (no numbers)
-    POST /api/attention    {"text", "text_b"?, "pair"?, "layer", "heads", "kind": "attn"|"rollout"}
-                           -> only that layer's requested heads (float32, base64)
+    POST /api/analyze      {"text", "text_b"?, "pair"?, "measures"?} -> tokens and words of each text,
+                           the measures offered ({name, per_head, share}), and with "measures": [NAME,
+                           ...] those measures' whole maps per text ("maps": shape + float32, base64)
+    POST /api/attention    {"text", "text_b"?, "pair"?, "layer", "heads", "kind": "attn"|"rollout"|"measure",
+                           "measure"?} -> only that layer's requested heads (float32, base64); a
+                           per-layer measure's one map has head -1
     POST /api/qk           {"text", "text_b"?, "pair"?, "which", "layer", "head"} -> that head's
                            q, k and v (T x D each, float32, base64) for the query-key view
 
@@ -29,6 +32,10 @@ Content-Length included), and reading stops at the limit. The model runs under a
 forward at a time; PyTorch already uses every core for one), and the last few analyses are
 cached: at most ``CACHE_ENTRIES`` (16) of them and at most ``CACHE_BYTES`` (256 MiB) of attention
 arrays in all; an analysis larger than that on its own is not cached.
+
+Measures other than the attention weights (norm, ALTI, ...) are computed by a function the caller
+passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope serve`` passes
+``bertscope.explain``'s), one measure at a time when the page asks for it, and cached the same way.
 """
 
 # No "from __future__ import annotations": FastAPI must see the request models defined inside
@@ -42,7 +49,7 @@ import threading
 from collections import OrderedDict
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -50,7 +57,8 @@ from ..errors import BertscopeError, InputError
 from ..bert import Bert
 from .report import ReportText, alignment_meta, analyze, render_page
 
-__all__ = ["Analyzer", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAULT_MAX_CHARS", "LOOPBACK_NAMES", "allowed_host",
+__all__ = ["Analyzer", "MeasureFunction", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAULT_MAX_CHARS", "LOOPBACK_NAMES",
+           "allowed_host",
            "bind", "body_limit", "create_app", "is_all_interfaces", "require_serve_extra", "run"]
 
 DEFAULT_MAX_CHARS = 2000
@@ -136,9 +144,13 @@ class _HostCheck:
         await self.app(scope, receive, send)
 
 
-def _nbytes(result: list[ReportText]) -> int:
-    return sum(rt.attentions.nbytes + rt.rollout.nbytes + (0 if rt.qkv is None else rt.qkv.nbytes)
-               for rt in result)
+def _nbytes(result: list) -> int:
+    return sum(x.nbytes if isinstance(x, np.ndarray) else
+               x.attentions.nbytes + x.rollout.nbytes + (0 if x.qkv is None else x.qkv.nbytes) for x in result)
+
+
+# compute(bert, text, pair, names) -> {name: (N, H, T, T) or (N, T, T) float32}
+MeasureFunction = Callable[[Bert, str, "str | None", list], dict]
 
 
 class Analyzer:
@@ -155,19 +167,29 @@ class Analyzer:
         self.max_bytes = max_bytes
         self.nbytes = 0  # bytes held by the cache now
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, ...], list[ReportText]] = OrderedDict()
+        self._cache: OrderedDict[tuple, list] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._cache)
 
     def __call__(self, texts: list[str], pair: str | None = None) -> list[ReportText]:
         key = (*texts, "\x00pair", pair) if pair is not None else tuple(texts)
+        return self._cached(key, lambda: analyze(self.bert, list(texts), pair=pair, qk=True))
+
+    def measure(self, compute: MeasureFunction, name: str, texts: list[str],
+                pair: str | None = None) -> list[np.ndarray]:
+        """One measure's maps of each text, ``compute(bert, text, pair, [name])[name]``, cached."""
+        key = (*texts, "\x00pair", pair, "\x00measure", name)
+        return self._cached(key, lambda: [np.ascontiguousarray(compute(self.bert, t, pair, [name])[name],
+                                                               dtype=np.float32) for t in texts])
+
+    def _cached(self, key: tuple, make: Callable[[], list]) -> list:
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-            result = analyze(self.bert, list(texts), pair=pair, qk=True)
+            result = make()
             size = _nbytes(result)
             if size > self.max_bytes or self.size < 1:
                 return result  # too large to keep: computed again next time
@@ -239,9 +261,15 @@ def _asset_files() -> dict[str, Path]:
 
 
 def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "127.0.0.1",
-               allowed_hosts: tuple[str, ...] = ()):
+               allowed_hosts: tuple[str, ...] = (), measures: MeasureFunction | None = None,
+               measure_info: list[dict[str, Any]] | tuple = ()):
     """The FastAPI application serving ``bert``, answering to requests for ``host`` (the address
-    it is bound to), the loopback names, and ``allowed_hosts``."""
+    it is bound to), the loopback names, and ``allowed_hosts``.
+
+    ``measures`` and ``measure_info``: measures offered beside the attention, computed on demand
+    by ``measures(bert, text, pair, names)``; ``measure_info`` lists them for the page
+    ({"name", "per_head", "share"}).
+    """
     try:
         from fastapi import FastAPI, HTTPException, Request
         from fastapi.exceptions import RequestValidationError
@@ -260,10 +288,14 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         text_b: str | None = None
         pair: str | None = None
 
+    class AnalyzeQuery(Texts):
+        measures: list[str] = Field(default_factory=list, max_length=16)
+
     class AttentionQuery(Texts):
         layer: int = Field(ge=0)
         heads: list[int] = Field(default_factory=list, max_length=256)
-        kind: str = Field(default="attn", pattern="^(attn|rollout)$")
+        kind: str = Field(default="attn", pattern="^(attn|rollout|measure)$")
+        measure: str | None = None
 
     class QKQuery(Texts):
         which: int = Field(default=0, ge=0, le=1)
@@ -328,13 +360,27 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     def health() -> dict[str, Any]:
         return {"status": "ok", "model": name, "layers": N, "heads": H, "max_chars": max_chars}
 
+    offered = {m["name"]: dict(m) for m in measure_info} if measures is not None else {}
+
+    def measure_of(m: str | None) -> dict[str, Any]:
+        if m not in offered:
+            names = ", ".join(offered) or "none (only the attention weights)"
+            raise HTTPException(400, f"unknown measure {m!r}; this server offers: {names}")
+        return offered[m]
+
     @app.post("/api/analyze")
-    def analyze_route(q: Texts) -> dict[str, Any]:
+    def analyze_route(q: AnalyzeQuery) -> dict[str, Any]:
         texts, pair = texts_of(q)
+        wanted = [measure_of(m)["name"] for m in dict.fromkeys(q.measures)]
         result = analyzer(texts, pair)
         meta = {"model": name, "layers": N, "heads": H, "texts": [t.meta() for t in result]}
         if len(result) == 2:
             meta["alignment"] = alignment_meta(*result)
+        if offered:
+            meta["measures"] = list(offered.values())
+        if wanted:
+            meta["maps"] = [{"text": t, "measure": m, "shape": list(M.shape), "data": _b64(M)}
+                            for m in wanted for t, M in enumerate(analyzer.measure(measures, m, texts, pair))]
         return meta
 
     @app.post("/api/attention")
@@ -347,6 +393,15 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
             raise HTTPException(400, f"heads must be 0..{H - 1}, got {bad[0]}")
         result = analyzer(texts, pair)
         out = []
+        if q.kind == "measure":
+            info = measure_of(q.measure)
+            for t, M in enumerate(analyzer.measure(measures, info["name"], texts, pair)):
+                if info["per_head"]:
+                    out += [{"text": t, "head": h, "data": _b64(M[q.layer, h])} for h in dict.fromkeys(q.heads)]
+                else:
+                    out.append({"text": t, "head": -1, "data": _b64(M[q.layer])})
+            return {"layer": q.layer, "kind": q.kind, "measure": info["name"],
+                    "tokens": [len(rt.tokens) for rt in result], "matrices": out}
         for t, rt in enumerate(result):
             if q.kind == "rollout":
                 out.append({"text": t, "head": -1, "data": _b64(rt.rollout[q.layer])})
@@ -401,7 +456,8 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
 
 def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = DEFAULT_MAX_CHARS,
         log_level: str = "warning", sock: socket.socket | None = None,
-        allowed_hosts: tuple[str, ...] = ()) -> None:
+        allowed_hosts: tuple[str, ...] = (), measures: MeasureFunction | None = None,
+        measure_info: list[dict[str, Any]] | tuple = ()) -> None:
     """Serve until interrupted, on ``sock`` if given (see :func:`bind`; ``host`` is then the
     address it is bound to), else on host:port."""
     try:
@@ -410,6 +466,7 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
         raise BertscopeError(SERVE_HINT) from None
     if sock is None:
         sock = bind(host, port)
-    app = create_app(bert, max_chars=max_chars, host=host, allowed_hosts=allowed_hosts)
+    app = create_app(bert, max_chars=max_chars, host=host, allowed_hosts=allowed_hosts,
+                     measures=measures, measure_info=measure_info)
     config = uvicorn.Config(app, log_level=log_level)
     uvicorn.Server(config).run(sockets=[sock])

@@ -10,7 +10,9 @@
  *
  * Where the numbers come from is decided in one section, "which matrices are drawn":
  * pickMatrices() gives the head, matrix and query-key views their matrices for a text at a layer,
- * layerMaps() the model view's whole row. Another measure than attention plugs in there.
+ * layerMaps() the model view's whole row. Another measure than attention (state.measure: norm,
+ * ALTI, ... when the page offers them, meta.measures) plugs in there: a per-layer measure has one
+ * map per layer, so the head choices are switched off while it is shown.
  * Long work (all heads at 512 tokens, the model view) runs in slices of a few milliseconds
  * with yields between them, and says what it is doing in #bs-progress.
  */
@@ -33,6 +35,7 @@
   let source = null;
   const state = {
     view: "head", layer: 0, heads: [0], mode: "heads", level: "word", hideSpecial: false,
+    measure: "attention",  // or one of meta.measures[].name
     scale: "shared",   // "shared": one colour scale for every panel; "panel": each its own
     span: null,        // [start, end) window of token positions, or null for every token
     focus: null,       // pinned focus {panel, side: "left"|"right", index}
@@ -142,6 +145,7 @@
       this.lo = planes.subarray(0, n);
       this.hi = planes.subarray(n, 2 * n);
       this.scale = m.data.scale;
+      this.scales = m.data.scales || {};  // "m:NAME" -> that measure's own scale
       this.layout = m.data.layout;
       this.H = m.heads;
       this.exact = false;
@@ -151,12 +155,14 @@
       const raw = await inflate(decodeBase64($("bertscope-blob").textContent.trim()), 2 * m.data.count);
       return new FileSource(m, raw);
     }
-    /** Token-level matrices of text t: kind "attn" (one per head) or "rollout" (head ignored). */
+    /** Token-level matrices of text t: kind "attn" (one per head), "rollout" (head ignored) or
+     * "m:NAME", a measure (per head or per layer, as meta.measures says). */
     async matrices(t, kind, layer, heads) {
       const T = meta.texts[t].tokens.length;
-      const inv = 1 / this.scale, lo = this.lo, hi = this.hi;
+      const inv = 1 / (this.scales[kind] || this.scale), lo = this.lo, hi = this.hi;
+      const perHead = kind === "attn" || (measureInfo(kind.slice(2)) || {}).per_head;
       return heads.map((h) => {
-        const slot = kind === "attn" ? layer * this.H + h : layer;
+        const slot = perHead ? layer * this.H + h : layer;
         const base = this.layout[t][kind] + slot * T * T;
         const out = new Float32Array(T * T);
         for (let i = 0; i < T * T; i++) out[i] = (lo[base + i] | (hi[base + i] << 8)) * inv;
@@ -208,10 +214,13 @@
       this.cache = new Map();  // "kind:layer:head" -> Promise of [matrix per text]
     }
     async matrices(t, kind, layer, heads) {
-      const hs = kind === "attn" ? heads : [-1];
+      const measure = kind.startsWith("m:") ? kind.slice(2) : null;
+      const perHead = kind === "attn" || (measure && measureInfo(measure).per_head);
+      const hs = perHead ? heads : [-1];
       const missing = hs.filter((h) => !this.cache.has(`${kind}:${layer}:${h}`));
       if (missing.length) {
-        const req = postJSON(cfg.api + "attention", { ...this.request, layer, heads: kind === "attn" ? missing : [], kind });
+        const body = measure ? { kind: "measure", measure } : { kind };
+        const req = postJSON(cfg.api + "attention", { ...this.request, layer, heads: perHead ? missing : [], ...body });
         missing.forEach((h) => {
           const p = req.then((body) => body.matrices
             .filter((x) => x.head === h)
@@ -346,6 +355,8 @@
    * The one place that decides which numbers the views draw. */
   async function pickMatrices(t, layer) {
     const H = meta.heads;
+    const mi = measureInfo();
+    if (mi) return inked(mi, await pickMeasure(t, layer, mi));
     if (state.mode === "rollout") {
       const [M] = await source.matrices(t, "rollout", layer, [0]);
       return [{ key: "rollout", name: "rollout", color: "#2456c9", M }];
@@ -358,9 +369,63 @@
     return state.heads.map((h, k) => ({ key: String(h), name: `head ${h}`, color: headColor(h), M: ms[k] }));
   }
 
-  /** Every map of one layer for the model view: H heads, their mean, the rollout (token level). */
+  /** The measure shown instead of the attention weights: {name, per_head, share}, or null. */
+  function measureInfo(name = state.measure) {
+    if (!meta || !meta.measures || name === "attention") return null;
+    return meta.measures.find((m) => m.name === name) || null;
+  }
+
+  async function pickMeasure(t, layer, mi) {
+    const kind = "m:" + mi.name;
+    if (!mi.per_head) {
+      const [M] = await source.matrices(t, kind, layer, [0]);
+      return [{ key: mi.name, name: mi.name, color: "#2456c9", M }];
+    }
+    if (state.mode !== "heads") {
+      const all = await source.matrices(t, kind, layer, [...Array(meta.heads).keys()]);
+      return [{ key: "mean", name: `${mi.name}, mean`, color: "#2456c9", M: meanOf(all) }];
+    }
+    const ms = await source.matrices(t, kind, layer, state.heads);
+    return state.heads.map((h, k) => ({ key: String(h), name: `${mi.name}, head ${h}`, color: headColor(h), M: ms[k] }));
+  }
+
+  /** A measure whose rows are not shares (norm: vector lengths) is drawn relative to its largest
+   * value in the layer: ink scales the lines' opacity; the numbers stay the measure's own. */
+  function inked(mi, list) {
+    if (mi.share) return list;
+    const top = Math.max(1e-9, ...list.map((m) => maxOf(m.M)));
+    return list.map((m) => ({ ...m, ink: 1 / top }));
+  }
+
+  /** The model view's columns for the current measure: {head (data-head), header, label(l), pick()}. */
+  function modelColumns() {
+    const H = meta.heads, mi = measureInfo();
+    const cols = [];
+    if (!mi || mi.per_head) {
+      const what = mi ? `${mi.name}, ` : "";
+      for (let h = 0; h < H; h++) {
+        cols.push({ head: String(h), header: `head ${h}`, label: (l) => `${what}layer ${l}, head ${h}`,
+          pick: () => { state.mode = "heads"; state.heads = [h]; } });
+      }
+      cols.push({ head: "mean", header: "mean", label: (l) => `${what}layer ${l}, mean over heads`,
+        pick: () => { state.mode = "mean"; } });
+    }
+    if (!mi) {
+      cols.push({ head: "rollout", header: "rollout", label: (l) => `rollout through layer ${l}`,
+        pick: () => { state.mode = "rollout"; } });
+    } else if (!mi.per_head) {
+      cols.push({ head: mi.name, header: mi.name, label: (l) => `${mi.name}, layer ${l}`, pick: () => {} });
+    }
+    return cols;
+  }
+
+  /** Every map of one layer for the model view, one per modelColumns() entry (token level). */
   async function layerMaps(t, layer) {
-    const heads = await source.matrices(t, "attn", layer, [...Array(meta.heads).keys()]);
+    const mi = measureInfo();
+    const kind = mi ? "m:" + mi.name : "attn";
+    if (mi && !mi.per_head) return source.matrices(t, kind, layer, [0]);
+    const heads = await source.matrices(t, kind, layer, [...Array(meta.heads).keys()]);
+    if (mi) return [...heads, meanOf(heads)];
     const [roll] = await source.matrices(t, "rollout", layer, [0]);
     return [...heads, meanOf(heads), roll];
   }
@@ -375,6 +440,10 @@
 
   function describe() {
     const L = `layer ${state.layer}`;
+    const mi = measureInfo();
+    if (mi && !mi.per_head) return `${mi.name}, ${L}`;
+    if (mi && state.mode !== "heads") return `${mi.name}, ${L}, mean over ${meta.heads} heads`;
+    if (mi) return `${mi.name}, ${L}, head${state.heads.length > 1 ? "s" : ""} ${state.heads.join(", ")}`;
     if (state.mode === "rollout") return `rollout through layers 0–${state.layer}`;
     if (state.mode === "mean") return `${L}, mean over ${meta.heads} heads`;
     return `${L}, head${state.heads.length > 1 ? "s" : ""} ${state.heads.join(", ")}`;
@@ -590,7 +659,7 @@
       const m = shown[k];
       if (shown.length > 1 || n > 150) setProgress(`drawing lines: ${m.name} (${k + 1} of ${shown.length})…`);
       ctx.strokeStyle = m.color;
-      const M = m.P.M;
+      const M = m.P.M, ink = m.ink || 1;
       let paths = new Array(65).fill(null);
       const flush = () => {
         for (let b = 1; b <= 64; b++) {
@@ -604,7 +673,7 @@
       for (let a = 0; a < n; a++) {
         const ya = a * ROW + ROW / 2, row = a * n;
         for (let b = 0; b < n; b++) {
-          const w = M[row + b];
+          const w = M[row + b] * ink;
           if (w < minW) continue;
           segments++;
           if (w < 1 / 64) {  // faint lines keep their exact opacity
@@ -658,10 +727,10 @@
       ctx.lineWidth = 1.6;
       for (const m of shown) {
         ctx.strokeStyle = m.color;
-        const M = m.P.M;
+        const M = m.P.M, ink = m.ink || 1;
         let idx = [];
         for (let k = 0; k < n; k++) {
-          if ((f.side === "left" ? M[pos * n + k] : M[k * n + pos]) >= 0.001) idx.push(k);
+          if ((f.side === "left" ? M[pos * n + k] : M[k * n + pos]) * ink >= 0.001) idx.push(k);
         }
         if (idx.length > FOCUS_LINES) {
           const w = (k) => (f.side === "left" ? M[pos * n + k] : M[k * n + pos]);
@@ -669,7 +738,7 @@
           view.capped = true;
         }
         for (const k of idx) {
-          const w = f.side === "left" ? M[pos * n + k] : M[k * n + pos];
+          const w = (f.side === "left" ? M[pos * n + k] : M[k * n + pos]) * ink;
           ctx.globalAlpha = Math.min(1, w);
           ctx.beginPath();
           const a = f.side === "left" ? pos : k, b = f.side === "left" ? k : pos;
@@ -716,8 +785,9 @@
     });
     // the numbers: one column per matrix shown (built as one string: thousands of cells at 512 tokens)
     const lab = shown[0].P.labels[pos];
-    const caption = (f.side === "left" ? `attention from “${lab}” to each ${state.level}`
-      : `attention to “${lab}” from each ${state.level}`) + (source.exact ? "" : " (stored to ±0.0005)") +
+    const what = measureInfo() ? state.measure : "attention";
+    const caption = (f.side === "left" ? `${what} from “${lab}” to each ${state.level}`
+      : `${what} to “${lab}” from each ${state.level}`) + (source.exact ? "" : " (stored to ±0.0005)") +
       (view.capped ? `; lines: the ${FOCUS_LINES} strongest per head` : "");
     const parts = [`<caption>${esc(caption)}</caption><tr><th>${f.side === "left" ? "to" : "from"}</th>`];
     shown.forEach((m) => parts.push(`<th style="color:${m.color}">${esc(m.name)}</th>`));
@@ -727,7 +797,7 @@
       const from = f.side === "left" ? f.index : keep[k], to = f.side === "left" ? keep[k] : f.index;
       for (const m of shown) {
         const w = f.side === "left" ? m.P.M[pos * n + k] : m.P.M[k * n + pos];
-        const bar = shown.length === 1 ? `<span class="bs-bar" style="width:${Math.round(60 * w)}px"></span>` : "";
+        const bar = shown.length === 1 ? `<span class="bs-bar" style="width:${Math.round(60 * Math.min(1, w * (m.ink || 1)))}px"></span>` : "";
         parts.push(`<td class="bs-val" data-from="${from}" data-to="${to}" data-head="${esc(m.key)}" data-value="${w}">${fmt(w)}${bar}</td>`);
       }
       parts.push("</tr>");
@@ -970,7 +1040,12 @@
     }
     const which = state.modelText === "diff" && meta.texts.length < 2 ? 0 : state.modelText;
     const diverging = which === "diff";
-    root.appendChild(el("div", "bs-note", "Every layer × head (rows × columns), then the mean over heads and the rollout. " +
+    const cols = modelColumns();
+    const mi = measureInfo();
+    const intro = !mi ? "Every layer × head (rows × columns), then the mean over heads and the rollout. "
+      : mi.per_head ? `${mi.name}: every layer × head (rows × columns), then the mean over heads. `
+      : `${mi.name} has one map per layer (no heads): one thumbnail per layer. `;
+    root.appendChild(el("div", "bs-note", intro +
       "Point at a thumbnail for its values; click one to open it in the head view." +
       (windowNote() ? ` (${windowNote()})` : "")));
     if (diverging && alignment().tooDifferent) {
@@ -982,8 +1057,7 @@
     const table = el("table", "bs-model-grid");
     const hr = document.createElement("tr");
     hr.appendChild(el("th"));
-    for (let h = 0; h < H; h++) hr.appendChild(el("th", "", `head ${h}`));
-    hr.append(el("th", "", "mean"), el("th", "", "rollout"));
+    for (const col of cols) hr.appendChild(el("th", "", col.header));
     table.appendChild(hr);
     root.appendChild(table);
     const textsNeeded = diverging ? [0, 1] : [which];
@@ -1002,7 +1076,7 @@
         perText.push(shown);
       }
       if (gen !== renderGen) return;
-      for (let k = 0; k < H + 2; k++) {
+      for (let k = 0; k < cols.length; k++) {
         let p = perText[0][k];
         if (diverging) p = diffOf(perText[0][k], perText[1][k]);
         const td = document.createElement("td");
@@ -1010,10 +1084,10 @@
         if (!p || !p.n) { td.textContent = "–"; continue; }
         const c = el("canvas", "bs-thumb");
         c.dataset.layer = String(l);
-        c.dataset.head = k < H ? String(k) : (k === H ? "mean" : "rollout");
-        c.setAttribute("aria-label", k < H ? `layer ${l}, head ${k}` : (k === H ? `layer ${l}, mean over heads` : `rollout through layer ${l}`));
+        c.dataset.head = cols[k].head;
+        c.setAttribute("aria-label", cols[k].label(l));
         const th = pool(p);
-        thumbs.push({ canvas: c, th, l, k });
+        thumbs.push({ canvas: c, th, l, k, col: cols[k] });
         td.appendChild(c);
         await slice.tick();
         if (gen !== renderGen) return;
@@ -1034,8 +1108,7 @@
   }
 
   function wireThumb(x, diverging) {
-    const { canvas, th, l, k } = x;
-    const H = meta.heads;
+    const { canvas, th, l, col } = x;
     const tip = $("bs-tip");
     canvas.addEventListener("mousemove", (e) => {
       const r = canvas.getBoundingClientRect();
@@ -1060,7 +1133,7 @@
     canvas.addEventListener("click", () => {
       tip.hidden = true;
       state.layer = l;
-      if (k < H) { state.mode = "heads"; state.heads = [k]; } else state.mode = k === H ? "mean" : "rollout";
+      col.pick();
       state.view = "head";
       state.focus = null;
       syncControls();
@@ -1226,6 +1299,11 @@
       heads.appendChild(b);
     }
     $("bs-model").textContent = `${meta.model} · ${meta.layers} layers × ${meta.heads} heads`;
+    const measure = $("bs-measure");
+    measure.textContent = "";
+    measure.add(new Option("attention weights", "attention"));
+    for (const m of meta.measures || []) measure.add(new Option(m.name + (m.per_head ? "" : " (per layer)"), m.name));
+    $("bs-measure-label").hidden = !(meta.measures && meta.measures.length);
     const texts = $("bs-texts");
     texts.textContent = "";
     meta.texts.forEach((x, t) => {
@@ -1253,6 +1331,7 @@
   function syncControls() {
     $("bs-layer").value = String(state.layer);
     $("bs-mode").value = state.mode;
+    $("bs-measure").value = state.measure;
     $("bs-level").value = state.level;
     $("bs-hide-special").checked = state.hideSpecial;
     $("bs-scale").value = state.scale;
@@ -1265,10 +1344,14 @@
     ["head", "model", "matrix", "qk"].forEach((v) => { $(`bs-${v}-view`).hidden = v !== state.view; });
     // controls a view does not use are switched off, so they never seem to do nothing
     const v = state.view;
+    const mi = v === "qk" ? null : measureInfo();  // the query-key view is the weights' own arithmetic
+    const perLayer = !!mi && !mi.per_head;  // a per-layer measure has no heads to choose
     const off = {
-      layer: v === "model", mode: v === "model" || v === "qk", level: v === "qk",
-      scale: v === "head" || v === "qk", heads: v === "model", headsAll: v === "model" || v === "qk",
+      layer: v === "model", mode: v === "model" || v === "qk" || perLayer, level: v === "qk",
+      scale: v === "head" || v === "qk", heads: v === "model" || perLayer, headsAll: v === "model" || v === "qk" || perLayer,
     };
+    $("bs-measure").disabled = v === "qk";
+    $("bs-mode").querySelector("option[value='rollout']").disabled = !!mi;
     $("bs-layer").disabled = off.layer;
     $("bs-mode").disabled = off.mode;
     $("bs-level").disabled = off.level;
@@ -1300,6 +1383,12 @@
     document.querySelectorAll(".bs-tab").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; syncControls(); render(); }));
     $("bs-layer").addEventListener("change", (e) => { state.layer = Number(e.target.value); render(); });
     $("bs-mode").addEventListener("change", (e) => { state.mode = e.target.value; syncControls(); render(); });
+    $("bs-measure").addEventListener("change", (e) => {
+      state.measure = e.target.value;
+      if (measureInfo() && state.mode === "rollout") state.mode = "heads";  // rollout is of the weights
+      syncControls();
+      render();
+    });
     $("bs-level").addEventListener("change", (e) => { state.level = e.target.value; state.focus = null; state.hover = null; render(); });
     $("bs-hide-special").addEventListener("change", (e) => { state.hideSpecial = e.target.checked; render(); });
     $("bs-scale").addEventListener("change", (e) => { state.scale = e.target.value; render(); });
@@ -1355,6 +1444,7 @@
     state.focus = null;
     state.hover = null;
     state.qkQuery = null;
+    if (state.measure !== "attention" && !measureInfo()) state.measure = "attention";
     if (meta.texts.length < 2) { state.modelText = 0; state.qkText = 0; }
     const opts = meta.options || {};
     state.span = opts.span ? [opts.span[0], opts.span[1]] : null;

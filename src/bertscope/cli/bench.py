@@ -52,17 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from .. import bench
     from ..bench.corpus import read_corpus
     from ..bench.report import PLOT_SUFFIXES, render_scaling_plot, write_markdown
-    from ..core.config import BertConfig
     from ..errors import InputError
     from ..files import write_bytes_atomic
-    from .common import check_output_file
+    from .common import check_output_file, check_preset
     from .guard import dumps_strict, null_non_finite
 
-    if args.preset:
-        try:
-            BertConfig.preset(args.preset)
-        except ValueError as e:
-            raise InputError(str(e)) from None
+    check_preset(args.preset)
     if args.rounds < 1 or (args.threads is not None and args.threads < 1):
         raise InputError("--rounds and --threads must be at least 1")
     plot = None

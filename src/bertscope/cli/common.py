@@ -20,6 +20,18 @@ def load_model(args: argparse.Namespace):
     return load(getattr(args, "model", None), precision=getattr(args, "precision", "fp32"))
 
 
+def check_preset(name: str | None) -> None:
+    """A --preset that names no known configuration is an InputError (one line listing them)."""
+    if name:
+        from ..core.config import BertConfig
+        from ..errors import InputError
+
+        try:
+            BertConfig.preset(name)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+
+
 def print_json(obj: Any) -> None:
     """Strict JSON on stdout (NaN/Infinity are refused before anything is written)."""
     from .guard import print_json_strict

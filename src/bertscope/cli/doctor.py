@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import MODEL_HELP, print_json
+from .common import MODEL_HELP, check_preset, print_json
 
 HELP = """\
 Show what this machine is and which kernels bertscope's fast path uses on it, and why.
@@ -60,14 +60,8 @@ def _timings(choice: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
-    from ..core.config import BertConfig
-    from ..errors import InputError
 
-    if args.preset:
-        try:
-            BertConfig.preset(args.preset)
-        except ValueError as e:
-            raise InputError(str(e)) from None
+    check_preset(args.preset)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
     res = diagnose(model=args.model, preset=args.preset, precisions=precisions, retune=args.retune)
     if args.json:

@@ -1,10 +1,16 @@
-"""Does `bertscope embed` stream? Peak memory for 10,000 and 100,000 texts should be the same.
+"""Does `bertscope embed` stream? Peak memory for 10,000 and 1,000,000 texts should be the same.
 
-    PYTHONPATH=src python benchmarks/embed_memory.py [--sizes 10000 100000]
+    PYTHONPATH=src python benchmarks/embed_memory.py [--sizes 10000 100000] [--plot docs/embed_rss.png]
+    PYTHONPATH=src python benchmarks/embed_memory.py --sizes 1000000 --out benchmarks/results/embed_memory_1m.json \
+        --plot docs/embed_rss_1m.png
 
 Writes a text file of N mixed-length lines (3 to 40 words) for each size, runs `bertscope embed`
 on it in a fresh process, and reports wall time, texts/s and that process's peak RSS
-(ru_maxrss), plus its RSS sampled every half second while it ran.
+(ru_maxrss), plus its curve: every half second, the process's RSS and what glibc's allocator
+says of its heap (``mallinfo2``: bytes in use by the program, and bytes it holds free but has
+not returned to the system). At the end it asks glibc to return what it holds free
+(``malloc_trim(0)``) and records the RSS after that: memory that comes back then was allocator
+retention (fragmentation), not a leak.
 """
 
 from __future__ import annotations
@@ -21,20 +27,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 WRAPPER = r"""
-import json, resource, sys, threading, time
+import ctypes, json, resource, sys, threading, time
+MiB = 2**20
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                              "fsmblks", "uordblks", "fordblks", "keepcost")]
+try:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+except (OSError, AttributeError):
+    libc = None
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / MiB
+def heap():
+    if libc is None:
+        return None, None
+    m = libc.mallinfo2()
+    return (m.uordblks + m.hblkhd) / MiB, m.fordblks / MiB  # in use (incl. mmapped blocks), held free
 samples = []
+t0 = time.perf_counter()
 def sample():
     while True:
-        with open("/proc/self/statm") as f:
-            samples.append(int(f.read().split()[1]) * 4096 / 2**20)
+        used, free = heap()
+        samples.append([round(time.perf_counter() - t0, 1), rss(), used, free])
         time.sleep(0.5)
 threading.Thread(target=sample, daemon=True).start()
 from bertscope.cli.main import main
 t = time.perf_counter()
 rc = main(sys.argv[1:])
 wall = time.perf_counter() - t
+end_rss, (end_used, end_free) = rss(), heap()
+if libc is not None:
+    libc.malloc_trim(0)
 print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "rss_samples_mib": samples}), file=sys.stderr)
+                  "end_rss_mib": end_rss, "end_heap_in_use_mib": end_used, "end_heap_held_free_mib": end_free,
+                  "rss_after_malloc_trim_mib": rss(), "samples": samples}), file=sys.stderr)
 """
 
 
@@ -42,8 +70,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "embed_memory.json"))
+    p.add_argument("--plot", default=None, help="also draw the RSS curves into this PNG")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
+                   help="further arguments for `bertscope embed` (e.g. --extra --precision bf16)")
     a = p.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
+    from bertscope.files import write_text_atomic
     import bertscope
     from bertscope.bench.corpus import vocab_words
 
@@ -58,16 +90,48 @@ def main() -> int:
                 for _ in range(n):
                     f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) + "\n")
             r = subprocess.run([sys.executable, "-c", WRAPPER, "embed", str(inp), "--out", str(Path(tmp) / f"out{n}"),
-                                "--quiet"], env=env, capture_output=True, text=True)
+                                "--quiet", *a.extra], env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(r.stderr[-2000:], file=sys.stderr)
+                return 1
             stats = json.loads(r.stderr.strip().splitlines()[-1])
-            s = stats.pop("rss_samples_mib")
+            samples = stats.pop("samples")
+            s = [row[1] for row in samples]
             stats.update(texts=n, texts_per_s=n / stats["wall_s"],
-                         rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None)
+                         rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None,
+                         # the curve, at most 400 points: [seconds, RSS, heap in use, heap held free] (MiB)
+                         curve=samples[:: max(1, len(samples) // 400)],
+                         curve_columns=["seconds", "rss_mib", "heap_in_use_mib", "heap_held_free_mib"])
             results.append(stats)
-            print(json.dumps(stats))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(results, indent=1))
+            print(json.dumps({k: v for k, v in stats.items() if k != "curve"}))
+    write_text_atomic(Path(a.out), json.dumps(results, indent=1))
+    if a.plot:
+        plot(results, Path(a.plot))
     return 0
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """RSS and the allocator's heap against the fraction of the run, one panel per size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        c = r["curve"]
+        x = [row[0] for row in c]
+        ax.plot(x, [row[1] for row in c], label="RSS")
+        if c and c[0][2] is not None:
+            ax.plot(x, [row[2] for row in c], label="heap in use (mallinfo2)")
+            ax.plot(x, [row[3] for row in c], label="heap held free by glibc")
+        ax.set_title(f"bertscope embed, {r['texts']:,} texts ({r['wall_s']:.0f} s)")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ bertscope times each candidate on one layer of the model -- oneDNN with pre-pack
 BLAS F.linear; 1,024, 2,048 or 4,096 tokens per batch; exact length groups or 10% / 30% padding
 in attention; for int8 oneDNN's int8 matmul or torch._int_mm; for bf16 bf16 against fp32 --
 in about 2 s, and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets
-it; BERTSCOPE_TUNE=0 turns measuring off). A candidate replaces the plain path (BLAS, 2,048
-tokens, exact groups) only if it is more than 5% faster. Times are seconds per 1,000 tokens
-through one layer. bf16 runs only where the CPU has AVX512-BF16 or AMX, it measured faster
-than fp32, and embeddings stayed within the stated bound; int8 shows which linears its
-calibration kept in fp32.
+it; BERTSCOPE_TUNE=0 turns measuring off; a choice older than a week is measured again).
+Candidates run in turn, round after round, and each is compared with the plain path (BLAS,
+2,048 tokens, exact groups) in the same round; one replaces the plain path only if the median
+of those ratios says it is more than 5% faster. Times are median seconds per 1,000 tokens
+through one layer, with the median ratio to the plain path in brackets. bf16 runs only where
+the CPU has AVX512-BF16 or AMX, it measured faster than fp32, and embeddings stayed within the
+stated bound; int8 shows which linears its calibration kept in fp32.
 
 examples:
   bertscope doctor
@@ -51,9 +53,11 @@ def _timings(choice: dict) -> list[str]:
                "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"]}
     for step, times in choice.get("timings", {}).items():
         cells = []
+        rel = choice.get("ratios", {}).get(step, {})
         for cand, t in times.items():
             mark = " *" if winners.get(step) == cand else ""
-            cells.append(f"{cand} {t:.4f}{mark}" if isinstance(t, float) else f"{cand} {t}")
+            ratio = f" ({rel[cand]:.2f})" if cand in rel else ""
+            cells.append(f"{cand} {t:.4f}{ratio}{mark}" if isinstance(t, float) else f"{cand} {t}")
         lines.append(f"    {step:<13} " + "   ".join(cells))
     return lines
 

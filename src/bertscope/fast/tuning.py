@@ -12,12 +12,16 @@ Why measure: a choice that wins on one CPU loses on another. oneDNN's fp32 GEMM 
 2.3x on an AVX-512 AMD EPYC and lost to it on an AVX2-only one (146 against 168 GFLOP/s).
 
 How: the first time a model shape meets a machine, each candidate runs ONE layer of the model
-(all layers share their shapes) on a batch of real shapes: random tokens in sequences of mixed
-lengths (8 to 256 tokens, as many as fill the token budget). Rounds visit every candidate in
-turn, so a burst of load from elsewhere hits all alike, until the step's share of the budget
-(about 2 s in all) is spent, two rounds at least; each candidate's best time counts. The plain
+(all layers share their shapes, so the GEMMs are the model's own) on a batch of real shapes:
+random tokens in sequences of mixed lengths (8 to 256 tokens, as many as fill the token budget).
+Rounds visit every candidate in turn, so a burst of load from elsewhere hits neighbours alike,
+until the step's share of the budget (about 2 s in all, the GEMM library's step taking half) is
+spent, three rounds at least. A candidate is judged by its time divided by the plain path's time
+IN THE SAME ROUND, the median of those paired ratios over the rounds: a machine whose speed
+drifts between rounds (a shared VM's did, by 15%) moves both sides of each ratio together, where
+comparing each candidate's best time would credit whichever had the luckiest moment. The plain
 path is the baseline (BLAS ``F.linear``, 2048 tokens, exact length groups), and another
-candidate replaces it only if it is faster by more than ``NOISE_MARGIN``: the chosen path is
+candidate replaces it only if its median ratio is below ``1 - NOISE_MARGIN``: the chosen path is
 never slower than the plain one beyond noise. A candidate that raises is recorded with its
 error and never chosen. Every candidate computes the same fp32 result within 1e-5 (tests hold
 each one to the padded reference); only bf16 and int8 change results, and only when asked.
@@ -25,7 +29,10 @@ each one to the padded reference); only bf16 and int8 change results, and only w
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
 flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
 this module's format version. A file whose key differs is ignored (measured again and
-replaced); ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
+replaced), and so is one older than ``RECHECK_S`` (a week): what a machine does fastest can
+change under the same key (a VM moved to another host, a new microcode, a different BLAS
+build), so the choice is measured again now and then. ``bertscope doctor --retune`` measures it
+at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import logging
 import os
 import platform
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,15 +56,16 @@ from ..files import write_text_atomic
 from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
-__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "cache_dir", "choice_key",
+__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
            "cpu_flags", "cpu_name", "forget_choice", "load_choice", "measure_choice", "choose", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what is measured changes: older cache files are then re-measured
+FORMAT = 2  # bump when what is measured changes: older cache files are then re-measured
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 BUDGET_S = 2.0
+RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
 BATCH_TOKENS = (1024, 2048, 4096)
 SLACKS = (0.0, 0.1, 0.3)
 BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn"}
@@ -112,8 +121,10 @@ def choice_key(config, dtype: torch.dtype, precision: str) -> dict:
 class KernelChoice:
     """The winning candidates for one key, and what was measured to pick them.
 
-    timings: {step: {candidate: seconds per 1,000 tokens through one layer, or "error: ..."}}
+    timings: {step: {candidate: median seconds per 1,000 tokens through one layer, or "error: ..."}}
+    ratios:  {step: {candidate: median over rounds of its time / the baseline's time in that round}}
     source: "measured", "cache" (read from ``path``) or "default" (nothing measured)
+    measured_at: when it was measured (Unix time; a cached choice older than RECHECK_S is re-measured)
     """
 
     gemm: str = BASELINE["gemm"]
@@ -123,7 +134,9 @@ class KernelChoice:
     bf16_speedup: float | None = None
     key: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    ratios: dict = field(default_factory=dict)
     source: str = "default"
+    measured_at: float | None = None
     seconds: float = 0.0
     path: str | None = None
 
@@ -153,6 +166,10 @@ def load_choice(key: dict) -> KernelChoice | None:
     try:
         choice = KernelChoice.from_json(d)
     except TypeError:
+        return None
+    age = time.time() - (choice.measured_at or 0.0)
+    if not 0 <= age <= RECHECK_S:  # stale (or from the future: a clock that moved): measure again
+        log.info("the cached kernel choice in %s is %.0f days old: measuring again", path, age / 86400)
         return None
     choice.source, choice.path = "cache", str(path)
     return choice
@@ -200,44 +217,72 @@ def synthetic_batch(config, tokens: int, max_len: int, seed: int = 0) -> PackedB
     return pack_ids(ids)
 
 
-def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 2,
-         max_rounds: int = 12) -> dict:
-    """Round-robin timing: {name: best seconds} or {name: "error: ..."} for a candidate that raised.
+def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
+         max_rounds: int = 15) -> dict:
+    """Round-robin timing: {name: [seconds in round 1, round 2, ...]}, or {name: "error: ..."} for
+    a candidate that raised.
 
     At least ``min_rounds`` rounds; then more while ``budget_s`` lasts, at most ``max_rounds``
-    (a small model is measured in a fraction of the budget)."""
-    best: dict[str, float | str] = {}
+    (a small model is measured in a fraction of the budget). Every live candidate runs once in
+    every round, so the lists line up: entry i of each was measured in round i."""
+    out: dict[str, list[float] | str] = {}
     live = dict(candidates)
     for name, run in list(live.items()):  # warm-up (builds, packs, first-call costs), and errors
         try:
             run()
         except Exception as e:  # any candidate may fail on a machine: it is never chosen
-            best[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+            out[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
             del live[name]
-            log.warning("kernel candidate %s failed: %s", name, best[name])
+            log.warning("kernel candidate %s failed: %s", name, out[name])
+    for name in live:
+        out[name] = []
     end = time.perf_counter() + budget_s
     rounds = 0
     while live and (rounds < min_rounds or (time.perf_counter() < end and rounds < max_rounds)):
         for name, run in live.items():
             t = time.perf_counter()
             run()
-            dt = time.perf_counter() - t
-            prev = best.get(name)
-            best[name] = dt if not isinstance(prev, float) else min(prev, dt)
+            out[name].append(time.perf_counter() - t)
         rounds += 1
-    return best
+    return out
+
+
+def _rounds(v) -> list[float] | None:
+    """A race entry as its list of per-round times (a bare number is one round); None for an error."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return [float(v)]
+    if isinstance(v, list) and v:
+        return [float(t) for t in v]
+    return None
+
+
+def ratios(times: dict, baseline: str) -> dict[str, float]:
+    """{candidate: median over rounds of (its time / the baseline's time in the same round)}, for
+    the candidates that ran; {} when the baseline did not run."""
+    base = _rounds(times.get(baseline))
+    if base is None:
+        return {}
+    out = {}
+    for name, v in times.items():
+        r = _rounds(v)
+        if r is not None:
+            n = min(len(r), len(base))
+            out[name] = statistics.median(r[i] / base[i] for i in range(n))
+    return out
 
 
 def pick(times: dict, baseline: str) -> str:
-    """The fastest candidate if it beats ``baseline`` by more than NOISE_MARGIN, else the baseline.
-    A baseline that failed gives way to the fastest candidate that ran."""
-    ok = {k: v for k, v in times.items() if isinstance(v, float)}
+    """The candidate with the lowest median paired ratio to ``baseline`` if that ratio is below
+    ``1 - NOISE_MARGIN``, else the baseline. A baseline that failed gives way to the candidate
+    with the lowest median time."""
+    ok = {k: r for k, v in times.items() if (r := _rounds(v)) is not None}
     if not ok:
         return baseline
-    fastest = min(ok, key=ok.get)
     if baseline not in ok:
-        return fastest
-    return fastest if ok[fastest] < (1 - NOISE_MARGIN) * ok[baseline] else baseline
+        return min(ok, key=lambda k: statistics.median(ok[k]))
+    rel = ratios(times, baseline)
+    best = min(rel, key=rel.get)
+    return best if rel[best] < 1 - NOISE_MARGIN else baseline
 
 
 def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
@@ -256,9 +301,11 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     one = _OneLayer(model)
-    choice = KernelChoice(key=choice_key(model.config, dtype, precision), source="measured")
-    steps = 3 + (precision in ("int8", "bf16"))
-    share = budget_s / steps
+    choice = KernelChoice(key=choice_key(model.config, dtype, precision), source="measured",
+                          measured_at=time.time())
+    # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
+    others = 2 + (precision == "bf16")
+    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2}
     per_k = lambda secs, n: secs * 1000 / n  # noqa: E731  seconds per 1,000 tokens
 
     def runner(make_gemm: Callable[[], GemmBackend], packed: PackedBatch, slack: float) -> Callable[[], object]:
@@ -271,22 +318,23 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
                 return encoder[0].encode(one, packed, slack=slack)
         return run
 
-    def timed(step: str, runs: dict, n_tokens: dict) -> dict:
-        raw = race(runs, share)
-        out = {k: (per_k(v, n_tokens[k]) if isinstance(v, float) else v) for k, v in raw.items()}
-        choice.timings[step] = out
-        return out
+    def timed(step: str, runs: dict, n_tokens: dict, baseline: str) -> str:
+        """Race ``runs``, record their median times per 1,000 tokens and paired ratios; the pick."""
+        raw = race(runs, shares.get(step, budget_s / 2 / others))
+        per_round = {k: ([per_k(t, n_tokens[k]) for t in v] if isinstance(v, list) else v) for k, v in raw.items()}
+        choice.timings[step] = {k: (statistics.median(v) if isinstance(v, list) else v) for k, v in per_round.items()}
+        choice.ratios[step] = ratios(per_round, baseline)
+        return pick(per_round, baseline)
 
     base_batch = synthetic_batch(model.config, BASELINE["batch_tokens"], max_len)
     if precision != "int8":  # in int8 mode the fp32 GEMMs serve only the linears calibration keeps
         runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
-        times = timed("gemm", runs, {g: base_batch.num_tokens for g in runs})
-        choice.gemm = pick(times, BASELINE["gemm"])
+        choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
     else:
         runs = {k: runner(lambda k=k: GemmBackend(prefer="onednn", precision="int8", int8_kernel=k), base_batch,
                           BASELINE["slack"]) for k in cands["int8_kernel"]}
-        times = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs})
-        choice.int8_kernel = pick(times, BASELINE["int8_kernel"])
+        choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
+                                   BASELINE["int8_kernel"])
         choice.gemm = "onednn"
 
     def chosen_gemm() -> GemmBackend:
@@ -295,19 +343,19 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     if precision == "bf16":  # bf16 against the fp32 winner, both on the chosen GEMM library
         runs = {"fp32": runner(lambda: GemmBackend(prefer=choice.gemm), base_batch, 0.0),
                 "bf16": runner(lambda: GemmBackend(prefer="onednn", precision="bf16"), base_batch, 0.0)}
-        times = timed("bf16", runs, {k: base_batch.num_tokens for k in runs})
-        if all(isinstance(times[k], float) for k in ("fp32", "bf16")):
-            choice.bf16_speedup = times["fp32"] / times["bf16"]
+        timed("bf16", runs, {k: base_batch.num_tokens for k in runs}, "fp32")
+        if "bf16" in choice.ratios["bf16"]:
+            choice.bf16_speedup = 1 / choice.ratios["bf16"]["bf16"]
 
     batches = {n: synthetic_batch(model.config, n, max_len) for n in cands["batch_tokens"]}
     runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"]) for n in batches}
-    times = timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches})
-    choice.batch_tokens = int(pick(times, str(BASELINE["batch_tokens"])))
+    choice.batch_tokens = int(timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches},
+                                    str(BASELINE["batch_tokens"])))
 
     packed = batches.get(choice.batch_tokens) or synthetic_batch(model.config, choice.batch_tokens, max_len)
     runs = {str(s): runner(chosen_gemm, packed, s) for s in cands["slack"]}
-    times = timed("slack", runs, {str(s): packed.num_tokens for s in cands["slack"]})
-    choice.slack = float(pick(times, str(BASELINE["slack"])))
+    choice.slack = float(timed("slack", runs, {str(s): packed.num_tokens for s in cands["slack"]},
+                               str(BASELINE["slack"])))
     choice.seconds = time.perf_counter() - started
     log.info("kernel choice for %s measured in %.1f s: gemm %s, batch %d tokens, slack %g",
              choice.key["model"], choice.seconds, choice.gemm, choice.batch_tokens, choice.slack)

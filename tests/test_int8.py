@@ -19,7 +19,8 @@ from bertscope.bert import Bert
 from bertscope.cli.main import main
 from bertscope.fast.encoder import PackedEncoder
 from bertscope.fast.gemm import GemmBackend
-from bertscope.fast.quant import ERROR_LIMIT, INT8_KERNELS, Int8Linear, calibrate, int8_kernel_available
+from bertscope.fast.quant import (COMPILED_KERNEL, ERROR_LIMIT, INT8_KERNELS, Int8Linear, calibrate,
+                                  int8_kernel_available)
 
 IT = "The animal didn't cross the street because it was too tired"
 
@@ -75,7 +76,7 @@ def test_int8_contract_on_a_fixed_mixed_length_corpus(bert, int8):
     assert abs(a["top10_overlap"] - overlap) < 1e-9 and abs(a["cosine_min"] - cos.min()) < 1e-6
 
 
-@pytest.mark.parametrize("kernel", INT8_KERNELS)
+@pytest.mark.parametrize("kernel", INT8_KERNELS + (COMPILED_KERNEL,))
 def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel):
     assert int8_kernel_available(kernel), f"{kernel} does not run on this machine"
     g = torch.Generator().manual_seed(0)
@@ -98,6 +99,50 @@ def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel):
         # and it approximates the fp32 product
         exact = (x @ w.T + b).double().numpy()
         assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.05
+
+
+def test_compiled_int8_steps_compute_what_the_eager_steps_do(bundled_path, bert):
+    """load(compile=True) races the torch.compile'd int8 steps. Forced on, each linear gives the
+    eager steps' output on the same input (the same arithmetic, fused), and the model meets the
+    quality contract. (Whole-model embeddings of the two paths are compared with fp32, not with
+    each other: a 1e-6 difference anywhere moves a few inputs of the next linear across a
+    rounding boundary, so two correct int8 paths differ from each other about as much as each
+    differs from fp32.)"""
+    compiled = bertscope.load(bundled_path, precision="int8", compile=True)
+    raced = compiled.fast.choice.timings["int8_kernel"]
+    assert COMPILED_KERNEL in raced and set(INT8_KERNELS) <= set(raced)
+    assert compiled.fast.choice.key.get("compile") is True
+    compiled.fast.gemm.int8_kernel = COMPILED_KERNEL  # whatever won here: the compiled path itself
+    from bertscope.fast.gemm import LayerLinears, layer_weights
+
+    class Both:  # runs the compiled linear, and checks the eager one on the very same input
+        row_multiple = 64
+
+        def __init__(self, w, b, a):
+            self.eager = Int8Linear(w, b, a, kernel="onednn")
+            self.compiled = compiled.fast.gemm.int8_linear(w, b, a)
+            self.worst = 0.0
+
+        def __call__(self, x):
+            y = self.compiled(x)
+            ref = self.eager(x)
+            self.worst = max(self.worst, float((y - ref).abs().max() / (1 + ref.abs().max())))
+            return y
+
+    texts = review_corpus(300)
+    ids, _ = compiled.tokenizer.encode_ids(texts[:40])
+    both = [{n: Both(*wba) for n, wba in lw.items()} for lw in layer_weights(compiled.model)]
+    with torch.inference_mode():
+        compiled.fast.encode(compiled.model, bertscope.fast.packing.pack_ids(ids),
+                             linears=[LayerLinears(**d) for d in both])
+    assert all(lin.compiled.steps is not None for d in both for lin in d.values())
+    assert max(lin.worst for d in both for lin in d.values()) < 1e-5
+    got, ref = compiled.embed(texts), bert.embed(texts)
+    cos = (got * ref).sum(1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.97, (cos.mean(), cos.min())
+    from bertscope.bench.quality import embedding_agreement
+
+    assert embedding_agreement(ref, got)["top10_overlap"] >= 0.9
 
 
 def test_gelu_layer_of_int8_matches_fp32_activation_order():

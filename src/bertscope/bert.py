@@ -270,12 +270,14 @@ class Bert:
 
 
 def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
-         dtype: torch.dtype | None = None, precision: str = "fp32") -> Bert:
+         dtype: torch.dtype | None = None, precision: str = "fp32", compile: bool = False) -> Bert:
     """Load a checkpoint folder (or, with ``path=None``, the bundled all-MiniLM-L6-v2).
 
     ``precision`` ("fp32", "bf16" or "int8"; CPU only) is what the packed path computes in
     (see the module doc); "bf16" and "int8" calibrate on :func:`calibration_texts` while
     loading (and measure the kernel choice, about 2 s, once per machine and model shape).
+    ``compile=True`` (int8) also races the int8 steps compiled by ``torch.compile``: about 30 s
+    more the first time on a machine, kept only if faster (:mod:`bertscope.fast.quant`).
 
     Raises :class:`~bertscope.errors.CheckpointError` with one clear sentence when the folder
     is missing, is not a checkpoint, or its weights do not match its config; InputError for a
@@ -292,7 +294,7 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
     ck = read_checkpoint(folder, device=device, dtype=dtype)
     bert = Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
                 max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",
-                fast=PackedEncoder(gemm=GemmBackend(precision=precision), tune=True))
+                fast=PackedEncoder(gemm=GemmBackend(precision=precision, compile=compile), tune=True))
     if precision == "int8":
         _calibrate_int8(bert)
     elif precision == "bf16":
@@ -307,7 +309,7 @@ def _calibration_batch(bert: Bert):
 
 def _calibrate_int8(bert: Bert) -> None:
     """int8 mode: pick the integer GEMM by measurement, then decide which linears stay fp32."""
-    from .fast.quant import INT8_KERNELS, calibrate, int8_kernel_available
+    from .fast.quant import COMPILED_KERNEL, INT8_KERNELS, calibrate, int8_kernel_available
 
     usable = [k for k in INT8_KERNELS if int8_kernel_available(k)]
     if not usable:
@@ -315,7 +317,9 @@ def _calibrate_int8(bert: Bert) -> None:
                          f"(tried {', '.join(INT8_KERNELS)}); use precision='fp32'")
     with torch.inference_mode():
         choice = bert.fast.prepare(bert.model)
-    kernel = choice.int8_kernel if choice is not None and choice.int8_kernel in usable else usable[0]
+    chosen = choice.int8_kernel if choice is not None else None
+    ok = chosen in usable or (chosen == COMPILED_KERNEL and "onednn" in usable)
+    kernel = chosen if ok else usable[0]
     bert.fast.gemm.int8_kernel = kernel
     bert.int8_plan = calibrate(bert.fast, bert.model, _calibration_batch(bert), kernel=kernel)
     bert.precision = "int8"

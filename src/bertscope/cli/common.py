@@ -17,7 +17,8 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
 def load_model(args: argparse.Namespace):
     from ..bert import load
 
-    return load(getattr(args, "model", None), precision=getattr(args, "precision", "fp32"))
+    return load(getattr(args, "model", None), precision=getattr(args, "precision", "fp32"),
+                compile=getattr(args, "compile", False))
 
 
 def check_preset(name: str | None) -> None:

@@ -66,7 +66,7 @@ class PackedEncoder:
         p = next(model.parameters())
         if p.device.type != "cpu" or p.dtype != torch.float32:
             return None
-        self.apply(choose(model, precision=self.gemm.precision))
+        self.apply(choose(model, precision=self.gemm.precision, compile=self.gemm.compile))
         return self.choice
 
     def apply(self, choice: KernelChoice) -> None:

@@ -189,7 +189,8 @@ class GemmBackend:
     :func:`bertscope.fast.quant.calibrate`; none without a calibration).
     """
 
-    def __init__(self, prefer: str = "onednn", precision: str = "fp32", int8_kernel: str = "onednn") -> None:
+    def __init__(self, prefer: str = "onednn", precision: str = "fp32", int8_kernel: str = "onednn",
+                 compile: bool = False) -> None:
         if prefer not in BACKENDS:
             raise ValueError(f"unknown GEMM backend {prefer!r}; choose one of {', '.join(BACKENDS)}")
         if precision not in PRECISIONS:
@@ -204,6 +205,8 @@ class GemmBackend:
         self._cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.int8_keep_fp32: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
+        self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
+        self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
 
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:
@@ -233,23 +236,32 @@ class GemmBackend:
     def build(self, model, backend: str, precision: str = "fp32") -> list[LayerLinears]:
         """Fresh linears for every layer of ``model`` from its current parameters."""
         keep = self.int8_keep_fp32.get(model, frozenset()) if precision == "int8" else frozenset()
-        if precision == "int8":
-            from .quant import Int8Linear, Scratch
-
-            if self.scratch is None:
-                self.scratch = Scratch()
         out = []
         for i, weights in enumerate(layer_weights(model)):
             lins = {}
             for name, (w, b, act) in weights.items():
                 if precision == "int8" and (i, name) not in keep:
-                    lins[name] = Int8Linear(w, b, act, kernel=self.int8_kernel, scratch=self.scratch)
+                    lins[name] = self.int8_linear(w, b, act)
                 elif precision == "bf16":
                     lins[name] = Linear(w, b, "onednn", act, self._failed, dtype=torch.bfloat16)
                 else:
                     lins[name] = Linear(w, b, backend, act, self._failed)
             out.append(LayerLinears(**lins))
         return out
+
+    def int8_linear(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None, *,
+                    kernel: str | None = None):
+        """An int8 linear on ``kernel`` (default: this backend's ``int8_kernel``), sharing this
+        backend's scratch buffers and compiled steps."""
+        from .quant import COMPILED_KERNEL, Int8Linear, CompiledSteps, Scratch
+
+        kernel = kernel or self.int8_kernel
+        if self.scratch is None:
+            self.scratch = Scratch()
+        if kernel == COMPILED_KERNEL and self.steps is None:
+            self.steps = CompiledSteps()
+        return Int8Linear(weight, bias, act, kernel=kernel, scratch=self.scratch,
+                          steps=self.steps if kernel == COMPILED_KERNEL else None)
 
     def linears(self, model, x: torch.Tensor) -> list[LayerLinears]:
         """The linears for a forward of ``model`` on inputs like ``x`` (see the module doc)."""

@@ -28,6 +28,15 @@ each linear fed the fp32 model's own inputs) stays fp32; then, while the calibra
 sentence embeddings are further than ``COSINE_FLOOR`` from fp32, the int8 linear with the next
 largest error joins them. Nothing else is ever changed: attention, LayerNorm, residuals and
 embeddings are fp32 throughout.
+
+Compiled steps (int8 kernel "onednn_compiled", opt-in): in eager PyTorch the steps around the
+integer GEMM -- the rows' minimum and maximum, the scaling and rounding to 8 bits, then the
+output's rescale, rank-2 offset, bias and activation -- are about ten passes over memory, and
+together cost as much as the GEMM itself. ``torch.compile`` (inductor) fuses them into two
+loops (:class:`CompiledSteps`). The arithmetic is the same (tests compare it with the eager
+steps); compiling takes about 30 s the first time on a machine (inductor then caches the code on
+disk), so it is a candidate only when asked for (``load(..., compile=True)``, ``embed
+--compile``) and, like every candidate, is kept only if it measures faster.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +52,8 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["COSINE_FLOOR", "ERROR_LIMIT", "INT8_KERNELS", "Int8Linear", "Int8Plan", "Scratch", "calibrate",
-           "int8_kernel_available", "quantize_weight"]
+__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "INT8_KERNELS", "Int8Linear",
+           "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,8 @@ log = logging.getLogger(__name__)
 #   onednn: torch.ops.onednn.qlinear_pointwise (oneDNN int8 matmul: VNNI / AMX), fp32 output
 #   int_mm: torch._int_mm (int8 x int8 -> int32), dequantized afterwards
 INT8_KERNELS = ("onednn", "int_mm")
+# oneDNN's int8 matmul with the steps around it compiled (CompiledSteps): raced only when asked for
+COMPILED_KERNEL = "onednn_compiled"
 ERROR_LIMIT = 0.05  # a linear whose int8 output is off by more than 5% (relative) stays fp32
 COSINE_FLOOR = (0.995, 0.98)  # calibration embeddings vs fp32: (mean, minimum) cosine required
 PACK_HINT = 2048  # rows oneDNN is told to expect when it lays out the int8 weight
@@ -102,15 +114,56 @@ class Scratch:
         return flat[: n * k].view(n, k)  # (n, k)
 
 
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token asymmetric 8 bits, as Int8Linear's eager steps: (N, K) -> q (N, K) uint8, lo and Δ (N, 1)."""
+    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N, 1) each
+    step = (hi - lo).clamp(min=_TINY) / 255  # (N, 1) Δ
+    inv = 1.0 / step  # (N, 1)
+    # round((x − lo)/Δ) in [0, 255], in the eager steps' own order of operations (x·(1/Δ), then
+    # + 0.5 − lo/Δ, truncated), so both put every input on the same side of a rounding boundary
+    q = (x * inv + (0.5 - lo * inv)).to(torch.uint8)  # (N, K)
+    return q, lo, step
+
+
+class CompiledSteps:
+    """Int8Linear's steps around the integer GEMM, compiled by inductor (see the module doc).
+
+    One object per GemmBackend: the quantize step, and one epilogue per activation, each
+    compiled at its first call for any row count (``dynamic=True``). A failure to compile
+    raises from that call, which the kernel choice records against the candidate.
+    """
+
+    def __init__(self) -> None:
+        self.quantize = torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
+        self._epilogues: dict[str | None, Callable] = {}
+
+    def epilogue(self, act_name: str | None) -> Callable:
+        """f(y, Δ, lo, Ŵ·1, b) = act(Δ·y + lo·(Ŵ·1) + b), compiled: (N, M) -> (N, M)."""
+        if act_name not in self._epilogues:
+            act = activation(act_name) if act_name else None
+
+            def epilogue(y, step, lo, w_sum, bias):
+                z = y * step + lo * w_sum + bias  # (N, M): Δ·(q·Ŵᵀ) + [lo, 1]·[Ŵ·1; b]
+                return act(z) if act is not None else z
+
+            self._epilogues[act_name] = torch.compile(epilogue, dynamic=True, fullgraph=True)
+        return self._epilogues[act_name]
+
+
 class Int8Linear:
     """y = act(x·Wᵀ + b) with int8 weights (per channel) and int8 activations (per token)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None, *,
-                 kernel: str = "onednn", scratch: Scratch | None = None) -> None:
-        if kernel not in INT8_KERNELS:
-            raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of {', '.join(INT8_KERNELS)}")
+                 kernel: str = "onednn", scratch: Scratch | None = None,
+                 steps: CompiledSteps | None = None) -> None:
+        if kernel not in INT8_KERNELS + (COMPILED_KERNEL,):
+            raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of "
+                             f"{', '.join(INT8_KERNELS + (COMPILED_KERNEL,))}")
         M, K = weight.shape
         self.kernel = kernel
+        self.steps = None
+        if kernel == COMPILED_KERNEL:
+            self.steps = steps if steps is not None else CompiledSteps()
         self.scratch = scratch if scratch is not None else Scratch()
         self.act_name = act
         self.act = activation(act) if act else None
@@ -118,7 +171,7 @@ class Int8Linear:
         w_sum = (wq.float() * self.w_scale[:, None]).sum(1)  # (M,) Ŵ·1, for the rows' offsets lo
         self.correction = torch.stack([w_sum, bias.detach().float()])  # (2, M): [Ŵ·1; b]
         self.w_zero = torch.zeros(M, dtype=torch.long)
-        if kernel == "onednn":
+        if kernel in ("onednn", COMPILED_KERNEL):
             self.packed = torch.ops.onednn.qlinear_prepack(wq, [PACK_HINT, K])
         else:
             self.wq_t = wq.t()  # (K, M), a transposed view as torch._int_mm wants it
@@ -130,6 +183,12 @@ class Int8Linear:
         padded = -(-n // ROW_BUCKET) * ROW_BUCKET
         if padded != n:  # the encoder rounds once per batch; this is for other callers
             x = F.pad(x, (0, 0, 0, padded - n))  # (N', K)
+        if self.steps is not None:  # the same steps, compiled into two fused loops
+            q, lo, step = self.steps.quantize(x)  # (N', K) uint8, (N', 1), (N', 1)
+            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
+                                                   1.0, 0, torch.float32, "none", [], "")  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
+            y = self.steps.epilogue(self.act_name)(y, step, lo, self.correction[0], self.correction[1])  # (N', M)
+            return y[:n] if padded != n else y
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N', 1) each
         step = (hi - lo).clamp_(min=_TINY) / 255  # (N', 1) Δ
@@ -211,7 +270,7 @@ def calibrate(encoder, model, packed, *, kernel: str = "onednn") -> Int8Plan:
             layer = {}
             for name in LINEAR_NAMES:
                 w, b, a = lw[name]
-                q = Int8Linear(w, b, a, kernel=kernel, scratch=encoder.gemm.scratch)
+                q = encoder.gemm.int8_linear(w, b, a, kernel=kernel)
                 xin = torch.cat(rec[name].inputs)  # (N, K)
                 y32, y8 = rec[name].inner(xin), q(xin)  # (N, M) each
                 errors[(i, name)] = float((y8 - y32).norm() / y32.norm().clamp(min=_TINY))

@@ -5,7 +5,8 @@ What is chosen, per machine and model shape:
     gemm          "onednn" (weights pre-packed, activation fused) or "blas" (``F.linear``)
     batch_tokens  real tokens per ``embed`` batch: 1024, 2048 or 4096
     slack         padding allowed inside an attention bucket: 0 (exact length groups), 0.1, 0.3
-    int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``
+    int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``; when asked for
+                  (``compile``), also oneDNN's with the steps around it compiled by inductor
     bf16_speedup  precision "bf16": bf16 GEMMs' time against fp32 (bf16 runs only if faster)
 
 Why measure: a choice that wins on one CPU loses on another. oneDNN's fp32 GEMM beat MKL by
@@ -107,14 +108,18 @@ def tuning_enabled() -> bool:
     return os.environ.get("BERTSCOPE_TUNE", "1") != "0"
 
 
-def choice_key(config, dtype: torch.dtype, precision: str) -> dict:
-    """What a measured choice depends on (a different value means measuring again)."""
-    return {"format": FORMAT, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
+def choice_key(config, dtype: torch.dtype, precision: str, compile: bool = False) -> dict:
+    """What a measured choice depends on (a different value means measuring again). ``compile``
+    (int8 only): whether torch.compile'd candidates were raced."""
+    key = {"format": FORMAT, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "model": {"hidden": config.hidden_size, "layers": config.num_hidden_layers,
                       "heads": config.num_attention_heads, "intermediate": config.intermediate_size,
                       "act": config.hidden_act},
             "dtype": str(dtype).replace("torch.", ""), "precision": precision}
+    if precision == "int8" and compile:
+        key["compile"] = True
+    return key
 
 
 @dataclass
@@ -286,22 +291,24 @@ def pick(times: dict, baseline: str) -> str:
 
 
 def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
-                   candidates: dict | None = None) -> KernelChoice:
-    """Measure every candidate for ``model`` on this machine (see the module doc).
+                   candidates: dict | None = None, compile: bool = False) -> KernelChoice:
+    """Measure every candidate for ``model`` on this machine (see the module doc). ``compile``
+    adds the torch.compile'd int8 steps (:data:`~bertscope.fast.quant.COMPILED_KERNEL`) to the
+    int8 candidates: compiling them takes about 30 s the first time on a machine.
 
     ``candidates`` overrides the lists measured ({"gemm": [...], "batch_tokens": [...],
     "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
     """
     from .encoder import PackedEncoder
-    from .quant import INT8_KERNELS
+    from .quant import COMPILED_KERNEL, INT8_KERNELS
 
     cands = {"gemm": ["blas", "onednn"], "batch_tokens": list(BATCH_TOKENS), "slack": list(SLACKS),
-             "int8_kernel": list(INT8_KERNELS)}
+             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else [])}
     cands.update(candidates or {})
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     one = _OneLayer(model)
-    choice = KernelChoice(key=choice_key(model.config, dtype, precision), source="measured",
+    choice = KernelChoice(key=choice_key(model.config, dtype, precision, compile), source="measured",
                           measured_at=time.time())
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
@@ -363,11 +370,11 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
 
 
 def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
-           retune: bool = False, candidates: dict | None = None) -> KernelChoice:
+           retune: bool = False, candidates: dict | None = None, compile: bool = False) -> KernelChoice:
     """The kernel choice for ``model`` here: from the cache when its key matches, else measured
     (and cached); the plain defaults when ``BERTSCOPE_TUNE=0``."""
     dtype = next(model.parameters()).dtype
-    key = choice_key(model.config, dtype, precision)
+    key = choice_key(model.config, dtype, precision, compile)
     if not tuning_enabled() and not retune:
         return KernelChoice(key=key, source="default")
     if not retune:
@@ -375,6 +382,6 @@ def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_le
         if cached is not None:
             return cached
     choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
-                            candidates=candidates)
+                            candidates=candidates, compile=compile)
     save_choice(choice)
     return choice

@@ -103,8 +103,8 @@ def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel):
 
 def test_compiled_int8_steps_compute_what_the_eager_steps_do(bundled_path, bert):
     """load(compile=True) races the torch.compile'd int8 steps. Forced on, each linear gives the
-    eager steps' output on the same input (the same arithmetic, fused), and the model meets the
-    quality contract. (Whole-model embeddings of the two paths are compared with fp32, not with
+    eager steps' output on the same input (the same arithmetic, fused: within 1e-5, but for a
+    rare input rounded to the neighbouring level), and the model meets the quality contract. (Whole-model embeddings of the two paths are compared with fp32, not with
     each other: a 1e-6 difference anywhere moves a few inputs of the next linear across a
     rounding boundary, so two correct int8 paths differ from each other about as much as each
     differs from fp32.)"""
@@ -121,12 +121,20 @@ def test_compiled_int8_steps_compute_what_the_eager_steps_do(bundled_path, bert)
         def __init__(self, w, b, a):
             self.eager = Int8Linear(w, b, a, kernel="onednn")
             self.compiled = compiled.fast.gemm.int8_linear(w, b, a)
-            self.worst = 0.0
+            self.w_max = w.detach().abs().amax(1)  # (M,)
+            self.checked = self.beyond_one_level = self.exact = 0
 
         def __call__(self, x):
             y = self.compiled(x)
             ref = self.eager(x)
-            self.worst = max(self.worst, float((y - ref).abs().max() / (1 + ref.abs().max())))
+            err = (y - ref).abs()
+            tol = 1e-5 * (1 + float(ref.abs().max()))
+            # Another CPU's vector code may round x/Δ a hair differently and put an input on the
+            # other side of a rounding boundary: one level (Δ of its row) times its weight.
+            step = (x.amax(1) - x.amin(1)) / 255  # (N,)
+            self.beyond_one_level += int((err > tol + 2 * step[:, None] * self.w_max[None, :]).sum())
+            self.exact += int((err <= tol).sum())
+            self.checked += err.numel()
             return y
 
     texts = review_corpus(300)
@@ -136,7 +144,9 @@ def test_compiled_int8_steps_compute_what_the_eager_steps_do(bundled_path, bert)
         compiled.fast.encode(compiled.model, bertscope.fast.packing.pack_ids(ids),
                              linears=[LayerLinears(**d) for d in both])
     assert all(lin.compiled.steps is not None for d in both for lin in d.values())
-    assert max(lin.worst for d in both for lin in d.values()) < 1e-5
+    lins = [lin for d in both for lin in d.values()]
+    assert sum(lin.beyond_one_level for lin in lins) == 0
+    assert sum(lin.exact for lin in lins) / sum(lin.checked for lin in lins) > 0.99
     got, ref = compiled.embed(texts), bert.embed(texts)
     cos = (got * ref).sum(1)
     assert cos.mean() >= 0.99 and cos.min() >= 0.97, (cos.mean(), cos.min())

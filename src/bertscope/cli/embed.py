@@ -56,8 +56,8 @@ examples:
 the few a calibration finds too sensitive stay fp32); bertscope bench prints its quality
 contract (cosine to fp32 mean >= 0.99, min >= 0.97, top-10 neighbours >= 0.9) and speed.
 A job records its precision; --resume refuses a different one. --compile (with --precision
-int8) also tries the int8 steps compiled by torch.compile, fused loops that measured about 10%
-faster end to end on a Xeon with AMX; compiling takes about 30 s the first time on a machine
+int8) also tries the int8 steps compiled by torch.compile, fused loops that took 8% less time
+end to end on a Xeon with AMX (docs/BENCHMARKS.md); compiling takes about 30 s the first time on a machine
 (cached on disk after that), and the compiled steps are used only if they measure faster here.
 """
 

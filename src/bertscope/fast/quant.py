@@ -178,6 +178,11 @@ class Int8Linear:
 
     row_multiple = ROW_BUCKET
 
+    def _onednn_mm(self, q: torch.Tensor) -> torch.Tensor:
+        """oneDNN's int8 matmul of uint8 rows q with the packed weight, in fp32: (N, K) -> (N, M) = q·Ŵᵀ."""
+        return torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
+                                                  1.0, 0, torch.float32, "none", [], "")
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         padded = -(-n // ROW_BUCKET) * ROW_BUCKET
@@ -185,8 +190,7 @@ class Int8Linear:
             x = F.pad(x, (0, 0, 0, padded - n))  # (N', K)
         if self.steps is not None:  # the same steps, compiled into two fused loops
             q, lo, step = self.steps.quantize(x)  # (N', K) uint8, (N', 1), (N', 1)
-            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
-                                                   1.0, 0, torch.float32, "none", [], "")  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
+            y = self._onednn_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
             y = self.steps.epilogue(self.act_name)(y, step, lo, self.correction[0], self.correction[1])  # (N', M)
             return y[:n] if padded != n else y
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
@@ -198,8 +202,7 @@ class Int8Linear:
         if self.kernel == "onednn":
             # q = round((x − lo)/Δ) in [0, 255]: +0.5 then truncation (to uint8) rounds in one pass
             q = self.scratch.get(rows, K, torch.uint8).copy_(t.add_(0.5 - lo * inv))  # (N', K)
-            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
-                                                   1.0, 0, torch.float32, "none", [], "")  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
+            y = self._onednn_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
             offset = lo  # (N', 1)
         else:
             # torch._int_mm multiplies int8 by int8: centre the grid, q − 128 in [−128, 127]

@@ -285,6 +285,8 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
     """
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if compile and precision != "int8":
+        raise InputError(f"compile=True applies to precision='int8' only, not {precision!r}")
     if precision != "fp32":
         if torch.device(device).type != "cpu":
             raise InputError(f"precision {precision!r} is a CPU mode; on a GPU load with dtype=torch.bfloat16")

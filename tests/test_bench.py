@@ -28,9 +28,11 @@ def test_bench_quick_json(tmp_path, capsys):
         # every competitor that ran was compared with bertscope; the fp32 ones agree within 1e-5
         assert set(w["max_abs_diff_vs_bertscope"]) == set(w["systems"]) - {"bertscope"}
         reduced = {"bertscope int8", "bertscope bf16", "onnxruntime int8"}
-        assert set(w["skipped"]) <= {"bertscope bf16"}  # only where the CPU lacks bf16
+        # bf16 only where the CPU lacks it; the compiled int8 (slow to build) never in --quick
+        assert set(w["skipped"]) <= {"bertscope bf16", "bertscope int8 compiled"}
+        assert w["skipped"]["bertscope int8 compiled"] == "left out of --quick runs (slow to build)"
         assert set(w["systems"]) | set(w["skipped"]) == {
-            "bertscope", "sentence-transformers", "transformers", "onnxruntime"} | reduced
+            "bertscope", "sentence-transformers", "transformers", "onnxruntime", "bertscope int8 compiled"} | reduced
         for name, diff in w["max_abs_diff_vs_bertscope"].items():
             if name not in reduced:
                 assert diff < 1e-5
@@ -42,6 +44,7 @@ def test_bench_quick_json(tmp_path, capsys):
         assert set(verdict) == {"cosine_mean", "cosine_min", "top10_overlap",
                                 "speedup_vs_sentence_transformers", "speedup_vs_onnxruntime_int8"}
         assert all(v["measured"] is not None for v in verdict.values())
+        assert w["int8_contracts"] == {"bertscope int8": verdict}  # one verdict per bertscope int8 row
         # what each bertscope system measured and decided is recorded
         setup = w["bertscope_setup"]
         assert setup["bertscope"]["kernel_choice"]["gemm"] in ("blas", "onednn")
@@ -116,6 +119,24 @@ def test_markdown_labels_the_true_length_and_na_exponent():
     r["scaling"]["model"].update(time_exponent=None, time_exponent_note="n/a: too little growth")
     md = write_markdown(r)
     assert "- model: time exponent n/a (n/a: too little growth)" in md and "T^" not in md.split("- model:")[1]
+
+
+def test_markdown_gives_each_int8_row_its_contract_verdict():
+    from bertscope.bench.report import quality_lines
+
+    def verdict(speedup):
+        return {"cosine_mean": {"required": 0.99, "measured": 0.997, "holds": True},
+                "speedup_vs_sentence_transformers": {"required": 2.0, "measured": speedup, "holds": speedup >= 2}}
+
+    q = {"cosine_mean": 0.997, "cosine_min": 0.995, "top10_overlap": 0.91}
+    w = {"quality_vs_fp32": {"bertscope int8": q, "bertscope int8 compiled": q},
+         "int8_contracts": {"bertscope int8": verdict(1.7), "bertscope int8 compiled": verdict(2.2)}}
+    lines = [x for x in quality_lines(w) if x.startswith("int8 quality contract")]
+    assert lines == [
+        "int8 quality contract, bertscope int8: cosine mean ≥ 0.99: 0.9970 (holds); "
+        "speedup vs sentence transformers ≥ 2: 1.70× (FAILS).",
+        "int8 quality contract, bertscope int8 compiled: cosine mean ≥ 0.99: 0.9970 (holds); "
+        "speedup vs sentence transformers ≥ 2: 2.20× (holds)."]
 
 
 def _fake_result() -> dict:

@@ -101,18 +101,25 @@ def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel):
         assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.05
 
 
-def test_compiled_int8_steps_compute_what_the_eager_steps_do(bundled_path, bert):
+@pytest.fixture(scope="module")
+def compiled(bundled_path):
+    """The bundled model in int8 with compile=True (about 30 s to compile on a cold cache), its
+    int8 kernel forced to the compiled one whatever the race picked here."""
+    b = bertscope.load(bundled_path, precision="int8", compile=True)
+    b.fast.gemm.int8_kernel = COMPILED_KERNEL
+    return b
+
+
+def test_compiled_int8_steps_compute_what_the_eager_steps_do(compiled, bert):
     """load(compile=True) races the torch.compile'd int8 steps. Forced on, each linear gives the
     eager steps' output on the same input (the same arithmetic, fused: within 1e-5, but for a
     rare input rounded to the neighbouring level), and the model meets the quality contract. (Whole-model embeddings of the two paths are compared with fp32, not with
     each other: a 1e-6 difference anywhere moves a few inputs of the next linear across a
     rounding boundary, so two correct int8 paths differ from each other about as much as each
     differs from fp32.)"""
-    compiled = bertscope.load(bundled_path, precision="int8", compile=True)
     raced = compiled.fast.choice.timings["int8_kernel"]
     assert COMPILED_KERNEL in raced and set(INT8_KERNELS) <= set(raced)
     assert compiled.fast.choice.key.get("compile") is True
-    compiled.fast.gemm.int8_kernel = COMPILED_KERNEL  # whatever won here: the compiled path itself
     from bertscope.fast.gemm import LayerLinears, layer_weights
 
     class Both:  # runs the compiled linear, and checks the eager one on the very same input
@@ -153,6 +160,64 @@ def test_compiled_int8_steps_compute_what_the_eager_steps_do(bundled_path, bert)
     from bertscope.bench.quality import embedding_agreement
 
     assert embedding_agreement(ref, got)["top10_overlap"] >= 0.9
+
+
+def test_fused_int8_layers_follow_the_layer_recipe(compiled, bert, monkeypatch):
+    """With all four linears of a layer int8 on compiled steps, the encoder runs
+    CompiledSteps.run_layer: BertLayer.run's recipe with the steps between the integer GEMMs
+    fused across linears. Layer by layer, from the same input, it gives layer.run's output with
+    the same linears within 1e-3 relative, and within a tenth of those linears' own int8 error
+    against fp32 (what can separate the two is LayerNorm's output rounded a hair differently,
+    moving a rare input of the next linear by one level); the 8-bit rows it carries to the next
+    layer are its output's quantization; and the encoder uses it for every layer."""
+    from bertscope.fast.gemm import LayerLinears
+    from bertscope.fast.kernels import attention_plan
+    from bertscope.fast.packing import pack_ids
+    from bertscope.fast.quant import CompiledSteps, compiled_steps_of
+
+    model, fp32_model = compiled.model, bert.model
+    H = model.config.num_attention_heads
+    ids, _ = compiled.tokenizer.encode_ids(review_corpus(300)[:40])
+    packed = pack_ids(ids)
+    calls = []
+    real_run_layer = CompiledSteps.run_layer
+
+    def spy(self, layer, lin, x, carried, attend, quantize_next):
+        calls.append((carried is not None, quantize_next))
+        return real_run_layer(self, layer, lin, x, carried, attend, quantize_next)
+
+    monkeypatch.setattr(CompiledSteps, "run_layer", spy)
+    with torch.inference_mode():
+        compiled.fast.encode(model, packed)
+    n = len(model.layers)
+    assert calls == [(i > 0, i < n - 1) for i in range(n)]  # every layer fused, 8-bit rows carried
+    monkeypatch.setattr(CompiledSteps, "run_layer", real_run_layer)
+
+    with torch.inference_mode():
+        x = model.embeddings(packed.input_ids, packed.token_type_ids, packed.position_ids)  # (N, C)
+        N = x.shape[0]
+        x = torch.nn.functional.pad(x, (0, 0, 0, -(-N // 64) * 64 - N))  # (N', C) as the encoder pads
+        lins = compiled.fast.gemm.linears(model, x)
+        fp32_lins = GemmBackend(prefer="blas").build(fp32_model, "blas")
+        plan = attention_plan(packed, 0.0)
+        att = lambda qkv: compiled.fast.kernels.attend(qkv, packed, H, plan=plan)  # noqa: E731
+        rel = lambda a, b: float((a[:N] - b[:N]).norm() / b[:N].norm())  # noqa: E731
+        for i, (layer, lin, lin32) in enumerate(zip(model.layers, lins, fp32_lins)):
+            steps = compiled_steps_of(lin)
+            assert steps is not None
+            fused, carried = steps.run_layer(layer, lin, x, None, att, quantize_next=True)
+
+            def unfused(h, lins: LayerLinears):
+                return layer.run(h, lambda g: (lins.output(att(lins.qkv(g))), None), lins.feed_forward)[0]
+
+            per_linear, exact = unfused(x, lin), unfused(x, lin32)
+            assert rel(fused, per_linear) < 1e-3, i
+            assert rel(fused, per_linear) < 0.1 * rel(per_linear, exact), i
+            q, lo, step = steps.quantize(fused)
+            flips = (carried[0].int() - q.int()).abs()
+            assert int(flips.max()) <= 1 and float((flips > 0).float().mean()) < 0.01, i
+            assert torch.allclose(carried[1], lo, atol=1e-6) and torch.allclose(carried[2], step, rtol=1e-5), i
+            x = per_linear  # the next layer starts from the per-linear path's output
 
 
 def test_gelu_layer_of_int8_matches_fp32_activation_order():

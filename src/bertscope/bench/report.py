@@ -66,15 +66,15 @@ def quality_lines(w: dict) -> list[str]:
     out = ["", "| reduced precision | cosine to fp32: mean | min | top-10 neighbour overlap |", "|---|---:|---:|---:|"]
     for name, a in q.items():
         out.append(f"| {name} | {a['cosine_mean']:.4f} | {a['cosine_min']:.4f} | {a['top10_overlap']:.3f} |")
-    verdict = w.get("int8_contract")
-    if verdict:
+    verdicts = w.get("int8_contracts") or ({"bertscope int8": w["int8_contract"]} if w.get("int8_contract") else {})
+    for name, verdict in verdicts.items():
         terms = []
         for k, v in verdict.items():
             m = v["measured"]
             shown = "not measured" if m is None else (f"{m:.2f}×" if k.startswith("speedup") else f"{m:.4f}")
             terms.append(f"{k.replace('_', ' ')} ≥ {v['required']:g}: {shown} "
                          f"({'—' if v['holds'] is None else 'holds' if v['holds'] else 'FAILS'})")
-        out += ["", "int8 quality contract: " + "; ".join(terms) + "."]
+        out += ["", f"int8 quality contract, {name}: " + "; ".join(terms) + "."]
     return out
 
 

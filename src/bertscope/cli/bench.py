@@ -16,6 +16,12 @@ Also: useful GFLOP/s against the machine's measured fp32 matmul peak, and S13 --
 memory of attention alone and of the whole model for T = 64 ... 512, with the 512-vs-192 ratio
 set against the seed's 7x claim. A competitor that is not installed is reported and skipped.
 
+bertscope itself runs in fp32, and on CPU also in int8 (eager, and with its steps compiled by
+torch.compile: about 30 s to compile on a cold cache, left out of --quick) and in bf16 where
+the CPU runs it natively; every bertscope int8 row is held to the int8 quality contract
+(cosine to fp32, top-10 neighbour overlap, speed against sentence-transformers and ONNX Runtime
+int8), and the verdict is printed.
+
 By default (a) runs on a BERT-base-size model with random weights and (b) on the bundled
 all-MiniLM-L6-v2; --model or --preset runs both on that model.
 

@@ -14,7 +14,9 @@ How it works:
               the (N, C) tokens. Only the two sublayers are computed differently: W_Q, W_K and
               W_V as one (C, 3C) product and the GEMMs on the backend chosen for this machine
               (:mod:`bertscope.fast.gemm`), and attention per length group
-              (:mod:`bertscope.fast.kernels`).
+              (:mod:`bertscope.fast.kernels`). int8 layers on compiled steps instead run
+              :meth:`bertscope.fast.quant.CompiledSteps.run_layer`: the same recipe, with the
+              steps between the integer GEMMs fused across the linears.
   3. unpack:  restore padding once at the end: (N, C) -> (B, T, C), zeros at PAD positions.
 
 It works under autograd and in training mode (dropout where the model has it, attention
@@ -35,6 +37,7 @@ from ..core.outputs import BertOutput
 from .gemm import GemmBackend, LayerLinears
 from .kernels import AttentionKernels, attention_plan
 from .packing import PackedBatch, pack, unpack
+from .quant import compiled_steps_of
 from .tuning import KernelChoice, choose
 
 __all__ = ["PackedEncoder", "packed_encode"]
@@ -105,7 +108,16 @@ class PackedEncoder:
         if slack is None and self.choice is not None:
             slack = self.choice.slack
         plan = attention_plan(packed, slack) if attention_impl != "varlen" else None  # once, for every layer
-        for layer, lin in zip(model.layers, linears):
+        # int8 layers on compiled steps run with those steps fused across linears (inference only)
+        fused = [None if layer.training or torch.is_grad_enabled() else compiled_steps_of(lin)
+                 for layer, lin in zip(model.layers, linears)]
+        carried = None  # the 8-bit rows of x, when the previous fused layer made them
+        for i, (layer, lin) in enumerate(zip(model.layers, linears)):
+            if fused[i] is not None:
+                x, carried = fused[i].run_layer(
+                    layer, lin, x, carried, quantize_next=i + 1 < len(fused) and fused[i + 1] is fused[i],
+                    attend=lambda qkv: self.kernels.attend(qkv, packed, H, impl=attention_impl, plan=plan))  # (N', C)
+                continue
             dropout_p = layer.attention.dropout_p if layer.training else 0.0
 
             def attend(h: torch.Tensor, lin=lin, dropout_p=dropout_p):

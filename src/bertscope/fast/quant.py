@@ -33,10 +33,15 @@ Compiled steps (int8 kernel "onednn_compiled", opt-in): in eager PyTorch the ste
 integer GEMM -- the rows' minimum and maximum, the scaling and rounding to 8 bits, then the
 output's rescale, rank-2 offset, bias and activation -- are about ten passes over memory, and
 together cost as much as the GEMM itself. ``torch.compile`` (inductor) fuses them into two
-loops (:class:`CompiledSteps`). The arithmetic is the same (tests compare it with the eager
-steps); compiling takes about 30 s the first time on a machine (inductor then caches the code on
-disk), so it is a candidate only when asked for (``load(..., compile=True)``, ``embed
---compile``) and, like every candidate, is kept only if it measures faster.
+loops (:class:`CompiledSteps`). When all four linears of a layer run on these steps, the
+encoder goes one further (:meth:`CompiledSteps.run_layer`): the output linears' epilogues are
+fused with the residual add, the LayerNorm and the next linear's quantize step, so the layer's
+(N, C) tensors are written once instead of three to five times (int8 on the mixed benchmark
+corpus took 20% less time than with the eager steps on the 2-core Xeon; docs/BENCHMARKS.md).
+The arithmetic is the same (tests compare it with the eager steps and with ``BertLayer.run``);
+compiling takes about 30 s the first time on a machine (inductor then caches the code on disk),
+so it is a candidate only when asked for (``load(..., compile=True)``, ``embed --compile``)
+and, like every candidate, is kept only if it measures faster.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "INT8_KERNELS", "Int8Linear",
+__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "compiled_steps_of", "INT8_KERNELS", "Int8Linear",
            "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -136,6 +141,7 @@ class CompiledSteps:
     def __init__(self) -> None:
         self.quantize = torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
         self._epilogues: dict[str | None, Callable] = {}
+        self._norms: dict[tuple[float, bool], Callable] = {}
 
     def epilogue(self, act_name: str | None) -> Callable:
         """f(y, Δ, lo, Ŵ·1, b) = act(Δ·y + lo·(Ŵ·1) + b), compiled: (N, M) -> (N, M)."""
@@ -148,6 +154,68 @@ class CompiledSteps:
 
             self._epilogues[act_name] = torch.compile(epilogue, dynamic=True, fullgraph=True)
         return self._epilogues[act_name]
+
+    def residual_norm(self, eps: float, quantize: bool) -> Callable:
+        """f(y, Δ, lo, Ŵ·1, b, x, γ, β) = LayerNorm(x + Δ·y + lo·(Ŵ·1) + b), compiled: (N, M) -> (N, M);
+        with ``quantize``, also that output's 8-bit rows for the next linear (q, lo, Δ)."""
+        key = (float(eps), quantize)
+        if key not in self._norms:
+            def residual_norm(y, step, lo, w_sum, bias, x, gamma, beta):
+                z = x + (y * step + lo * w_sum + bias)  # (N, M): residual + the linear's output
+                h = F.layer_norm(z, (z.shape[-1],), gamma, beta, key[0])  # (N, M)
+                return (h, *_quantize_rows(h)) if quantize else h
+
+            self._norms[key] = torch.compile(residual_norm, dynamic=True, fullgraph=True)
+        return self._norms[key]
+
+    def run_layer(self, layer, lin, x: torch.Tensor, carried: tuple | None,
+                  attend: Callable[[torch.Tensor], torch.Tensor], quantize_next: bool):
+        """One layer in inference, all four linears int8 on these steps, with the steps between
+        the integer GEMMs fused across the linears' boundaries: (N, C) -> (N, C).
+
+        The recipe is :meth:`bertscope.core.layer.BertLayer.run`'s (dropout is the identity in
+        inference), in the same order:
+
+            x ─quantize─ GEMM W_QKV ─rescale─ attention ─quantize─ GEMM W_O
+              ─[rescale + residual x + LayerNorm + quantize]─ h ─ GEMM W1
+              ─[rescale + activation]─quantize─ GEMM W2
+              ─[rescale + residual h + LayerNorm (+ quantize for the next layer)]─ out
+
+        Each bracket is one compiled loop where the per-linear steps would write and read the
+        (N, C) tensor three to five times. ``carried`` is x's 8-bit rows (q, lo, Δ) if the
+        previous layer made them, else None. Returns the output and, with ``quantize_next``,
+        its 8-bit rows (else None). Tests hold it to ``layer.run`` with the same linears.
+        """
+        q, lo, step = carried if carried is not None else self.quantize(x)  # (N, C) uint8, (N, 1) x2
+        c = lin.qkv.correction
+        qkv = self.epilogue(None)(lin.qkv.int8_mm(q), step, lo, c[0], c[1])  # (N, C)@(C, 3C) -> (N, 3C)
+        q, lo, step = self.quantize(attend(qkv))  # context (N, C), as 8-bit rows
+        norm, c = layer.attention_norm, lin.output.correction
+        h, q, lo, step = self.residual_norm(norm.eps, True)(
+            lin.output.int8_mm(q), step, lo, c[0], c[1], x, norm.weight, norm.bias)  # (N, C)@(C, C) -> (N, C)
+        c = lin.ff_in.correction
+        a = self.epilogue(lin.ff_in.act_name)(lin.ff_in.int8_mm(q), step, lo, c[0], c[1])  # (N, C)@(C, I) -> (N, I)
+        # (the activation is not fused with the quantize: inductor would compute it once per
+        # pass over the row, and erf-GELU three times cost more than one write and read)
+        q, lo, step = self.quantize(a)  # (N, I) uint8
+        norm, c = layer.output_norm, lin.ff_out.correction
+        out = self.residual_norm(norm.eps, quantize_next)(
+            lin.ff_out.int8_mm(q), step, lo, c[0], c[1], h, norm.weight, norm.bias)  # (N, I)@(I, C) -> (N, C)
+        if quantize_next:
+            return out[0], out[1:]
+        return out, None
+
+
+def compiled_steps_of(lin) -> CompiledSteps | None:
+    """The :class:`CompiledSteps` that all four linears of a layer (a ``LayerLinears``) share, or
+    None when any of them is something else (fp32, eager int8, or another object)."""
+    parts = (lin.qkv, lin.output, lin.ff_in, lin.ff_out)
+    if not all(isinstance(p, Int8Linear) and p.steps is not None for p in parts):
+        return None
+    steps = parts[0].steps
+    if any(p.steps is not steps for p in parts) or any(p.act_name for p in (lin.qkv, lin.output, lin.ff_out)):
+        return None
+    return steps
 
 
 class Int8Linear:
@@ -178,7 +246,7 @@ class Int8Linear:
 
     row_multiple = ROW_BUCKET
 
-    def _onednn_mm(self, q: torch.Tensor) -> torch.Tensor:
+    def int8_mm(self, q: torch.Tensor) -> torch.Tensor:
         """oneDNN's int8 matmul of uint8 rows q with the packed weight, in fp32: (N, K) -> (N, M) = q·Ŵᵀ."""
         return torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
                                                   1.0, 0, torch.float32, "none", [], "")
@@ -190,7 +258,7 @@ class Int8Linear:
             x = F.pad(x, (0, 0, 0, padded - n))  # (N', K)
         if self.steps is not None:  # the same steps, compiled into two fused loops
             q, lo, step = self.steps.quantize(x)  # (N', K) uint8, (N', 1), (N', 1)
-            y = self._onednn_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
+            y = self.int8_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
             y = self.steps.epilogue(self.act_name)(y, step, lo, self.correction[0], self.correction[1])  # (N', M)
             return y[:n] if padded != n else y
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
@@ -202,7 +270,7 @@ class Int8Linear:
         if self.kernel == "onednn":
             # q = round((x − lo)/Δ) in [0, 255]: +0.5 then truncation (to uint8) rounds in one pass
             q = self.scratch.get(rows, K, torch.uint8).copy_(t.add_(0.5 - lo * inv))  # (N', K)
-            y = self._onednn_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
+            y = self.int8_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
             offset = lo  # (N', 1)
         else:
             # torch._int_mm multiplies int8 by int8: centre the grid, q − 128 in [−128, 127]

@@ -5,8 +5,10 @@ An adapter module defines ``NAME`` (as reported), ``ORDER`` (its place in tables
 (N, C) float32 embeddings, mean-pooled and L2-normalised like bertscope's, so outputs can be
 compared before anything is timed. A reduced-precision system sets ``REDUCED`` ("int8",
 "bf16"): its outputs are held to the quality contract against bertscope fp32
-(:mod:`bertscope.bench.quality`) instead of the fp32 systems' 1e-5. A competitor's library is imported only inside ``build``; a
-missing one is reported and skipped. Adding a competitor is adding one module here.
+(:mod:`bertscope.bench.quality`) instead of the fp32 systems' 1e-5. A system too slow to build
+for a smoke run sets ``QUICK = False`` and is left out of quick runs. A competitor's library is
+imported only inside ``build``; a missing one is reported and skipped. Adding a competitor is
+adding one module here.
 """
 
 from __future__ import annotations
@@ -93,9 +95,11 @@ def quiet_hub_progress() -> Iterator[None]:
 
 
 def build_systems(folder: Path, bert, workdir: Path, threads: int, device: str = "cpu",
-                  dtype=None, only: Sequence[str] | None = None) -> tuple[dict[str, Embedder], dict[str, str]]:
+                  dtype=None, only: Sequence[str] | None = None,
+                  quick: bool = False) -> tuple[dict[str, Embedder], dict[str, str]]:
     """{name: embed function} for every system that can be built, and {name: why not} for the rest.
-    bertscope is always built; ``only`` names the competitors wanted (default: all)."""
+    bertscope is always built; ``only`` names the competitors wanted (default: all); ``quick``
+    leaves out the systems that are slow to build (``QUICK = False``) unless ``only`` names them."""
     setup = Setup(Path(folder), bert, Path(workdir), threads, device, dtype)
     systems: dict[str, Embedder] = {}
     skipped: dict[str, str] = {}
@@ -105,6 +109,9 @@ def build_systems(folder: Path, bert, workdir: Path, threads: int, device: str =
             continue
         if device.split(":")[0] not in mod.DEVICES:
             skipped[name] = f"{'/'.join(d.upper() if d == 'cpu' else d for d in mod.DEVICES)} only in this benchmark"
+            continue
+        if quick and not getattr(mod, "QUICK", True) and not (only is not None and name in only):
+            skipped[name] = "left out of --quick runs (slow to build)"
             continue
         try:
             with quiet_hub_progress():

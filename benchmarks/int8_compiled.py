@@ -27,6 +27,7 @@ from bertscope.bench.corpus import make_texts, mixed_lengths  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.quality import embedding_agreement  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
+from bertscope.fast.tuning import ratios  # noqa: E402
 
 
 def main() -> int:
@@ -62,12 +63,13 @@ def main() -> int:
     print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"{a.rounds} rounds; compile=True chose int8 kernel `{compiled.fast.choice.int8_kernel}` "
           f"(load with compile: {load_s:.0f} s)\n")
-    print("| system | median s | vs sentence-transformers | cosine to fp32 mean / min | top-10 overlap |")
-    print("|---|---:|---:|---:|---:|")
+    paired = ratios(times, "sentence-transformers fp32")  # median over rounds of (time / ST's time)
+    print("| system | median s | vs sentence-transformers | paired | cosine to fp32 mean / min | top-10 overlap |")
+    print("|---|---:|---:|---:|---:|---:|")
     for k, v in times.items():
         q = quality.get(k)
         qs = f"{q['cosine_mean']:.4f} / {q['cosine_min']:.4f} | {q['top10_overlap']:.3f}" if q else "— | —"
-        print(f"| {k} | {statistics.median(v):.3f} | {base / statistics.median(v):.2f}× | {qs} |")
+        print(f"| {k} | {statistics.median(v):.3f} | {base / statistics.median(v):.2f}× | {1 / paired[k]:.2f}× | {qs} |")
     return 0
 
 

@@ -1,12 +1,14 @@
 """Where bertscope's time goes, per op (torch.profiler), on the benchmark's two workloads.
 
-    PYTHONPATH=src python benchmarks/profile_ops.py [--precisions fp32 int8] [--doc docs/BENCHMARKS.md]
+    PYTHONPATH=src python benchmarks/profile_ops.py [--precisions fp32 int8 int8-compiled] [--doc docs/BENCHMARKS.md]
 
 Workloads as in `bertscope bench`: (a) 32 texts of exactly 128 tokens on a BERT-base-size model
 (random weights); (b) 256 texts of 5 to 256 tokens on the bundled all-MiniLM-L6-v2. Each is
 embedded once to warm up (and to make the kernel choice), then once under the profiler. The
 table lists ops by self CPU time; "GEMM" rows are the linears, "attention" SDPA, and the rest is
-the overhead around them. Writes the tables into the "profile" section of --doc.
+the overhead around them. "int8-compiled" is ``load(..., precision="int8", compile=True)`` with the
+compiled kernel forced on (its fused loops show as "CompiledFxGraph" rows). Writes the tables
+into the "profile" section of --doc.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import bertscope  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.core.config import BertConfig  # noqa: E402
+from bertscope.fast.quant import COMPILED_KERNEL  # noqa: E402
 from bertscope.files import update_section, write_text_atomic  # noqa: E402
 
 GROUPS = {  # op name -> what it is, for the table
@@ -37,19 +40,36 @@ GROUPS = {  # op name -> what it is, for the table
     "aten::copy_": "copies", "aten::mul_": "int8: row scale", "aten::addmm_": "int8: offsets + bias",
     "aten::index_select": "gather (buckets)", "aten::index_add_": "mean pooling", "aten::fill_": "fills",
     "aten::constant_pad_nd": "row padding", "aten::embedding": "embeddings",
+    "TorchDynamo Cache Lookup": "compiled: guard checks", "Pregraph bytecode": "compiled: call overhead",
+    "Torch-Compiled Region": "compiled: call overhead",
+    "inductor fused loops": "int8 steps, fused (rescale, residual + LayerNorm, quantize, GELU)",
 }
+
+
+def op_name(key: str) -> str:
+    """The profiler's event name, with torch.compile's per-graph names pooled into one row each."""
+    if key.startswith("## Call CompiledFxGraph"):
+        return "inductor fused loops"  # one per compiled graph, named by a hash
+    if key.startswith("Torch-Compiled Region"):
+        return "Torch-Compiled Region"
+    return key
 
 
 def profile_one(bert, texts: list[str], rows: int = 12) -> dict:
     bert.embed(texts)  # warm-up, and the kernel choice
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         bert.embed(texts)
-    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total = sum(e.self_cpu_time_total for e in events)
-    events.sort(key=lambda e: -e.self_cpu_time_total)
-    table = [{"op": e.key, "what": GROUPS.get(e.key, ""), "self_ms": e.self_cpu_time_total / 1e3,
-              "share": e.self_cpu_time_total / total, "calls": e.count} for e in events[:rows]]
-    gemm = sum(e.self_cpu_time_total for e in events if GROUPS.get(e.key, "").startswith("GEMM"))
+    ops: dict[str, list[float]] = {}  # name -> [self microseconds, calls]
+    for e in prof.key_averages():
+        if e.self_cpu_time_total > 0:
+            acc = ops.setdefault(op_name(e.key), [0.0, 0])
+            acc[0] += e.self_cpu_time_total
+            acc[1] += e.count
+    total = sum(us for us, _ in ops.values())
+    top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:rows]
+    table = [{"op": k, "what": GROUPS.get(k, ""), "self_ms": us / 1e3, "share": us / total, "calls": n}
+             for k, (us, n) in top]
+    gemm = sum(us for k, (us, _) in ops.items() if GROUPS.get(k, "").startswith("GEMM"))
     return {"total_ms": total / 1e3, "gemm_share": gemm / total, "top": table}
 
 
@@ -68,7 +88,7 @@ def markdown(results: dict, m: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "bf16", "int8", "int8-compiled"])
     p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile.json"))
     a = p.parse_args()
@@ -80,7 +100,10 @@ def main() -> int:
                     ("T = 128, BERT-base size", base, lambda tok: make_texts(tok, [128] * 32, seed=2)),
                     ("mixed 5-256 tokens, all-MiniLM-L6-v2", None,
                      lambda tok: make_texts(tok, mixed_lengths(256, 5, 256), seed=3))):
-                bert = bertscope.load(folder, precision=precision)
+                compiled = precision == "int8-compiled"
+                bert = bertscope.load(folder, precision="int8" if compiled else precision, compile=compiled)
+                if compiled:
+                    bert.fast.gemm.int8_kernel = COMPILED_KERNEL  # whatever the race picked
                 results[f"{label}, {precision}"] = profile_one(bert, texts_of(bert.tokenizer))
                 print(label, precision, f"{results[f'{label}, {precision}']['total_ms']:.0f} ms", flush=True)
     m = machine()

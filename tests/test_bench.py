@@ -27,6 +27,7 @@ def test_bench_quick_json(tmp_path, capsys):
         assert "bertscope" in w["systems"] and w["systems"]["bertscope"]["tokens_per_s"] > 0
         # every competitor that ran was compared with bertscope; the fp32 ones agree within 1e-5
         assert set(w["max_abs_diff_vs_bertscope"]) == set(w["systems"]) - {"bertscope"}
+        assert set(w["bertscope_speedup_paired"]) == set(w["systems"]) - {"bertscope"}
         reduced = {"bertscope int8", "bertscope bf16", "onnxruntime int8"}
         # bf16 only where the CPU lacks it; the compiled int8 (slow to build) never in --quick
         assert set(w["skipped"]) <= {"bertscope bf16", "bertscope int8 compiled"}
@@ -119,6 +120,17 @@ def test_markdown_labels_the_true_length_and_na_exponent():
     r["scaling"]["model"].update(time_exponent=None, time_exponent_note="n/a: too little growth")
     md = write_markdown(r)
     assert "- model: time exponent n/a (n/a: too little growth)" in md and "T^" not in md.split("- model:")[1]
+
+
+def test_paired_speedup_follows_the_rounds_not_the_drift():
+    """bertscope is 2x faster than the other system in every round, but the machine slowed 3x
+    between the two runs of round 3: the ratio of the medians says 6x, the paired speed-up 2x."""
+    from bertscope.bench.timing import paired_speedups
+
+    result = {"systems": {"bertscope": {"times_s": [1.0, 1.0, 1.0, 3.0, 3.0]},
+                          "other": {"times_s": [2.0, 2.0, 6.0, 6.0, 6.0]}}}
+    assert paired_speedups(result, "bertscope") == {"other": 2.0}
+    assert paired_speedups(result, "other") == {"bertscope": 0.5}
 
 
 def test_markdown_gives_each_int8_row_its_contract_verdict():

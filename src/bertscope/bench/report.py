@@ -31,13 +31,15 @@ def plot_scaling(result: dict, path: Path) -> Path:
 
 def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[str]:
     """Markdown rows comparing the systems of one timed workload (as compare_and_time returns it)."""
-    lines = ["| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | max abs diff vs bertscope |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | paired | "
+             "max abs diff vs bertscope |", "|---|---:|---:|---:|---:|---:|---:|"]
+    x = lambda v: "—" if v is None else f"{v:.2f}×"  # noqa: E731
     for name, s in w["systems"].items():
         sp = w["bertscope_speedup"].get(name)
+        paired = (w.get("bertscope_speedup_paired") or {}).get(name)
         diff = w["max_abs_diff_vs_bertscope"].get(name)
         lines.append(f"| {name} | {s['median_s']:{seconds}} | {s['tokens_per_s']:,.0f} | {s['useful_gflops']:{gflops}} | "
-                     f"{'—' if sp is None else f'{sp:.2f}×'} | {'—' if diff is None else f'{diff:.1e}'} |")
+                     f"{x(sp)} | {x(paired)} | {'—' if diff is None else f'{diff:.1e}'} |")
     return lines
 
 

@@ -29,7 +29,7 @@ from .report import PLOT_SUFFIXES, plot_scaling
 from .scaling import scaling
 from .quality import contract_verdict
 from .systems import build_systems, reduced_systems
-from .timing import compare_and_time, useful_flops
+from .timing import compare_and_time, paired_speedups, useful_flops
 
 __all__ = ["run_bench"]
 
@@ -127,10 +127,8 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
                 if b.int8_plan is not None:
                     info["int8_calibration"] = b.int8_plan.to_json()
                 entry.setdefault("bertscope_setup", {})[name] = info
-            verdicts = {name: contract_verdict(entry["quality_vs_fp32"][name], {
-                n: entry["systems"][name]["tokens_per_s"] / s["tokens_per_s"]
-                for n, s in entry["systems"].items() if n != name})
-                for name in entry["quality_vs_fp32"] if name.startswith("bertscope int8")}
+            verdicts = {name: contract_verdict(entry["quality_vs_fp32"][name], paired_speedups(entry, name))
+                        for name in entry["quality_vs_fp32"] if name.startswith("bertscope int8")}
             if verdicts:  # every bertscope int8 system is held to the contract
                 entry["int8_contracts"] = verdicts
             if "bertscope int8" in verdicts:

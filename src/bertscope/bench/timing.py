@@ -3,7 +3,10 @@
 Everything runs in ONE process, on the same texts, with the same thread count. Every system's
 output is compared with bertscope's (max abs difference of the normalised mean-pooled
 embeddings) before any time is taken. Rounds visit every system in turn, so a burst of load
-from elsewhere on the machine hits all systems alike; the median is reported.
+from elsewhere on the machine hits all systems alike; the median is reported. Speed-ups come
+two ways: the ratio of the medians, and the paired one, the median over rounds of the two
+systems' time ratio within the same round (:func:`bertscope.fast.tuning.ratios`), which a
+machine whose speed drifts between rounds moves less.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.config import BertConfig
+from ..fast.tuning import ratios
 from .machine import sync
 from .quality import embedding_agreement
 from .systems import Embedder
 
-__all__ = ["compare_and_time", "median_time", "useful_flops"]
+__all__ = ["compare_and_time", "median_time", "paired_speedups", "useful_flops"]
 
 
 def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
@@ -62,6 +66,15 @@ def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens
     base = result["systems"]["bertscope"]["tokens_per_s"]
     result["bertscope_speedup"] = {n: base / s["tokens_per_s"] for n, s in result["systems"].items()
                                    if n != "bertscope"}
+    result["bertscope_speedup_paired"] = paired_speedups(result, "bertscope")
+    return result
+
+
+def paired_speedups(result: dict, of: str) -> dict[str, float]:
+    """{other system: median over rounds of (its time / ``of``'s time in the same round)}: how
+    many times faster ``of`` is, round by round (``result`` as :func:`compare_and_time` returns)."""
+    times = {n: s["times_s"] for n, s in result["systems"].items()}
+    return {n: r for n, r in ratios(times, of).items() if n != of}
     return result
 
 

@@ -56,9 +56,10 @@ examples:
 the few a calibration finds too sensitive stay fp32); bertscope bench prints its quality
 contract (cosine to fp32 mean >= 0.99, min >= 0.97, top-10 neighbours >= 0.9) and speed.
 A job records its precision; --resume refuses a different one. --compile (with --precision
-int8) also tries the int8 steps compiled by torch.compile, fused loops that took 8% less time
-end to end on a Xeon with AMX (docs/BENCHMARKS.md); compiling takes about 30 s the first time on a machine
-(cached on disk after that), and the compiled steps are used only if they measure faster here.
+int8) also tries the int8 steps compiled by torch.compile, fused loops that took 13-21% less
+time end to end on a Xeon with AMX (docs/BENCHMARKS.md); compiling takes about 30 s the first
+time on a machine (about 10 s once cached on disk), so it pays for large jobs (thousands of
+texts), and the compiled steps are used only if they measure faster here.
 """
 
 

@@ -122,6 +122,16 @@ def test_markdown_labels_the_true_length_and_na_exponent():
     assert "- model: time exponent n/a (n/a: too little growth)" in md and "T^" not in md.split("- model:")[1]
 
 
+def test_markdown_says_when_the_libraries_were_limited_to_a_smaller_instruction_set():
+    from bertscope.bench.report import write_markdown
+
+    r = _fake_result()
+    r["machine"].update(cpu_flags=["avx2", "avx512f"], isa_limits={"aten": "AVX512"})
+    assert "Machine: x (avx2, avx512f), " in write_markdown(r)
+    r["machine"]["isa_limits"] = {"aten": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert "Machine: x (avx2, avx512f; limited by ONEDNN_MAX_CPU_ISA=AVX2, ATen dispatching AVX2), " in write_markdown(r)
+
+
 def test_paired_speedup_follows_the_rounds_not_the_drift():
     """bertscope is 2x faster than the other system in every round, but the machine slowed 3x
     between the two runs of round 3: the ratio of the medians says 6x, the paired speed-up 2x."""

@@ -85,6 +85,11 @@ def test_choice_is_measured_again_when_the_key_changes(cache, small_model, monke
         assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 4
     finally:
         torch.set_num_threads(threads)
+    # a library told to stop at a lower instruction set (the machine acting as AVX2-only): again
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    limited = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert limited.source == "measured" and len(calls) == 5 and limited.key["isa"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert limited.key["isa"]["aten"] == str(torch.backends.cpu.get_cpu_capability())
     # a cache file whose stored key is not the one asked for is never trusted
     monkeypatch.undo()
     monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(cache.parent))  # undo() also reset the fixture's folder

@@ -20,7 +20,7 @@ from ..core.checkpoint import bundled_model_path
 from ..core.config import BertConfig
 from ..fast.gemm import PRECISIONS, onednn_linear_available
 from ..fast.quant import INT8_KERNELS, int8_kernel_available
-from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_name, forget_choice, tuning_enabled
+from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_name, forget_choice, isa_limits, tuning_enabled
 from .corpus import save_random_checkpoint
 
 __all__ = ["diagnose"]
@@ -35,7 +35,7 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
     """
     flags = cpu_flags()
     out: dict = {
-        "machine": {"cpu": cpu_name(), "cpu_flags": flags, "logical_cpus": os.cpu_count(),
+        "machine": {"cpu": cpu_name(), "cpu_flags": flags, "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "has": {"avx2": "avx2" in flags, "avx512": "avx512f" in flags,
                             "avx512_bf16": "avx512_bf16" in flags,

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_name
+from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_name, isa_limits
 
 __all__ = ["CPU_FLAGS", "PEAK_SHAPES", "best_rate", "cpu_flags", "cpu_name", "machine", "matmul_peak",
            "onednn_matmul_peak", "sync"]
@@ -35,7 +35,7 @@ def machine() -> dict:
             versions[mod] = __import__(mod).__version__
         except ImportError:
             versions[mod] = None
-    info = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
+    info = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "platform": platform.platform(), "versions": versions}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)

@@ -84,6 +84,10 @@ def write_markdown(r: dict) -> str:
     """The results as markdown tables (for docs/BENCHMARKS.md)."""
     m = r["machine"]
     flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
+    limits = {k: v for k, v in (m.get("isa_limits") or {}).items() if k != "aten"}
+    if limits:  # the libraries were told to act as a smaller CPU: say so wherever the flags appear
+        flags += ("; limited by " + ", ".join(f"{k}={v}" for k, v in limits.items())
+                  + f", ATen dispatching {m['isa_limits'].get('aten')}")
     lines = [f"Machine: {m['cpu']} ({flags}), {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
              f"{m.get('gpu', 'no GPU used') if r['device'] != 'cpu' else 'CPU'}; dtype {r['dtype']}; "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),

@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     h = m["has"]
     print(f"          AVX2 {yes(h['avx2'])}, AVX-512 {yes(h['avx512'])}, AVX512-BF16 {yes(h['avx512_bf16'])}, "
           f"VNNI {yes(h['vnni'])}, AMX {yes(h['amx'])}")
+    print(f"kernels:  ATen dispatches {m['isa_limits']['aten']}" + "".join(
+        f"; {k}={v}" for k, v in m["isa_limits"].items() if k != "aten"))
     k = res["kernels_available"]
     print("kernels:  " + ", ".join(f"{name} {yes(v)}" for name, v in k.items()))
     print(f"cache:    {res['cache_dir']}" + ("" if res["tuning_enabled"] else " (BERTSCOPE_TUNE=0: not measuring)"))

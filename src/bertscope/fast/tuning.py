@@ -58,7 +58,7 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
-           "cpu_flags", "cpu_name", "forget_choice", "load_choice", "measure_choice", "choose", "tuning_enabled"]
+           "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "choose", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,19 @@ def cpu_flags() -> list[str]:
     return []
 
 
+# Environment variables that tell a library to stop at a lower instruction set than the CPU has
+# (ATen's kernels, oneDNN, MKL): a machine told to act as AVX2-only must measure its own choice.
+ISA_LIMIT_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_limits() -> dict[str, str]:
+    """The instruction-set level ATen's kernels dispatch to ("aten", e.g. AVX512 or AVX2), and the
+    limits set in the environment (:data:`ISA_LIMIT_VARS`) where any are."""
+    out = {"aten": str(torch.backends.cpu.get_cpu_capability())}
+    out.update({v: os.environ[v] for v in ISA_LIMIT_VARS if os.environ.get(v)})
+    return out
+
+
 def cache_dir() -> Path:
     """Where bertscope keeps what it measures: ``BERTSCOPE_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/bertscope``, else ``~/.cache/bertscope``."""
@@ -111,7 +124,8 @@ def tuning_enabled() -> bool:
 def choice_key(config, dtype: torch.dtype, precision: str, compile: bool = False) -> dict:
     """What a measured choice depends on (a different value means measuring again). ``compile``
     (int8 only): whether torch.compile'd candidates were raced."""
-    key = {"format": FORMAT, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
+    key = {"format": FORMAT, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "isa": isa_limits(),
+           "logical_cpus": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "model": {"hidden": config.hidden_size, "layers": config.num_hidden_layers,
                       "heads": config.num_attention_heads, "intermediate": config.intermediate_size,

@@ -53,7 +53,7 @@ from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
 from .errors import InputError, NonFiniteError
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
-from .fast.gemm import PRECISIONS, GemmBackend
+from .fast.gemm import ONEDNN_REFUSALS, PRECISIONS, GemmBackend
 from .fast.packing import mean_pool, pack_ids, sentence_means
 from .fast.tuning import NOISE_MARGIN, cpu_flags
 
@@ -311,7 +311,7 @@ def _calibration_batch(bert: Bert):
 
 def _calibrate_int8(bert: Bert) -> None:
     """int8 mode: pick the integer GEMM by measurement, then decide which linears stay fp32."""
-    from .fast.quant import COMPILED_KERNEL, INT8_KERNELS, calibrate, int8_kernel_available
+    from .fast.quant import COMPILED_KERNEL, FULL_LEVELS, INT8_KERNELS, calibrate, int8_kernel_available
 
     usable = [k for k in INT8_KERNELS if int8_kernel_available(k)]
     if not usable:
@@ -326,7 +326,9 @@ def _calibrate_int8(bert: Bert) -> None:
     bert.int8_plan = calibrate(bert.fast, bert.model, _calibration_batch(bert), kernel=kernel)
     bert.precision = "int8"
     kept = len(bert.int8_plan.keep_fp32)
-    bert.precision_note = (f"int8 ({kernel} kernel); {kept} of {len(bert.int8_plan.errors)} linears kept fp32; "
+    bits = "" if bert.fast.gemm.int8_levels(kernel) == FULL_LEVELS else (
+        ", 7-bit activations: this CPU's int8 GEMM saturates on 8-bit ones")
+    bert.precision_note = (f"int8 ({kernel} kernel{bits}); {kept} of {len(bert.int8_plan.errors)} linears kept fp32; "
                            f"calibration cosine to fp32 {bert.int8_plan.cosine_mean:.4f} mean, "
                            f"{bert.int8_plan.cosine_min:.4f} min")
 
@@ -342,15 +344,23 @@ def _check_bf16(bert: Bert) -> None:
         with torch.inference_mode():
             choice = bert.fast.prepare(bert.model)
         speedup = choice.bf16_speedup if choice is not None else None
-        if speedup is not None and speedup < 1 + NOISE_MARGIN:
+        raced = (choice.timings.get("bf16") or {}).get("bf16") if choice is not None else None
+        got = None
+        if isinstance(raced, str):  # the race recorded the bf16 candidate's error
+            why = f"the bf16 GEMM does not run here ({raced})"
+        elif speedup is not None and speedup < 1 + NOISE_MARGIN:
             why = f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here"
         else:
             packed = _calibration_batch(bert)
-            with torch.inference_mode():
-                bert.fast.gemm.precision = "fp32"
-                ref = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
-                bert.fast.gemm.precision = "bf16"
-                got = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+            try:
+                with torch.inference_mode():
+                    bert.fast.gemm.precision = "fp32"
+                    ref = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+                    bert.fast.gemm.precision = "bf16"
+                    got = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+            except ONEDNN_REFUSALS as e:  # a CPU flag says bf16, but oneDNN refuses it
+                why = f"the bf16 GEMM does not run here ({type(e).__name__}: {str(e).splitlines()[0]})"
+        if got is not None:
             cos = (got * ref).sum(1)  # (B,)
             mean, low = float(cos.mean()), float(cos.min())
             if mean < BF16_BOUND[0] or low < BF16_BOUND[1]:

@@ -19,7 +19,7 @@ from ..bert import load
 from ..core.checkpoint import bundled_model_path
 from ..core.config import BertConfig
 from ..fast.gemm import PRECISIONS, onednn_linear_available
-from ..fast.quant import INT8_KERNELS, int8_kernel_available
+from ..fast.quant import INT8_KERNELS, int8_kernel_available, int8_range_exact
 from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_name, forget_choice, isa_limits, tuning_enabled
 from .corpus import save_random_checkpoint
 
@@ -42,7 +42,9 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
                             "vnni": bool({"avx512_vnni", "avx_vnni"} & set(flags)),
                             "amx": bool({"amx_tile", "amx_bf16", "amx_int8"} & set(flags))}},
         "kernels_available": {"onednn_fp32_linear": onednn_linear_available(),
-                              **{f"int8_{k}": int8_kernel_available(k) for k in INT8_KERNELS}},
+                              **{f"int8_{k}": int8_kernel_available(k) for k in INT8_KERNELS},
+                              # False: that GEMM saturates on 8-bit activations here; int8 uses 7 bits
+                              **{f"int8_{k}_8bit_exact": int8_range_exact(k) for k in INT8_KERNELS}},
         "cache_dir": str(cache_dir()), "tuning_enabled": tuning_enabled(), "precisions": {},
     }
     with tempfile.TemporaryDirectory(prefix="bertscope-doctor-") as tmp:

@@ -207,6 +207,7 @@ class GemmBackend:
         self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
+        self._int8_levels: dict[str, int] = {}  # int8 GEMM -> activation levels measured here (int8_levels)
 
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:
@@ -256,12 +257,29 @@ class GemmBackend:
         from .quant import COMPILED_KERNEL, Int8Linear, CompiledSteps, Scratch
 
         kernel = kernel or self.int8_kernel
+        levels = self.int8_levels(kernel)
         if self.scratch is None:
             self.scratch = Scratch()
         if kernel == COMPILED_KERNEL and self.steps is None:
-            self.steps = CompiledSteps()
+            self.steps = CompiledSteps(levels)
         return Int8Linear(weight, bias, act, kernel=kernel, scratch=self.scratch,
-                          steps=self.steps if kernel == COMPILED_KERNEL else None)
+                          steps=self.steps if kernel == COMPILED_KERNEL else None, levels=levels)
+
+    def int8_levels(self, kernel: str | None = None) -> int:
+        """The top of the int8 activations' grid for ``kernel`` on this machine: 255 (8 bits) where
+        its integer GEMM multiplies that range exactly, else 127 (7 bits); measured once per kernel
+        (:func:`bertscope.fast.quant.int8_range_exact`)."""
+        from .quant import COMPILED_KERNEL, FULL_LEVELS, REDUCED_LEVELS, int8_range_exact
+
+        kernel = kernel or self.int8_kernel
+        gemm = "onednn" if kernel == COMPILED_KERNEL else kernel  # the compiled steps use oneDNN's GEMM
+        if gemm not in self._int8_levels:
+            exact = int8_range_exact(gemm)
+            self._int8_levels[gemm] = FULL_LEVELS if exact else REDUCED_LEVELS
+            if not exact:
+                log.warning("the %s int8 GEMM saturates on 8-bit activations on this CPU (no VNNI?); "
+                            "using 7-bit activations", gemm)
+        return self._int8_levels[gemm]
 
     def linears(self, model, x: torch.Tensor) -> list[LayerLinears]:
         """The linears for a forward of ``model`` on inputs like ``x`` (see the module doc)."""

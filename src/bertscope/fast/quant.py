@@ -5,7 +5,8 @@ Shape legend: N rows (tokens), K inputs, M outputs of one linear y = x·Wᵀ + b
 Weights, per output channel (symmetric):   W_jk ≈ s_j · Wq_jk,   s_j = max_k |W_jk| / 127,
     Wq int8 in [-127, 127]; Ŵ = s ⊙ Wq is the weight the int8 GEMM effectively multiplies.
 Activations, per token, at run time (asymmetric, 256 levels between the row's own extremes):
-    x_nk ≈ lo_n + Δ_n · q_nk,   Δ_n = (hi_n − lo_n) / 255,   q uint8 in [0, 255].
+    x_nk ≈ lo_n + Δ_n · q_nk,   Δ_n = (hi_n − lo_n) / 255,   q uint8 in [0, 255]
+(128 levels, 0..127, on a CPU whose int8 GEMM saturates on the full range: see FULL_LEVELS).
 Then
     y_nj ≈ Δ_n · (q·Ŵᵀ)_nj + lo_n · (Ŵ·1)_j + b_j
 where q·Ŵᵀ is one integer GEMM (oneDNN's int8 matmul dequantizes Ŵ's per-channel scales in its
@@ -23,7 +24,7 @@ top-10 neighbour overlap of 0.859 (below the contract's 0.9); per-token symmetri
 also doubles the resolution of W2's one-sided GELU inputs) 0.999, 0.996, 0.947.
 
 What stays fp32 (:func:`calibrate`): a linear whose int8 output on the calibration tokens differs
-from its fp32 output by more than ``ERROR_LIMIT`` (relative Frobenius error ‖y8 − y32‖ / ‖y32‖,
+from its fp32 output by more than ``ERROR_LIMIT`` (twice that on a 7-bit grid; relative Frobenius error ‖y8 − y32‖ / ‖y32‖,
 each linear fed the fp32 model's own inputs) stays fp32; then, while the calibration texts'
 sentence embeddings are further than ``COSINE_FLOOR`` from fp32, the int8 linear with the next
 largest error joins them. Nothing else is ever changed: attention, LayerNorm, residuals and
@@ -57,7 +58,8 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "compiled_steps_of", "INT8_KERNELS", "Int8Linear",
+__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FULL_LEVELS", "REDUCED_LEVELS",
+           "compiled_steps_of", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
            "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,12 @@ COSINE_FLOOR = (0.995, 0.98)  # calibration embeddings vs fp32: (mean, minimum) 
 PACK_HINT = 2048  # rows oneDNN is told to expect when it lays out the int8 weight
 ROW_BUCKET = 64  # as for the fp32 oneDNN GEMM: one compiled GEMM per row count, so round up
 _TINY = 1e-12
+# Activations use the grid 0..FULL_LEVELS (8 bits). Where the integer GEMM cannot multiply that
+# range exactly -- x86 without VNNI adds pairs of u8·s8 products in 16 bits, which saturate
+# (255·127·2 > 32767) -- they use 0..REDUCED_LEVELS (7 bits), as PyTorch's ``reduce_range`` does;
+# :func:`int8_range_exact` measures which, on the machine itself.
+FULL_LEVELS = 255
+REDUCED_LEVELS = 127
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,12 +92,35 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def int8_kernel_available(kernel: str) -> bool:
-    """Whether this torch runs ``kernel`` on a tiny input and gets the exact integer product."""
+    """Whether this torch runs ``kernel`` here and computes the scheme: the exact integer product
+    on a tiny input, and exact products at the top of the 7-bit grid (:func:`int8_range_exact`;
+    a GEMM that fails even that is of no use). For the compiled kernel, making its steps also
+    checks them against the eager steps (:class:`CompiledSteps`), which compiles them."""
     try:
         x = torch.tensor([[1.0, 2.0] * 8] * 64)  # (64, 16): integers, exactly representable
         w = torch.ones(8, 16)
-        lin = Int8Linear(w, torch.zeros(8), kernel=kernel)
-        return bool(torch.allclose(lin(x), x @ w.T, rtol=1e-2, atol=1e-2))
+        lin = Int8Linear(w, torch.zeros(8), kernel=kernel, levels=REDUCED_LEVELS)
+        if not torch.allclose(lin(x), x @ w.T, rtol=1e-2, atol=1e-2):
+            return False
+    except (AttributeError, RuntimeError, TypeError, ValueError, NotImplementedError):
+        return False
+    return int8_range_exact("onednn" if kernel == COMPILED_KERNEL else kernel, REDUCED_LEVELS)
+
+
+def int8_range_exact(kernel: str, levels: int = FULL_LEVELS) -> bool:
+    """Whether ``kernel`` multiplies activations at the top of the grid 0..``levels`` exactly here.
+
+    Rows of ones with one zero are quantized to ``levels`` but for that one entry, and the
+    weights of ones to 127: the largest products there are, whose exact result (63) the int8
+    GEMM must give to within rounding. On CPUs whose int8 GEMM adds pairs of products in 16
+    bits (x86 without VNNI) the 8-bit grid saturates and this returns False; it returns False too
+    where the kernel does not run at all.
+    """
+    try:
+        x = torch.ones(64, 64)  # (64, 64): lo 0, hi 1 on every row
+        x[:, 0] = 0
+        lin = Int8Linear(torch.ones(8, 64), torch.zeros(8), kernel=kernel, levels=levels)
+        return bool(torch.allclose(lin(x), x @ torch.ones(64, 8), rtol=1e-3))
     except (AttributeError, RuntimeError, TypeError, ValueError, NotImplementedError):
         return False
 
@@ -119,12 +150,12 @@ class Scratch:
         return flat[: n * k].view(n, k)  # (n, k)
 
 
-def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token asymmetric 8 bits, as Int8Linear's eager steps: (N, K) -> q (N, K) uint8, lo and Δ (N, 1)."""
+def _quantize_rows(x: torch.Tensor, levels: int = FULL_LEVELS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token asymmetric, as Int8Linear's eager steps: (N, K) -> q (N, K) uint8 in [0, levels], lo and Δ (N, 1)."""
     lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N, 1) each
-    step = (hi - lo).clamp(min=_TINY) / 255  # (N, 1) Δ
+    step = (hi - lo).clamp(min=_TINY) / levels  # (N, 1) Δ
     inv = 1.0 / step  # (N, 1)
-    # round((x − lo)/Δ) in [0, 255], in the eager steps' own order of operations (x·(1/Δ), then
+    # round((x − lo)/Δ) in [0, levels], in the eager steps' own order of operations (x·(1/Δ), then
     # + 0.5 − lo/Δ, truncated), so both put every input on the same side of a rounding boundary
     q = (x * inv + (0.5 - lo * inv)).to(torch.uint8)  # (N, K)
     return q, lo, step
@@ -134,14 +165,57 @@ class CompiledSteps:
     """Int8Linear's steps around the integer GEMM, compiled by inductor (see the module doc).
 
     One object per GemmBackend: the quantize step, and one epilogue per activation, each
-    compiled at its first call for any row count (``dynamic=True``). A failure to compile
-    raises from that call, which the kernel choice records against the candidate.
+    compiled for any row count (``dynamic=True``). Making the object compiles the quantize
+    step, the plain epilogue and a fused residual + LayerNorm + quantize, and checks them
+    against the same steps run eagerly on random rows with outliers (:meth:`check`). Wrong code
+    for this CPU -- seen when one inductor cache served a process told to act as an AVX2-only CPU
+    (ATEN_CPU_CAPABILITY=avx2) and a native one: inductor reused code built for the other level,
+    and the quantize step came out wrong -- raises RuntimeError here, as does a failure to
+    compile; the kernel choice records that against the candidate, which is then never used.
     """
 
-    def __init__(self) -> None:
-        self.quantize = torch.compile(_quantize_rows, dynamic=True, fullgraph=True)
+    def __init__(self, levels: int = FULL_LEVELS, *, check: bool = True) -> None:
+        self.levels = levels
+
+        def quantize(x):
+            return _quantize_rows(x, levels)
+
+        self.quantize = torch.compile(quantize, dynamic=True, fullgraph=True)
         self._epilogues: dict[str | None, Callable] = {}
         self._norms: dict[tuple[float, bool], Callable] = {}
+        if check:
+            self.check()
+
+    def check(self) -> None:
+        """Raise RuntimeError unless the compiled steps give the eager steps' results (within
+        1e-5; a quantized entry may land one level off for under 1% of entries, as fp32 rounding
+        may put it a hair across a boundary)."""
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(130, 384, generator=g)  # (N, K)
+        x[:, 3] *= 30  # an outlier channel
+        x[5] *= 50  # an outlier token
+        w_sum, bias, gamma, beta = (torch.randn(384, generator=g) for _ in range(4))
+        eps = 1e-12
+
+        def same_rows(got, ref) -> bool:
+            flips = (got[0].int() - ref[0].int()).abs()
+            return (int(flips.max()) <= 1 and float((flips > 0).float().mean()) < 0.01
+                    and torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6)
+                    and torch.allclose(got[2], ref[2], rtol=1e-5, atol=1e-9))
+
+        with torch.inference_mode():
+            q, lo, step = _quantize_rows(x, self.levels)
+            ok = same_rows(self.quantize(x), (q, lo, step))
+            y = q.float()  # (N, K): stands in for the GEMM's output
+            z = y * step + lo * w_sum + bias
+            ok = ok and torch.allclose(self.epilogue(None)(y, step, lo, w_sum, bias), z, rtol=1e-5, atol=1e-4)
+            h = F.layer_norm(x + z, (384,), gamma, beta, eps)
+            fused = self.residual_norm(eps, True)(y, step, lo, w_sum, bias, x, gamma, beta)
+            ok = ok and torch.allclose(fused[0], h, rtol=1e-4, atol=1e-4) and same_rows(
+                fused[1:], _quantize_rows(h, self.levels))
+        if not ok:
+            raise RuntimeError("torch.compile's int8 steps disagree with the eager steps on this CPU; "
+                               "not using them")
 
     def epilogue(self, act_name: str | None) -> Callable:
         """f(y, Δ, lo, Ŵ·1, b) = act(Δ·y + lo·(Ŵ·1) + b), compiled: (N, M) -> (N, M)."""
@@ -163,7 +237,7 @@ class CompiledSteps:
             def residual_norm(y, step, lo, w_sum, bias, x, gamma, beta):
                 z = x + (y * step + lo * w_sum + bias)  # (N, M): residual + the linear's output
                 h = F.layer_norm(z, (z.shape[-1],), gamma, beta, key[0])  # (N, M)
-                return (h, *_quantize_rows(h)) if quantize else h
+                return (h, *_quantize_rows(h, self.levels)) if quantize else h
 
             self._norms[key] = torch.compile(residual_norm, dynamic=True, fullgraph=True)
         return self._norms[key]
@@ -223,15 +297,20 @@ class Int8Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None, *,
                  kernel: str = "onednn", scratch: Scratch | None = None,
-                 steps: CompiledSteps | None = None) -> None:
+                 steps: CompiledSteps | None = None, levels: int = FULL_LEVELS) -> None:
         if kernel not in INT8_KERNELS + (COMPILED_KERNEL,):
             raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of "
                              f"{', '.join(INT8_KERNELS + (COMPILED_KERNEL,))}")
         M, K = weight.shape
         self.kernel = kernel
+        if levels not in (FULL_LEVELS, REDUCED_LEVELS):
+            raise ValueError(f"int8 activation levels must be {FULL_LEVELS} or {REDUCED_LEVELS}, got {levels}")
+        self.levels = levels  # the top of the activations' grid: 255 (8 bits) or 127 (7 bits)
         self.steps = None
         if kernel == COMPILED_KERNEL:
-            self.steps = steps if steps is not None else CompiledSteps()
+            self.steps = steps if steps is not None else CompiledSteps(levels)
+            if self.steps.levels != levels:
+                raise ValueError("the compiled steps quantize to another number of levels")
         self.scratch = scratch if scratch is not None else Scratch()
         self.act_name = act
         self.act = activation(act) if act else None
@@ -263,18 +342,18 @@ class Int8Linear:
             return y[:n] if padded != n else y
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N', 1) each
-        step = (hi - lo).clamp_(min=_TINY) / 255  # (N', 1) Δ
+        step = (hi - lo).clamp_(min=_TINY) / self.levels  # (N', 1) Δ
         inv = 1.0 / step  # (N', 1)
         rows, K = x.shape
         t = torch.mul(x, inv, out=self.scratch.get(rows, K, torch.float32))  # (N', K) x/Δ
         if self.kernel == "onednn":
-            # q = round((x − lo)/Δ) in [0, 255]: +0.5 then truncation (to uint8) rounds in one pass
+            # q = round((x − lo)/Δ) in [0, levels]: +0.5 then truncation (to uint8) rounds in one pass
             q = self.scratch.get(rows, K, torch.uint8).copy_(t.add_(0.5 - lo * inv))  # (N', K)
             y = self.int8_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
             offset = lo  # (N', 1)
         else:
-            # torch._int_mm multiplies int8 by int8: centre the grid, q − 128 in [−128, 127]
-            offset = lo + 128 * step  # (N', 1)
+            # torch._int_mm multiplies int8 by int8: centre the grid, q − c in [−c, levels − c]
+            offset = lo + ((self.levels + 1) // 2) * step  # (N', 1)
             q = self.scratch.get(rows, K, torch.int8).copy_(t.sub_(offset * inv).round_())  # (N', K)
             y = torch._int_mm(q, self.wq_t).float().mul_(self.w_scale)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
         y.mul_(step)  # Δ · (q·Ŵᵀ)
@@ -300,9 +379,10 @@ class Int8Plan:
     cosine_min: float
     tokens: int
     steps: list[str] = field(default_factory=list)
+    error_limit: float = ERROR_LIMIT  # the limit applied (ERROR_LIMIT, doubled on a 7-bit grid)
 
     def to_json(self) -> dict:
-        return {"error_limit": ERROR_LIMIT, "cosine_floor": list(COSINE_FLOOR), "tokens": self.tokens,
+        return {"error_limit": self.error_limit, "cosine_floor": list(COSINE_FLOOR), "tokens": self.tokens,
                 "errors": {f"{i}.{n}": round(e, 6) for (i, n), e in sorted(self.errors.items())},
                 "keep_fp32": [f"{i}.{n}" for i, n in sorted(self.keep_fp32)],
                 "cosine_mean": self.cosine_mean, "cosine_min": self.cosine_min, "steps": self.steps}
@@ -347,8 +427,11 @@ def calibrate(encoder, model, packed, *, kernel: str = "onednn") -> Int8Plan:
                 errors[(i, name)] = float((y8 - y32).norm() / y32.norm().clamp(min=_TINY))
                 layer[name] = q
             int8.append(layer)
-        keep = {k for k, e in errors.items() if e > ERROR_LIMIT}
-        steps = [f"{i}.{n}: error {errors[(i, n)]:.3f} > {ERROR_LIMIT}: fp32" for i, n in sorted(keep)]
+        # the limit is for 8-bit activations; a 7-bit grid doubles every linear's rounding error,
+        # and the rule is about outliers, not about the grid, so the limit scales with it
+        limit = ERROR_LIMIT * FULL_LEVELS / encoder.gemm.int8_levels(kernel)
+        keep = {k for k, e in errors.items() if e > limit}
+        steps = [f"{i}.{n}: error {errors[(i, n)]:.3f} > {limit:.3g}: fp32" for i, n in sorted(keep)]
 
         def cosines() -> tuple[float, float]:
             lins = [LayerLinears(**{n: (rec[n].inner if (i, n) in keep else layer[n]) for n in LINEAR_NAMES})
@@ -366,7 +449,7 @@ def calibrate(encoder, model, packed, *, kernel: str = "onednn") -> Int8Plan:
                          f"{k[0]}.{k[1]} (error {errors[k]:.3f}) -> fp32")
             mean, low = cosines()
     plan = Int8Plan(errors=errors, keep_fp32=frozenset(keep), cosine_mean=mean, cosine_min=low,
-                    tokens=packed.num_tokens, steps=steps)
+                    tokens=packed.num_tokens, steps=steps, error_limit=limit)
     encoder.gemm.int8_keep_fp32[model] = plan.keep_fp32
     log.info("int8 calibration: %d of %d linears stay fp32; calibration cosine %.4f mean, %.4f min",
              len(keep), len(errors), mean, low)

@@ -160,6 +160,29 @@ def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract
     assert embedding_agreement(ref, got)["top10_overlap"] >= 0.9
 
 
+def test_compiled_steps_that_disagree_with_the_eager_steps_are_refused(monkeypatch):
+    """A compiler that emits wrong code (here: a stand-in for torch.compile whose quantize step
+    is one level high everywhere) makes CompiledSteps raise when made, so the compiled kernel is
+    reported unavailable and never used; the eager steps are untouched."""
+    from bertscope.fast import quant
+
+    def wrong_compile(fn, **kw):
+        def run(*args):
+            out = fn(*args)
+            if isinstance(out, tuple) and len(out) == 3 and out[0].dtype == torch.uint8:
+                return (out[0] + 1, *out[1:])  # every 8-bit entry one level off
+            return out
+        return run
+
+    monkeypatch.setattr(torch, "compile", wrong_compile)
+    with pytest.raises(RuntimeError, match="disagree with the eager steps"):
+        quant.CompiledSteps()
+    assert not int8_kernel_available(COMPILED_KERNEL)
+    assert int8_kernel_available("onednn")
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # right code (eager): accepted
+    quant.CompiledSteps()
+
+
 @pytest.fixture(scope="module")
 def compiled(bundled_path):
     """The bundled model in int8 with compile=True (about 30 s to compile on a cold cache), its

@@ -199,6 +199,7 @@ def test_embed_bad_input_shows_no_progress_bar(tmp_path, capsys):
     (None, [], "does not exist"),
     ("ok.txt", ["--format", "csv"], "--format"),
     ("ok.txt", ["--compile"], "--compile applies to --precision int8 only"),
+    ("ok.txt", ["--keep-precision"], "--keep-precision applies to --precision int8 or bf16 only"),
     # every line fails the same way: a usage mistake, refused rather than all zero rows
     ("bad.jsonl", [], "no line is valid JSON (line 1:"),
     ("nofield.jsonl", ["--field", "body"], "no line holds a text in the field 'body'"),

@@ -8,6 +8,8 @@ import copy
 import csv
 import json
 import random
+import time
+import warnings
 from importlib import resources
 
 import numpy as np
@@ -41,7 +43,7 @@ def review_corpus(n: int = 300, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def int8(bundled_path):
-    return bertscope.load(bundled_path, precision="int8")
+    return bertscope.load(bundled_path, precision="int8", keep_precision=True)
 
 
 def brute_force(x: np.ndarray, w: np.ndarray, b: np.ndarray, levels: int = 255) -> np.ndarray:
@@ -145,7 +147,7 @@ def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract
 
     real = quant.int8_range_exact
     monkeypatch.setattr(quant, "int8_range_exact", lambda k, levels=255: levels < 255 and real(k, levels))
-    b = bertscope.load(bundled_path, precision="int8")
+    b = bertscope.load(bundled_path, precision="int8", keep_precision=True)
     assert "7-bit activations" in b.precision_note
     with torch.inference_mode():
         lins = b.fast.gemm.linears(b.model, torch.zeros(1, b.config.hidden_size))
@@ -188,7 +190,7 @@ def compiled(bundled_path):
     """The bundled model in int8 with compile=True (about 30 s to compile on a cold cache), its
     int8 kernel forced to the compiled one whatever the race picked here -- where the compiled
     steps pass their check on this CPU; else the model as loaded."""
-    b = bertscope.load(bundled_path, precision="int8", compile=True)
+    b = bertscope.load(bundled_path, precision="int8", compile=True, keep_precision=True)
     if int8_kernel_available(COMPILED_KERNEL):
         b.fast.gemm.int8_kernel = COMPILED_KERNEL
     return b
@@ -405,9 +407,66 @@ def test_int8_under_autograd_is_the_exact_fp32_model(bert, int8):
 
 def test_loading_int8_twice_gives_identical_outputs(bundled_path, int8):
     texts = review_corpus(40, seed=7)
-    again = bertscope.load(bundled_path, precision="int8")
+    again = bertscope.load(bundled_path, precision="int8", keep_precision=True)
     assert again.int8_plan.keep_fp32 == int8.int8_plan.keep_fp32
     assert np.array_equal(again.embed(texts), int8.embed(texts))
+
+
+def slowed(monkeypatch, cls, seconds: float) -> None:
+    """Make every call of ``cls`` (a linear) take ``seconds`` longer: a stand-in for a CPU where
+    that kind of GEMM is slow, whatever this CPU is."""
+    inner = cls.__call__
+
+    def call(self, x):
+        time.sleep(seconds)
+        return inner(self, x)
+    monkeypatch.setattr(cls, "__call__", call)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A fresh cache folder, and tuning on: each load measures its kernel choice anew."""
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+
+
+def test_int8_is_declined_where_its_plan_is_no_faster_than_fp32(bundled_path, bert, monkeypatch, own_cache):
+    from bertscope.fast import tuning
+    from bertscope.fast.quant import Int8Linear
+
+    slowed(monkeypatch, Int8Linear, 0.02)  # int8 GEMMs slower than fp32 ones, on any CPU
+    with pytest.warns(RuntimeWarning, match=r"int8 is off: measured 0\.\d\dx the speed of fp32 here "
+                      r"\(int8 \(\w+ kernel.*\); \d+ of 24 linears kept fp32\)"):
+        b = bertscope.load(bundled_path, precision="int8")
+    assert b.precision == "fp32" and b.fast.gemm.precision == "fp32"
+    assert "keep_precision=True keeps int8" in b.precision_note
+    (speedup,) = b.fast.choice.int8_speedup.values()  # measured, and cached with the kernel choice
+    assert speedup < 1 + tuning.NOISE_MARGIN
+    texts = ["one", IT, "a third text, a little longer than the others"]
+    assert np.abs(b.embed(texts) - bert.embed(texts)).max() < 1e-5  # the fp32 model's embeddings
+
+    calls = []
+    monkeypatch.setattr(tuning, "measured_speedup", lambda *a, **k: calls.append(a) or 2.0)
+    with pytest.warns(RuntimeWarning, match="int8 is off"):
+        again = bertscope.load(bundled_path, precision="int8")  # the cached verdict, not measured again
+    assert again.precision == "fp32" and calls == []
+    kept = bertscope.load(bundled_path, precision="int8", keep_precision=True)
+    assert kept.precision == "int8" and calls == []
+    assert "no faster: kept as asked, keep_precision=True" in kept.precision_note
+    cos = (kept.embed(texts) * bert.embed(texts)).sum(1)
+    assert cos.min() > 0.97 and cos.min() < 1 - 1e-6  # int8's embeddings: close, not the fp32 ones
+
+
+def test_int8_stays_on_where_its_plan_is_faster_than_fp32(bundled_path, monkeypatch, own_cache):
+    from bertscope.fast.gemm import Linear
+
+    slowed(monkeypatch, Linear, 0.02)  # fp32 GEMMs slower than int8 ones, on any CPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "int8 is off" warning
+        b = bertscope.load(bundled_path, precision="int8")
+    assert b.precision == "int8" and b.fast.gemm.precision == "int8"
+    (speedup,) = b.fast.choice.int8_speedup.values()
+    assert speedup >= 1.05 and f"{speedup:.2f}x the speed of fp32 on the calibration texts" in b.precision_note
 
 
 def test_bf16_is_off_with_a_warning_where_the_cpu_lacks_it(bundled_path, bert, monkeypatch):
@@ -422,8 +481,6 @@ def test_bf16_is_off_with_a_warning_where_the_cpu_lacks_it(bundled_path, bert, m
 
 
 def test_bf16_where_it_runs_stays_within_its_bound(bundled_path, bert):
-    import warnings
-
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         b = bertscope.load(bundled_path, precision="bf16")
@@ -448,7 +505,7 @@ def test_embed_cli_int8_records_its_precision_and_resume_refuses_another(tmp_pat
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(["a first line", IT, "", "last"]) + "\n")
     out = tmp_path / "out"
-    assert main(["embed", str(inp), "--out", str(out), "--precision", "int8", "--quiet"]) == 0
+    assert main(["embed", str(inp), "--out", str(out), "--precision", "int8", "--keep-precision", "--quiet"]) == 0
     assert json.loads((out / "_job.json").read_text())["precision"] == "int8"
     from bertscope.fast.embedjob import read_embeddings
 

@@ -270,7 +270,8 @@ class Bert:
 
 
 def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
-         dtype: torch.dtype | None = None, precision: str = "fp32", compile: bool = False) -> Bert:
+         dtype: torch.dtype | None = None, precision: str = "fp32", compile: bool = False,
+         keep_precision: bool = False) -> Bert:
     """Load a checkpoint folder (or, with ``path=None``, the bundled all-MiniLM-L6-v2).
 
     ``precision`` ("fp32", "bf16" or "int8"; CPU only) is what the packed path computes in
@@ -278,6 +279,13 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
     loading (and measure the kernel choice, about 2 s, once per machine and model shape).
     ``compile=True`` (int8) also races the int8 steps compiled by ``torch.compile``: about 30 s
     more the first time on a machine, kept only if faster (:mod:`bertscope.fast.quant`).
+
+    A reduced precision stays on only where it measures faster than fp32 here, by more than
+    the noise margin: bf16's GEMMs against fp32's, and int8's calibrated plan against fp32 on
+    the whole model (on a CPU whose int8 GEMM lacks VNNI it can be the slower). Where it does
+    not, the model runs fp32 and a RuntimeWarning says why (``.precision_note``); the verdict is
+    cached with the kernel choice. ``keep_precision=True`` keeps the precision asked for anyway
+    (to study its numerics, or to benchmark it); quality bounds are never waived.
 
     Raises :class:`~bertscope.errors.CheckpointError` with one clear sentence when the folder
     is missing, is not a checkpoint, or its weights do not match its config; InputError for a
@@ -298,9 +306,9 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
                 max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",
                 fast=PackedEncoder(gemm=GemmBackend(precision=precision, compile=compile), tune=True))
     if precision == "int8":
-        _calibrate_int8(bert)
+        _calibrate_int8(bert, keep_precision)
     elif precision == "bf16":
-        _check_bf16(bert)
+        _check_bf16(bert, keep_precision)
     return bert
 
 
@@ -309,8 +317,9 @@ def _calibration_batch(bert: Bert):
     return pack_ids(ids, device=bert.device)
 
 
-def _calibrate_int8(bert: Bert) -> None:
-    """int8 mode: pick the integer GEMM by measurement, then decide which linears stay fp32."""
+def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
+    """int8 mode: pick the integer GEMM by measurement, decide which linears stay fp32, then
+    keep int8 only if that plan measures faster than fp32 here (or ``keep_precision``)."""
     from .fast.quant import COMPILED_KERNEL, FULL_LEVELS, INT8_KERNELS, calibrate, int8_kernel_available
 
     usable = [k for k in INT8_KERNELS if int8_kernel_available(k)]
@@ -323,18 +332,54 @@ def _calibrate_int8(bert: Bert) -> None:
     ok = chosen in usable or (chosen == COMPILED_KERNEL and "onednn" in usable)
     kernel = chosen if ok else usable[0]
     bert.fast.gemm.int8_kernel = kernel
-    bert.int8_plan = calibrate(bert.fast, bert.model, _calibration_batch(bert), kernel=kernel)
+    packed = _calibration_batch(bert)
+    plan = bert.int8_plan = calibrate(bert.fast, bert.model, packed, kernel=kernel)
+    levels = bert.fast.gemm.int8_levels(kernel)
+    kept = len(plan.keep_fp32)
+    bits = "" if levels == FULL_LEVELS else ", 7-bit activations: this CPU's int8 GEMM saturates on 8-bit ones"
+    what = f"int8 ({kernel} kernel{bits}); {kept} of {len(plan.errors)} linears kept fp32"
+    speedup = _int8_speedup(bert, choice, packed, f"{kernel}, {levels} levels, fp32: {' '.join(plan.keep_fp32_names()) or 'none'}")
+    speed = "" if speedup is None else f"; {speedup:.2f}x the speed of fp32 on the calibration texts"
+    if speedup is not None and speedup < 1 + NOISE_MARGIN:
+        if not keep_precision:
+            bert.fast.gemm.precision = "fp32"
+            bert.precision_note = (f"int8 is off: measured {speedup:.2f}x the speed of fp32 here ({what}); "
+                                   "running fp32 (keep_precision=True keeps int8)")
+            warnings.warn(f"bertscope: {bert.precision_note}", RuntimeWarning, stacklevel=3)
+            return
+        speed += " (no faster: kept as asked, keep_precision=True)"
     bert.precision = "int8"
-    kept = len(bert.int8_plan.keep_fp32)
-    bits = "" if bert.fast.gemm.int8_levels(kernel) == FULL_LEVELS else (
-        ", 7-bit activations: this CPU's int8 GEMM saturates on 8-bit ones")
-    bert.precision_note = (f"int8 ({kernel} kernel{bits}); {kept} of {len(bert.int8_plan.errors)} linears kept fp32; "
-                           f"calibration cosine to fp32 {bert.int8_plan.cosine_mean:.4f} mean, "
-                           f"{bert.int8_plan.cosine_min:.4f} min")
+    bert.precision_note = (f"{what}; calibration cosine to fp32 {plan.cosine_mean:.4f} mean, "
+                           f"{plan.cosine_min:.4f} min{speed}")
 
 
-def _check_bf16(bert: Bert) -> None:
-    """bf16 mode stays on only where the CPU runs bf16 natively, faster, and within BF16_BOUND."""
+def _int8_speedup(bert: Bert, choice, packed, plan: str) -> float | None:
+    """The int8 plan's speed against fp32 (the chosen fp32 GEMMs), whole model, on the calibration
+    batch; cached with the kernel choice under ``plan`` (what makes the plan). None where nothing
+    is measured (``BERTSCOPE_TUNE=0``) or a side failed."""
+    from .fast.tuning import measured_speedup, save_choice
+
+    if choice is None or choice.source == "default":
+        return None
+    if plan in choice.int8_speedup:
+        return choice.int8_speedup[plan]
+    fp32 = PackedEncoder(gemm=GemmBackend(), tune=False)
+    fp32.apply(choice)  # the fp32 GEMM library and attention slack measured here
+
+    def run(encoder: PackedEncoder):
+        with torch.inference_mode():
+            return encoder.encode(bert.model, packed)
+
+    speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
+    if speedup is not None:
+        choice.int8_speedup[plan] = round(speedup, 4)
+        save_choice(choice)
+    return speedup
+
+
+def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
+    """bf16 mode stays on only where the CPU runs bf16 natively, faster (or ``keep_precision``),
+    and within BF16_BOUND."""
     why = ""
     if not {"avx512_bf16", "amx_bf16"} & set(cpu_flags()):
         why = "this CPU has neither AVX512-BF16 nor AMX"
@@ -348,7 +393,7 @@ def _check_bf16(bert: Bert) -> None:
         got = None
         if isinstance(raced, str):  # the race recorded the bf16 candidate's error
             why = f"the bf16 GEMM does not run here ({raced})"
-        elif speedup is not None and speedup < 1 + NOISE_MARGIN:
+        elif speedup is not None and speedup < 1 + NOISE_MARGIN and not keep_precision:
             why = f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here"
         else:
             packed = _calibration_batch(bert)

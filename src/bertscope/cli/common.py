@@ -18,7 +18,7 @@ def load_model(args: argparse.Namespace):
     from ..bert import load
 
     return load(getattr(args, "model", None), precision=getattr(args, "precision", "fp32"),
-                compile=getattr(args, "compile", False))
+                compile=getattr(args, "compile", False), keep_precision=getattr(args, "keep_precision", False))
 
 
 def check_preset(name: str | None) -> None:

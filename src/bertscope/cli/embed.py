@@ -55,7 +55,9 @@ examples:
 --precision int8 quantizes the linears (per-channel int8 weights, per-token int8 activations;
 the few a calibration finds too sensitive stay fp32); bertscope bench prints its quality
 contract (cosine to fp32 mean >= 0.99, min >= 0.97, top-10 neighbours >= 0.9) and speed.
-A job records its precision; --resume refuses a different one. --compile (with --precision
+int8 and bf16 stay on only where they measure faster than fp32 on this machine (on a CPU
+without VNNI, int8 may not be); elsewhere the job runs fp32 and a warning says why, unless
+--keep-precision. A job records the precision it ran in; --resume refuses a different one. --compile (with --precision
 int8) also tries the int8 steps compiled by torch.compile, fused loops that took 13-21% less
 time end to end on a Xeon with AMX (docs/BENCHMARKS.md); compiling takes about 30 s the first
 time on a machine (about 10 s once cached on disk), so it pays for large jobs (thousands of
@@ -81,6 +83,9 @@ def register(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="with --precision int8: also race the torch.compile'd int8 steps (about 30 s to "
                         "build the first time; used only if faster here)")
+    p.add_argument("--keep-precision", action="store_true",
+                   help="keep --precision int8 or bf16 even where it measures no faster than fp32 on this "
+                        "machine (by default bertscope then runs fp32 and says why)")
     p.add_argument("--format", default="npy", metavar="npy|parquet",
                    help="shard format: npy (default) or parquet (needs pyarrow)")
     p.add_argument("--shard-rows", type=int, default=10_000, metavar="N",
@@ -108,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_options(args)  # Ray missing, --workers 0...: one line, before anything
     if args.compile and args.precision != "int8":
         raise InputError("--compile applies to --precision int8 only")
+    if args.keep_precision and args.precision == "fp32":
+        raise InputError("--keep-precision applies to --precision int8 or bf16 only")
     if engine is not None and args.precision != "fp32":
         raise InputError(f"--precision {args.precision} runs on the local engine only; leave out --engine ray")
     from ..fast.jobinput import resolve_inputs

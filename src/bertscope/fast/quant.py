@@ -381,10 +381,14 @@ class Int8Plan:
     steps: list[str] = field(default_factory=list)
     error_limit: float = ERROR_LIMIT  # the limit applied (ERROR_LIMIT, doubled on a 7-bit grid)
 
+    def keep_fp32_names(self) -> list[str]:
+        """The linears that stay fp32, as "layer.name", in order."""
+        return [f"{i}.{n}" for i, n in sorted(self.keep_fp32)]
+
     def to_json(self) -> dict:
         return {"error_limit": self.error_limit, "cosine_floor": list(COSINE_FLOOR), "tokens": self.tokens,
                 "errors": {f"{i}.{n}": round(e, 6) for (i, n), e in sorted(self.errors.items())},
-                "keep_fp32": [f"{i}.{n}" for i, n in sorted(self.keep_fp32)],
+                "keep_fp32": self.keep_fp32_names(),
                 "cosine_mean": self.cosine_mean, "cosine_min": self.cosine_min, "steps": self.steps}
 
 

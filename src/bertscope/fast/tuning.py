@@ -8,6 +8,8 @@ What is chosen, per machine and model shape:
     int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``; when asked for
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
     bf16_speedup  precision "bf16": bf16 GEMMs' time against fp32 (bf16 runs only if faster)
+    int8_speedup  precision "int8": the calibrated int8 plan's speed against fp32, whole model,
+                  on the calibration texts (:func:`measured_speedup`; int8 runs only if faster)
 
 Why measure: a choice that wins on one CPU loses on another. oneDNN's fp32 GEMM beat MKL by
 2.3x on an AVX-512 AMD EPYC and lost to it on an AVX2-only one (146 against 168 GFLOP/s).
@@ -58,11 +60,12 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
-           "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "choose", "tuning_enabled"]
+           "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
+           "tuning_enabled"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when what is measured changes: older cache files are then re-measured
+FORMAT = 3  # bump when what is measured changes: older cache files are then re-measured
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 BUDGET_S = 2.0
@@ -142,6 +145,8 @@ class KernelChoice:
 
     timings: {step: {candidate: median seconds per 1,000 tokens through one layer, or "error: ..."}}
     ratios:  {step: {candidate: median over rounds of its time / the baseline's time in that round}}
+    int8_speedup: {int8 plan (its fp32 linears, its grid): that plan's whole-model speed against
+        fp32, measured on the calibration texts} (precision "int8"; :func:`measured_speedup`)
     source: "measured", "cache" (read from ``path``) or "default" (nothing measured)
     measured_at: when it was measured (Unix time; a cached choice older than RECHECK_S is re-measured)
     """
@@ -151,6 +156,7 @@ class KernelChoice:
     slack: float = BASELINE["slack"]
     int8_kernel: str = BASELINE["int8_kernel"]
     bf16_speedup: float | None = None
+    int8_speedup: dict = field(default_factory=dict)
     key: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     ratios: dict = field(default_factory=dict)
@@ -327,6 +333,8 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
     shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2}
+    if precision == "int8":  # the fp32 library serves only some linears there: a smaller share
+        shares["gemm"] = budget_s / 4
     per_k = lambda secs, n: secs * 1000 / n  # noqa: E731  seconds per 1,000 tokens
 
     def runner(make_gemm: Callable[[], GemmBackend], packed: PackedBatch, slack: float) -> Callable[[], object]:
@@ -348,15 +356,15 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         return pick(per_round, baseline)
 
     base_batch = synthetic_batch(model.config, BASELINE["batch_tokens"], max_len)
-    if precision != "int8":  # in int8 mode the fp32 GEMMs serve only the linears calibration keeps
-        runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
-        choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
-    else:
+    # the fp32 GEMM library (in int8 mode it serves the linears calibration keeps fp32, and the
+    # whole model where int8 is declined: raced there too, as on AVX2-only CPUs oneDNN's is slower)
+    runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
+    choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
+    if precision == "int8":
         runs = {k: runner(lambda k=k: GemmBackend(prefer="onednn", precision="int8", int8_kernel=k), base_batch,
                           BASELINE["slack"]) for k in cands["int8_kernel"]}
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
                                    BASELINE["int8_kernel"])
-        choice.gemm = "onednn"
 
     def chosen_gemm() -> GemmBackend:
         return GemmBackend(prefer=choice.gemm, precision=precision, int8_kernel=choice.int8_kernel)
@@ -381,6 +389,18 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     log.info("kernel choice for %s measured in %.1f s: gemm %s, batch %d tokens, slack %g",
              choice.key["model"], choice.seconds, choice.gemm, choice.batch_tokens, choice.slack)
     return choice
+
+
+def measured_speedup(fast: Callable[[], object], base: Callable[[], object],
+                     budget_s: float = BUDGET_S / 2) -> float | None:
+    """How many times faster ``fast`` runs than ``base`` here: the median over paired rounds
+    (:func:`race`, at least three) of base's time / fast's time in the same round. None when
+    either raised (logged)."""
+    times = race({"base": base, "fast": fast}, budget_s)
+    rel = ratios(times, "base")
+    if "fast" not in rel:
+        return None
+    return 1 / rel["fast"]
 
 
 def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,

@@ -14,7 +14,7 @@ QUICK = False  # too slow to build for a smoke run
 def build(setup):
     from ...bert import load
 
-    bert = load(setup.folder, precision="int8", compile=True)
+    bert = load(setup.folder, precision="int8", compile=True, keep_precision=True)
     run = lambda texts: bert.embed(texts)  # noqa: E731
     run.bert = bert
     return run

@@ -126,9 +126,11 @@ def test_second_training_step_sees_the_updated_weights(bert, monkeypatch):
     after = used.embed(TEXTS)
     fresh = Bert(config=bert.config, model=copy.deepcopy(used.model), tokenizer=bert.tokenizer,
                  max_seq_length=bert.max_seq_length)
-    assert abs(after - fresh.embed(TEXTS)).max() < 1e-6
-    assert abs(after - bert.embed(TEXTS)).max() > 1e-4  # the step did change the embeddings
+    # "used" runs oneDNN's GEMMs and "fresh" the kernel choice's (BLAS on some CPUs): fp32
+    # candidates agree within 1e-5, not bit for bit (an AVX2-limited run differed by 1.9e-6)
+    assert abs(after - fresh.embed(TEXTS)).max() < 1e-5
+    assert abs(after - bert.embed(TEXTS)).max() > 1e-3  # the step did change the embeddings
     got, want = grad_step(used, "packed"), grad_step(fresh, "packed")
     for name in want:
         scale = max(1.0, float(want[name].abs().max()))
-        assert float((got[name] - want[name]).abs().max()) <= 1e-6 * scale, name
+        assert float((got[name] - want[name]).abs().max()) <= 1e-5 * scale, name

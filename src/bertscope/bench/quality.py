@@ -39,6 +39,8 @@ def top_k_overlap(ref: np.ndarray, got: np.ndarray, k: int = 10) -> float:
 
 def embedding_agreement(ref: np.ndarray, got: np.ndarray, k: int = 10) -> dict:
     """Cosine to the reference (mean, min) and top-k neighbour overlap of two (N, C) unit-row arrays."""
+    ref, got = np.asarray(ref, dtype=np.float64), np.asarray(got, dtype=np.float64)  # a float32 mean
+    # of cosines all near 1 can round below their minimum (seen on an AVX2-limited run)
     cos = (ref * got).sum(1) / np.clip(np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1), 1e-12, None)
     return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
             f"top{k}_overlap": top_k_overlap(ref, got, k), "texts": int(ref.shape[0])}

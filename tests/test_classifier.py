@@ -254,6 +254,30 @@ def test_classifier_folder_loads_in_bertscope_and_hf_with_equal_logits(tmp_path,
     assert res.weights.shape[0] == bert.config.num_hidden_layers
 
 
+def test_classifier_folder_runs_in_reduced_precision_and_tunes_on_its_encoder(tmp_path, bert, bundled_path,
+                                                                              monkeypatch):
+    """A fine-tuned folder loads with precision int8 or bf16 (calibrated and timed on its encoder),
+    and embed, the first call on a fresh kernel-choice cache, measures the choice on the encoder."""
+    import warnings
+
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    out, _ = _save_classifier_folder(tmp_path, bert, bundled_path)
+    fp32 = bertscope.load(out)
+    emb = fp32.embed(TEXTS)  # the kernel choice is measured here, on the classifier's encoder
+    assert fp32.fast.choice is not None and fp32.fast.choice.source == "measured"
+    probs = fp32.classify(TEXTS)
+    int8 = bertscope.load(out, precision="int8", keep_precision=True)
+    assert int8.precision == "int8" and int8.int8_plan is not None
+    assert np.abs(int8.classify(TEXTS) - probs).max() < 0.02
+    assert (int8.embed(TEXTS) * emb).sum(1).min() > 0.97
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # bf16 is off on CPUs without it
+        bf16 = bertscope.load(out, precision="bf16")
+    assert bf16.precision in ("bf16", "fp32")
+    assert np.abs(bf16.classify(TEXTS) - probs).max() < 0.02
+
+
 def test_plain_encoder_has_no_classify(bert):
     assert not bert.is_classifier and bert.labels is None
     with pytest.raises(InputError, match="no classification head"):

@@ -181,7 +181,7 @@ class Bert:
         self.model.eval()
         try:
             with torch.inference_mode():
-                choice = self.fast.prepare(self.model)  # measured once per machine and model shape
+                choice = self.fast.prepare(self.encoder)  # measured once per machine and model shape
                 if batch_tokens is None:
                     batch_tokens = (choice.batch_tokens if choice is not None
                                     else DEFAULT_BATCH_TOKENS.get(self.device.type, 2048))
@@ -327,13 +327,13 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
         raise InputError("precision 'int8' needs an int8 GEMM that this torch lacks on this CPU "
                          f"(tried {', '.join(INT8_KERNELS)}); use precision='fp32'")
     with torch.inference_mode():
-        choice = bert.fast.prepare(bert.model)
+        choice = bert.fast.prepare(bert.encoder)
     chosen = choice.int8_kernel if choice is not None else None
     ok = chosen in usable or (chosen == COMPILED_KERNEL and "onednn" in usable)
     kernel = chosen if ok else usable[0]
     bert.fast.gemm.int8_kernel = kernel
     packed = _calibration_batch(bert)
-    plan = bert.int8_plan = calibrate(bert.fast, bert.model, packed, kernel=kernel)
+    plan = bert.int8_plan = calibrate(bert.fast, bert.encoder, packed, kernel=kernel)
     levels = bert.fast.gemm.int8_levels(kernel)
     kept = len(plan.keep_fp32)
     bits = "" if levels == FULL_LEVELS else ", 7-bit activations: this CPU's int8 GEMM saturates on 8-bit ones"
@@ -368,7 +368,7 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> float | None:
 
     def run(encoder: PackedEncoder):
         with torch.inference_mode():
-            return encoder.encode(bert.model, packed)
+            return encoder.encode(bert.encoder, packed)
 
     speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
     if speedup is not None:
@@ -387,7 +387,7 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
         why = "this torch has no oneDNN linear"
     else:
         with torch.inference_mode():
-            choice = bert.fast.prepare(bert.model)
+            choice = bert.fast.prepare(bert.encoder)
         speedup = choice.bf16_speedup if choice is not None else None
         raced = (choice.timings.get("bf16") or {}).get("bf16") if choice is not None else None
         got = None
@@ -400,9 +400,9 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
             try:
                 with torch.inference_mode():
                     bert.fast.gemm.precision = "fp32"
-                    ref = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+                    ref = sentence_means(bert.fast.encode(bert.encoder, packed), packed)  # (B, C)
                     bert.fast.gemm.precision = "bf16"
-                    got = sentence_means(bert.fast.encode(bert.model, packed), packed)  # (B, C)
+                    got = sentence_means(bert.fast.encode(bert.encoder, packed), packed)  # (B, C)
             except ONEDNN_REFUSALS as e:  # a CPU flag says bf16, but oneDNN refuses it
                 why = f"the bf16 GEMM does not run here ({type(e).__name__}: {str(e).splitlines()[0]})"
         if got is not None:

@@ -499,6 +499,8 @@ def test_precision_is_checked(bundled_path):
         bertscope.load(bundled_path, precision="int8", device="meta")
     with pytest.raises(bertscope.InputError, match="compile=True applies to precision='int8' only"):
         bertscope.load(bundled_path, compile=True)
+    with pytest.raises(bertscope.InputError, match="keep_precision=True applies to precision='int8' or 'bf16'"):
+        bertscope.load(bundled_path, keep_precision=True)
 
 
 def test_embed_cli_int8_records_its_precision_and_resume_refuses_another(tmp_path, capsys, bert):

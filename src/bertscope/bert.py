@@ -295,6 +295,8 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if compile and precision != "int8":
         raise InputError(f"compile=True applies to precision='int8' only, not {precision!r}")
+    if keep_precision and precision == "fp32":
+        raise InputError("keep_precision=True applies to precision='int8' or 'bf16' only")
     if precision != "fp32":
         if torch.device(device).type != "cpu":
             raise InputError(f"precision {precision!r} is a CPU mode; on a GPU load with dtype=torch.bfloat16")
@@ -338,7 +340,8 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
     kept = len(plan.keep_fp32)
     bits = "" if levels == FULL_LEVELS else ", 7-bit activations: this CPU's int8 GEMM saturates on 8-bit ones"
     what = f"int8 ({kernel} kernel{bits}); {kept} of {len(plan.errors)} linears kept fp32"
-    speedup = _int8_speedup(bert, choice, packed, f"{kernel}, {levels} levels, fp32: {' '.join(plan.keep_fp32_names()) or 'none'}")
+    plan_key = f"{kernel}, {levels} levels, fp32: {' '.join(plan.keep_fp32_names()) or 'none'}"
+    speedup = _int8_speedup(bert, choice, packed, plan_key)
     speed = "" if speedup is None else f"; {speedup:.2f}x the speed of fp32 on the calibration texts"
     if speedup is not None and speedup < 1 + NOISE_MARGIN:
         if not keep_precision:

@@ -63,4 +63,9 @@ def test_doctor_int8_reports_its_calibration(tmp_path, monkeypatch, capsys):
     # the stated rule: every linear whose error is over the limit stays fp32
     over = {k for k, v in cal["errors"].items() if v > cal["error_limit"]}
     assert over <= set(cal["keep_fp32"])
+    # and each int8 linear's fp32 input channels: the FP32_CHANNELS largest |x| of its input
+    from bertscope.fast.quant import FP32_CHANNELS
+
+    assert set(cal["fp32_channels"]) == set(cal["errors"])
+    assert all(len(c) == FP32_CHANNELS and c == sorted(c) for c in cal["fp32_channels"].values())
     assert e["choice"]["int8_kernel"] in e["choice"]["timings"]["int8_kernel"]

@@ -21,8 +21,8 @@ from bertscope.bert import Bert
 from bertscope.cli.main import main
 from bertscope.fast.encoder import PackedEncoder
 from bertscope.fast.gemm import GemmBackend
-from bertscope.fast.quant import (COMPILED_KERNEL, ERROR_LIMIT, INT8_KERNELS, Int8Linear, calibrate,
-                                  int8_kernel_available)
+from bertscope.fast.quant import (COMPILED_KERNEL, ERROR_LIMIT, FP32_CHANNELS, INT8_KERNELS, Int8Linear,
+                                  calibrate, fp32_channels, int8_kernel_available)
 
 IT = "The animal didn't cross the street because it was too tired"
 
@@ -46,16 +46,21 @@ def int8(bundled_path):
     return bertscope.load(bundled_path, precision="int8", keep_precision=True)
 
 
-def brute_force(x: np.ndarray, w: np.ndarray, b: np.ndarray, levels: int = 255) -> np.ndarray:
+def brute_force(x: np.ndarray, w: np.ndarray, b: np.ndarray, levels: int = 255,
+                channels: tuple[int, ...] = ()) -> np.ndarray:
     """The int8 scheme written out in float64: per-channel weights, per-token asymmetric inputs
-    on the grid 0..levels (255: 8 bits; 127: the 7 bits of a CPU whose int8 GEMM saturates)."""
-    s = np.maximum(np.abs(w).max(1), 1e-12) / 127  # (M,)
-    wq = np.clip(np.round(w / s[:, None]), -127, 127)  # (M, K)
-    lo, hi = x.min(1, keepdims=True), x.max(1, keepdims=True)  # (N, 1)
+    on the grid 0..levels (255: 8 bits; 127: the 7 bits of a CPU whose int8 GEMM saturates);
+    the input ``channels`` left out of both and multiplied exactly (LLM.int8()'s decomposition)."""
+    S = list(channels)
+    xm, wm = x.copy(), w.copy()
+    xm[:, S], wm[:, S] = 0, 0
+    s = np.maximum(np.abs(wm).max(1), 1e-12) / 127  # (M,)
+    wq = np.clip(np.round(wm / s[:, None]), -127, 127)  # (M, K)
+    lo, hi = xm.min(1, keepdims=True), xm.max(1, keepdims=True)  # (N, 1)
     step = np.maximum(hi - lo, 1e-12) / levels
-    q = np.round((x - lo) / step)  # (N, K) in [0, levels]
+    q = np.round((xm - lo) / step)  # (N, K) in [0, levels]
     xd = lo + step * q  # the dequantized input
-    return xd @ (wq * s[:, None]).T + b  # (N, M)
+    return xd @ (wq * s[:, None]).T + x[:, S] @ w[:, S].T + b  # (N, M)
 
 
 def test_int8_contract_on_a_fixed_mixed_length_corpus(bert, int8):
@@ -79,11 +84,13 @@ def test_int8_contract_on_a_fixed_mixed_length_corpus(bert, int8):
     assert abs(a["top10_overlap"] - overlap) < 1e-9 and abs(a["cosine_min"] - cos.min()) < 1e-6
 
 
+@pytest.mark.parametrize("channels", [(), (3, 10)])
 @pytest.mark.parametrize("levels", ["this machine's", 127])
 @pytest.mark.parametrize("kernel", INT8_KERNELS + (COMPILED_KERNEL,))
-def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel, levels):
+def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel, levels, channels):
     """Each kernel, with the activation grid this machine uses (8 bits where its int8 GEMM is
-    exact on them, else 7) and with 7 bits (exact on every CPU), against float64."""
+    exact on them, else 7) and with 7 bits (exact on every CPU), without and with fp32 input
+    channels (one of them the outlier channel), against float64."""
     if not int8_kernel_available(kernel):
         # this CPU cannot run it exactly (torch._int_mm without VNNI, or a compiler that emits
         # wrong code for this CPU): bertscope never uses it, and the refusal is right
@@ -104,19 +111,27 @@ def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel, levels):
         x[5] *= 50  # an outlier token
         w = torch.randn(M, K, generator=g) * 0.05
         b = torch.randn(M, generator=g)
-        got = Int8Linear(w, b, kernel=kernel, levels=levels)(x).double().numpy()
+        x_before = x.clone()
+        got = Int8Linear(w, b, kernel=kernel, levels=levels, channels=channels)(x).double().numpy()
+        assert torch.equal(x, x_before)  # the caller's input is left as it was
         xd, wd = x.double().numpy(), w.double().numpy()
-        ref = brute_force(xd, wd, b.double().numpy(), levels)
+        ref = brute_force(xd, wd, b.double().numpy(), levels, channels)
         err = np.abs(got - ref)
         # fp32 arithmetic may put an input a hair across a rounding boundary that float64 does
         # not: such an input is off by one level (its row's step) times its weight
-        step = (xd.max(1) - xd.min(1)) / levels  # (N,)
+        xm = xd.copy()
+        xm[:, list(channels)] = 0
+        step = (xm.max(1) - xm.min(1)) / levels  # (N,)
         one_level = step[:, None] * np.abs(wd).max(1)[None, :]  # (N, M)
         assert (err <= 1e-4 * (1 + np.abs(ref).max()) + 2 * one_level).all()
         assert np.mean(err <= 1e-4 * (1 + np.abs(ref).max())) > 0.99
-        # and it approximates the fp32 product
+        # and it approximates the fp32 product; with the outlier channel in fp32, more closely
         exact = (x @ w.T + b).double().numpy()
-        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.05
+        rel = np.linalg.norm(got - exact) / np.linalg.norm(exact)
+        assert rel < 0.05
+        if channels:
+            plain = Int8Linear(w, b, kernel=kernel, levels=levels)(x).double().numpy()
+            assert rel < 0.95 * np.linalg.norm(plain - exact) / np.linalg.norm(exact)
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS)
@@ -282,9 +297,9 @@ def test_fused_int8_layers_follow_the_layer_recipe(compiled, bert, monkeypatch):
     calls = []
     real_run_layer = CompiledSteps.run_layer
 
-    def spy(self, layer, lin, x, carried, attend, quantize_next):
+    def spy(self, layer, lin, x, carried, attend, quantize_next, next_keep=None):
         calls.append((carried is not None, quantize_next))
-        return real_run_layer(self, layer, lin, x, carried, attend, quantize_next)
+        return real_run_layer(self, layer, lin, x, carried, attend, quantize_next, next_keep)
 
     monkeypatch.setattr(CompiledSteps, "run_layer", spy)
     with torch.inference_mode():
@@ -321,10 +336,14 @@ def test_fused_int8_layers_follow_the_layer_recipe(compiled, bert, monkeypatch):
             if steps is None:  # a layer with an fp32 linear runs the per-linear recipe
                 x = per_linear
                 continue
-            fused, carried = steps.run_layer(layer, lin, x, None, att, quantize_next=True)
+            # the 8-bit rows handed on leave out the next W_QKV's fp32 channels (here: this
+            # layer's own, as a stand-in for any layer's)
+            next_keep = lin.qkv.keep
+            assert next_keep is not None and int((next_keep == 0).sum()) == FP32_CHANNELS
+            fused, carried = steps.run_layer(layer, lin, x, None, att, quantize_next=True, next_keep=next_keep)
             assert rel(fused, per_linear) < 1e-3, i
             assert rel(fused, per_linear) < 0.1 * rel(per_linear, exact), i
-            q, lo, step = steps.quantize(fused)
+            q, lo, step = steps.quantize(fused, next_keep)
             flips = (carried[0].int() - q.int()).abs()
             assert int(flips.max()) <= 1 and float((flips > 0).float().mean()) < 0.01, i
             assert torch.allclose(carried[1], lo, atol=1e-6) and torch.allclose(carried[2], step, rtol=1e-5), i
@@ -341,24 +360,55 @@ def test_gelu_layer_of_int8_matches_fp32_activation_order():
 PLANTED = (1, 2, 3)  # layers whose W_O input gets an outlier channel
 
 
-def planted_outlier(bert, channel: int = 5, factor: float = 1000.0) -> Bert:
-    """A copy of the model whose W_O inputs (the attention context) in layers PLANTED have one
-    channel ``factor`` times larger: V's row scaled up, W_O's column scaled down by the same
-    factor, so the fp32 function is unchanged but one channel dwarfs the others."""
+def planted_outlier(bert, channels: tuple[int, ...] = (5,), factor: float = 1000.0) -> Bert:
+    """A copy of the model whose W_O inputs (the attention context) in layers PLANTED have
+    ``channels`` ``factor`` times larger: V's rows scaled up, W_O's columns scaled down by the same
+    factor, so the fp32 function is unchanged but those channels dwarf the others."""
     model = copy.deepcopy(bert.model)
     with torch.no_grad():
         for layer in PLANTED:
             att = model.layers[layer].attention
-            att.value.weight[channel] *= factor
-            att.value.bias[channel] *= factor
-            att.output.weight[:, channel] /= factor
+            for k, channel in enumerate(channels):
+                f = factor * (1 + k)  # unequal, so that which are the largest is well defined
+                att.value.weight[channel] *= f
+                att.value.bias[channel] *= f
+                att.output.weight[:, channel] /= f
     return Bert(config=bert.config, model=model, tokenizer=bert.tokenizer, path=bert.path,
                 max_seq_length=bert.max_seq_length, name="planted",
                 fast=PackedEncoder(gemm=GemmBackend(precision="int8")))
 
 
+def test_an_outlier_channel_goes_through_fp32_and_its_linear_stays_int8(bert):
+    """One planted 1000x channel is what the fp32 channels are for: the calibration finds it (the
+    largest |x| of that input), the linear stays int8, and the contract holds. Without the fp32
+    channels the same linear is far off."""
+    b = planted_outlier(bert, channels=(5,))
+    texts = review_corpus(80, seed=3)
+    ref = bert.embed(texts)
+    from bertscope.bert import _calibration_batch
+
+    plan = calibrate(b.fast, b.model, _calibration_batch(b))
+    planted = {(layer, "output") for layer in PLANTED}
+    assert all(5 in plan.channels[k] and len(plan.channels[k]) == FP32_CHANNELS for k in planted)
+    assert not planted & plan.keep_fp32 and all(plan.errors[k] < plan.error_limit for k in planted)
+    got = b.embed(texts)
+    cos = (got * ref).sum(1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.97
+    # the same linear without its fp32 channels, on the same inputs
+    att = b.model.layers[PLANTED[0]].attention
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randn(256, att.output.weight.shape[1], generator=g)
+    ctx[:, 5] *= 1000.0
+    exact = torch.nn.functional.linear(ctx, att.output.weight, att.output.bias)
+    levels = b.fast.gemm.int8_levels()
+    errs = [float((Int8Linear(att.output.weight, att.output.bias, levels=levels, channels=c)(ctx) - exact).norm()
+                  / exact.norm()) for c in ((), fp32_channels(ctx))]
+    assert errs[0] > ERROR_LIMIT and errs[1] < 0.1 * errs[0], errs
+
+
 def test_calibration_keeps_a_linear_with_an_activation_outlier_in_fp32(bert):
-    b = planted_outlier(bert)
+    """More outlier channels than the fp32 channels take: the error rule keeps the linear fp32."""
+    b = planted_outlier(bert, channels=tuple(range(5, 5 + FP32_CHANNELS + 1)))
     texts = review_corpus(80, seed=3)
     ref = bert.embed(texts)
     assert np.abs(b.embed(texts, batch_size=None) - ref).max() > 0  # int8 (nothing calibrated yet)
@@ -436,7 +486,7 @@ def test_int8_is_declined_where_its_plan_is_no_faster_than_fp32(bundled_path, be
 
     slowed(monkeypatch, Int8Linear, 0.02)  # int8 GEMMs slower than fp32 ones, on any CPU
     with pytest.warns(RuntimeWarning, match=r"int8 is off: measured 0\.\d\dx the speed of fp32 here "
-                      r"\(int8 \(\w+ kernel.*\); \d+ of 24 linears kept fp32\)"):
+                      r"\(int8 \(\w+ kernel.*\); \d+ of 24 linears kept fp32, and 2 input channels of each int8 one\)"):
         b = bertscope.load(bundled_path, precision="int8")
     assert b.precision == "fp32" and b.fast.gemm.precision == "fp32"
     assert "keep_precision=True keeps int8" in b.precision_note

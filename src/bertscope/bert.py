@@ -322,7 +322,7 @@ def _calibration_batch(bert: Bert):
 def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
     """int8 mode: pick the integer GEMM by measurement, decide which linears stay fp32, then
     keep int8 only if that plan measures faster than fp32 here (or ``keep_precision``)."""
-    from .fast.quant import COMPILED_KERNEL, FULL_LEVELS, INT8_KERNELS, calibrate, int8_kernel_available
+    from .fast.quant import COMPILED_KERNEL, FP32_CHANNELS, FULL_LEVELS, INT8_KERNELS, calibrate, int8_kernel_available
 
     usable = [k for k in INT8_KERNELS if int8_kernel_available(k)]
     if not usable:
@@ -339,8 +339,10 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
     levels = bert.fast.gemm.int8_levels(kernel)
     kept = len(plan.keep_fp32)
     bits = "" if levels == FULL_LEVELS else ", 7-bit activations: this CPU's int8 GEMM saturates on 8-bit ones"
-    what = f"int8 ({kernel} kernel{bits}); {kept} of {len(plan.errors)} linears kept fp32"
-    plan_key = f"{kernel}, {levels} levels, fp32: {' '.join(plan.keep_fp32_names()) or 'none'}"
+    what = (f"int8 ({kernel} kernel{bits}); {kept} of {len(plan.errors)} linears kept fp32, and "
+            f"{FP32_CHANNELS} input channels of each int8 one")
+    plan_key = (f"{kernel}, {levels} levels, fp32: {' '.join(plan.keep_fp32_names()) or 'none'}, "
+                f"{FP32_CHANNELS} fp32 channels")
     speedup = _int8_speedup(bert, choice, packed, plan_key)
     speed = "" if speedup is None else f"; {speedup:.2f}x the speed of fp32 on the calibration texts"
     if speedup is not None and speedup < 1 + NOISE_MARGIN:

@@ -101,4 +101,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  int8 calibration on {cal['tokens']} tokens: kept fp32: {', '.join(cal['keep_fp32']) or 'none'}; "
                   f"largest errors {', '.join(f'{n} {v:.3f}' for n, v in worst)} (limit {cal['error_limit']}); "
                   f"cosine to fp32 {cal['cosine_mean']:.4f} mean, {cal['cosine_min']:.4f} min")
+            chans = cal.get("fp32_channels") or {}
+            if chans:
+                shown = "; ".join(f"{n} {', '.join(map(str, c))}" for n, c in list(chans.items())[:4])
+                print(f"  fp32 input channels of the int8 linears (largest |x| in calibration): {shown}"
+                      + (f"; ... ({len(chans) - 4} more in --json)" if len(chans) > 4 else ""))
     return 0

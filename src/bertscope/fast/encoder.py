@@ -114,8 +114,10 @@ class PackedEncoder:
         carried = None  # the 8-bit rows of x, when the previous fused layer made them
         for i, (layer, lin) in enumerate(zip(model.layers, linears)):
             if fused[i] is not None:
+                quantize_next = i + 1 < len(fused) and fused[i + 1] is fused[i]
                 x, carried = fused[i].run_layer(
-                    layer, lin, x, carried, quantize_next=i + 1 < len(fused) and fused[i + 1] is fused[i],
+                    layer, lin, x, carried, quantize_next=quantize_next,
+                    next_keep=linears[i + 1].qkv.keep if quantize_next else None,
                     attend=lambda qkv: self.kernels.attend(qkv, packed, H, impl=attention_impl, plan=plan))  # (N', C)
                 continue
             dropout_p = layer.attention.dropout_p if layer.training else 0.0

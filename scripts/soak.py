@@ -25,7 +25,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 DOC = ROOT / "docs" / "RELIABILITY.md"
 TITLE = "Reliability: bertscope under abuse"
 
@@ -162,12 +162,6 @@ def soak_embed(kills: int, lines: int, shard_rows: int, seed: int, work: Path) -
 
 # ------------------------------------------------------------------------------------- serve
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -183,76 +177,63 @@ def post(base: str, path: str, body: dict, timeout: float = 120.0) -> int:
         return r.status
 
 
+def load_test(base: str, proc: subprocess.Popen, clients: int, seconds: float, seed: int, texts: list[str]):
+    """``clients`` threads post to the server for ``seconds``, while its RSS is sampled:
+    (idle RSS, request stats, RSS samples, whether the server is still alive)."""
+    rss_idle = rss_mib(proc.pid)
+    stop = time.monotonic() + seconds
+    lock = threading.Lock()
+    stats = {"requests": 0, "errors": 0, "latencies": [], "first_errors": []}
+    samples: list[tuple[float, float]] = []
+
+    def client(k: int) -> None:
+        r = random.Random(seed * 1000 + k)
+        while time.monotonic() < stop:
+            text = r.choice(texts)
+            t0 = time.monotonic()
+            try:
+                if r.random() < 0.4:
+                    status = post(base, "/api/analyze", {"text": text})
+                else:
+                    status = post(base, "/api/attention", {"text": text, "layer": r.randrange(6),
+                                                           "heads": r.sample(range(12), r.randint(1, 3))})
+                ok = status == 200
+                why = f"HTTP {status}"
+            except (urllib.error.URLError, OSError) as e:
+                ok, why = False, f"{type(e).__name__}: {e}"
+            with lock:
+                stats["requests"] += 1
+                stats["latencies"].append(time.monotonic() - t0)
+                if not ok:
+                    stats["errors"] += 1
+                    if len(stats["first_errors"]) < 5:
+                        stats["first_errors"].append(why)
+
+    def sampler() -> None:
+        t0 = time.monotonic()
+        while time.monotonic() < stop:
+            samples.append((time.monotonic() - t0, rss_mib(proc.pid)))
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    threads.append(threading.Thread(target=sampler))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return rss_idle, stats, samples, proc.poll() is None
+
+
 def soak_serve(clients: int, seconds: float, seed: int) -> dict:
+    from bertscope.see.launch import served
+
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.choice([5, 12, 25, 50, 120]))) for _ in range(48)]
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(bertscope_cmd("serve", "--port", str(port)), env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"soak: bertscope serve exited: {server.stderr.read().strip()}")
-            try:
-                with urllib.request.urlopen(base + "/api/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("soak: bertscope serve did not become ready")
-            time.sleep(0.2)
-        rss_idle = rss_mib(server.pid)
-        stop = time.monotonic() + seconds
-        lock = threading.Lock()
-        stats = {"requests": 0, "errors": 0, "latencies": [], "first_errors": []}
-        samples: list[tuple[float, float]] = []
-
-        def client(k: int) -> None:
-            r = random.Random(seed * 1000 + k)
-            while time.monotonic() < stop:
-                text = r.choice(texts)
-                t0 = time.monotonic()
-                try:
-                    if r.random() < 0.4:
-                        status = post(base, "/api/analyze", {"text": text})
-                    else:
-                        status = post(base, "/api/attention", {"text": text, "layer": r.randrange(6),
-                                                               "heads": r.sample(range(12), r.randint(1, 3))})
-                    ok = status == 200
-                    why = f"HTTP {status}"
-                except (urllib.error.URLError, OSError) as e:
-                    ok, why = False, f"{type(e).__name__}: {e}"
-                with lock:
-                    stats["requests"] += 1
-                    stats["latencies"].append(time.monotonic() - t0)
-                    if not ok:
-                        stats["errors"] += 1
-                        if len(stats["first_errors"]) < 5:
-                            stats["first_errors"].append(why)
-
-        def sampler() -> None:
-            t0 = time.monotonic()
-            while time.monotonic() < stop:
-                samples.append((time.monotonic() - t0, rss_mib(server.pid)))
-                time.sleep(0.5)
-
-        threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-        threads.append(threading.Thread(target=sampler))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        alive = server.poll() is None
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        with served(env=env(), timeout=120) as running:
+            rss_idle, stats, samples, alive = load_test(running.base, running.proc, clients, seconds, seed, texts)
+    except RuntimeError as e:  # the server did not start
+        raise SystemExit(f"soak: {e}") from None
     rss = [m for _, m in samples]
     third = max(1, len(rss) // 3)
     middle, last = max(rss[third:2 * third] or rss), max(rss[-third:])

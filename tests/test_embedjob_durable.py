@@ -19,7 +19,7 @@ import pytest
 import bertscope.files
 from bertscope.cli.main import main
 from bertscope.errors import InputError
-from bertscope.fast.embedjob import KILL_HOOK_ENV, LOCK_FILE, read_embeddings, run_embed_job
+from bertscope.fast.embedjob import KILL_HOOK_ENV, LOCK_FILE, JobOptions, read_embeddings, run_embed_job
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TEXTS = [f"line {i}: " + "a few more words " * (i % 5) for i in range(20)]
@@ -144,7 +144,7 @@ def test_resume_recomputes_a_shard_whose_lines_changed_with_the_same_size_and_mt
     inp = _input(tmp_path / "in.txt")
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):  # shards 0 and 1 finish, shard 2 does not
-        run_embed_job(bert, inp, out, shard_rows=4, progress=_StopAfter(8))
+        run_embed_job(bert, inp, out, JobOptions(shard_rows=4), progress=_StopAfter(8))
     assert sorted(p.name for p in (out / "_staging").glob("part-*")) == ["part-00000.npy", "part-00001.npy"]
     _edit_keeping_size_and_mtime(inp, "line 1: a few", "line 1: x few")  # in shard 0
     code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume",
@@ -169,7 +169,7 @@ def test_a_second_job_on_the_same_output_is_refused_and_its_files_kept(tmp_path,
     inp = _input(tmp_path / "in.txt")
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        run_embed_job(bert, inp, out, shard_rows=4, progress=_StopAfter(4))
+        run_embed_job(bert, inp, out, JobOptions(shard_rows=4), progress=_StopAfter(4))
     # another job is running on OUTPUT: it holds the lock and is writing a temporary
     fd = os.open(out / LOCK_FILE, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -21,7 +21,7 @@ import ray
 import torch
 
 from bertscope.cli.main import main
-from bertscope.fast.embedjob import KILL_HOOK_ENV, read_embeddings, run_embed_job
+from bertscope.fast.embedjob import KILL_HOOK_ENV, JobOptions, read_embeddings, run_embed_job
 from bertscope.scale import EngineOptions, embed_dataset, ray_head_stats, run_ray_embed_job
 from bertscope.scale.embed import WORKER_KILL_HOOK_ENV
 from bertscope.understand.headstats import CLASSES, STATS, head_stats
@@ -105,7 +105,7 @@ def test_ray_engine_equals_local_engine_row_for_row(cluster, tmp_path, capsys):
 def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp_path, bert, capsys):
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(_sentences(400, seed=3)) + "\n")
-    whole = run_embed_job(bert, inp, tmp_path / "whole", shard_rows=40, fmt="parquet")
+    whole = run_embed_job(bert, inp, tmp_path / "whole", JobOptions(shard_rows=40, fmt="parquet"))
     assert whole.shards == 10
 
     out = tmp_path / "out"
@@ -145,8 +145,8 @@ def test_a_worker_killed_mid_shard_is_retried_and_every_row_is_written_once(clus
     inp.write_text("\n".join(texts) + "\n")
     marker = tmp_path / "a-worker-died"
     monkeypatch.setenv(WORKER_KILL_HOOK_ENV, str(marker))
-    res = run_ray_embed_job(None, inp, tmp_path / "out", engine=EngineOptions(workers=2), shard_rows=40,
-                            fmt="parquet")
+    res = run_ray_embed_job(None, inp, tmp_path / "out", JobOptions(shard_rows=40, fmt="parquet"),
+                            engine=EngineOptions(workers=2))
     assert marker.exists()  # a worker really SIGKILLed itself in the middle of a shard
     assert res.rows == 240 and res.shards == 6
     lines, status, emb = _table(tmp_path / "out")
@@ -166,7 +166,7 @@ def test_a_job_begun_locally_is_finished_by_ray(cluster, tmp_path, bert, capsys)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_embed_job(bert, inp, out, shard_rows=40, progress=stop_after_two_shards)
+        run_embed_job(bert, inp, out, JobOptions(shard_rows=40), progress=stop_after_two_shards)
     code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "40", "--engine", "ray",
                               "--workers", "1", "--resume", "--quiet"], capsys)
     assert code == 0 and "(2 already done)" in stdout, err

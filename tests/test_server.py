@@ -345,3 +345,14 @@ def test_measures_over_http_equal_the_library(server, bert):
     status, body = request(server, "POST", "/api/attention", {"text": "word " * 150, "layer": 0, "kind": "measure",
                                                              "measure": "value-zeroing"})
     assert status == 400 and "128 tokens" in body["detail"]
+
+
+def test_launch_reports_a_server_that_exits_before_it_is_ready(tmp_path):
+    """bertscope.see.launch (what the browser tests and the soak script start servers with): a
+    server that exits at start-up is an error that carries the server's own message, at once,
+    not a wait until the timeout."""
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(RuntimeError, match="exited with 2") as err:
+        with served("--model", str(missing), timeout=60):
+            pass
+    assert f"model folder {missing} does not exist" in str(err.value)

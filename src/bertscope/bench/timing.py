@@ -75,7 +75,6 @@ def paired_speedups(result: dict, of: str) -> dict[str, float]:
     many times faster ``of`` is, round by round (``result`` as :func:`compare_and_time` returns)."""
     times = {n: s["times_s"] for n, s in result["systems"].items()}
     return {n: r for n, r in ratios(times, of).items() if n != of}
-    return result
 
 
 def median_time(fn: Callable[[], object], min_rounds: int = 3, min_seconds: float = 0.3,

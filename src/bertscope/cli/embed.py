@@ -103,7 +103,7 @@ def _lines(nums: list[int], k: int = 10) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fast.embedjob import run_embed_job
+    from ..fast.embedjob import JobOptions, run_embed_job
     from ..errors import InputError
     from .common import check_output_dir
 
@@ -140,15 +140,16 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.update(n)
 
-    common = dict(field_name=args.field, batch_tokens=args.batch_tokens, fmt=args.format, resume=args.resume,
-                  shard_rows=args.shard_rows, progress=progress, on_total=on_total)
+    options = JobOptions(field_name=args.field, batch_tokens=args.batch_tokens, fmt=args.format,
+                         resume=args.resume, shard_rows=args.shard_rows)
     try:
         if engine is None:
-            res = run_embed_job(load, args.input, args.out, **common)
+            res = run_embed_job(load, args.input, args.out, options, progress=progress, on_total=on_total)
         else:
             from ..scale.embed import run_ray_embed_job
 
-            res = run_ray_embed_job(args.model, args.input, args.out, engine=engine, **common)
+            res = run_ray_embed_job(args.model, args.input, args.out, options, engine=engine, progress=progress,
+                                    on_total=on_total)
     finally:
         if bar is not None:
             bar.close()

@@ -84,7 +84,7 @@ from ..errors import InputError
 from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
-__all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
+__all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
            "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record", "embed_texts",
            "finish_embed_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
            "write_error"]
@@ -98,6 +98,18 @@ JOB_FILE, RUNS_FILE, MANIFEST_FILE, LOCK_FILE, STAGING = "_job.json", "_runs.jso
 # Test hook: SIGKILL this process after N shards (local engine: while the next one is half written).
 KILL_HOOK_ENV = "BERTSCOPE_EMBED_KILL_AFTER_SHARDS"
 _CHUNK = 2048  # texts sorted and embedded together inside a shard
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """How an embed job reads its input and writes OUTPUT: the same for every engine
+    (:func:`run_embed_job`, and ``bertscope.scale.run_ray_embed_job``)."""
+
+    field_name: str | None = None  # JSON lines: the field that holds the text (default "text")
+    batch_tokens: int | None = None  # real tokens per forward pass (default: the model's choice)
+    fmt: str = "npy"  # shard format: "npy" or "parquet"
+    resume: bool = False  # finish a stopped job: keep its finished shards, redo the rest
+    shard_rows: int = 10_000  # input lines per shard: the unit of work, of writing and of resuming
 
 
 @dataclass
@@ -455,9 +467,8 @@ def _describe_model(bert) -> dict:
             "max_seq_length": bert.max_seq_length, "precision": getattr(bert, "precision", "fp32")}
 
 
-def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                      field_name: str | None = None, batch_tokens: int | None = None, fmt: str = "npy",
-                      resume: bool = False, shard_rows: int = 10_000, engine: str = "local",
+def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.PathLike,
+                      options: JobOptions | None = None, *, engine: str = "local",
                       before_model: Callable[[], object] | None = None) -> EmbedJob:
     """Check everything, plan the input's shards and lock OUTPUT: the first half of every engine.
 
@@ -467,6 +478,8 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     engine's own checks, such as reaching a cluster). Bad input raises InputError, before any
     work. Close the returned job (or let :func:`finish_embed_job` do it) to release the lock.
     """
+    o = options or JobOptions()
+    field_name, batch_tokens, fmt, resume, shard_rows = o.field_name, o.batch_tokens, o.fmt, o.resume, o.shard_rows
     out = Path(out_dir)
     if fmt not in ("npy", "parquet"):
         raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
@@ -611,21 +624,12 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         job.close()
 
 
-def run_embed_job(
-    bert,
-    input_path: str | Path,
-    out_dir: str | Path,
-    *,
-    field_name: str | None = None,
-    batch_tokens: int | None = None,
-    fmt: str = "npy",
-    resume: bool = False,
-    shard_rows: int = 10_000,
-    progress: Callable[[int], None] | None = None,
-    on_total: Callable[[int, int], None] | None = None,
-) -> EmbedJobResult:
+def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: JobOptions | None = None, *,
+                  progress: Callable[[int], None] | None = None,
+                  on_total: Callable[[int, int], None] | None = None) -> EmbedJobResult:
     """Embed every record of ``input_path`` into shards under ``out_dir`` (see the module doc),
-    in this process: the local engine.
+    in this process: the local engine. ``options``: how to read and write (:class:`JobOptions`;
+    its defaults when None).
 
     ``bert`` is a loaded :class:`~bertscope.bert.Bert`, or a function that returns one (called
     only once everything is checked). ``progress(n)`` is called after each batch of n rows;
@@ -638,8 +642,8 @@ def run_embed_job(
         loaded.append(bert() if not hasattr(bert, "config") and callable(bert) else bert)
         return loaded[0]
 
-    job = prepare_embed_job(load, input_path, out_dir, field_name=field_name, batch_tokens=batch_tokens,
-                            fmt=fmt, resume=resume, shard_rows=shard_rows, engine="local")
+    options = options or JobOptions()
+    job = prepare_embed_job(load, input_path, out_dir, options, engine="local")
     try:
         if on_total is not None:
             on_total(job.plan.rows, job.done_rows)
@@ -647,8 +651,8 @@ def run_embed_job(
         records: dict[int, dict] = {}
         for shard in job.pending:
             kill_now = kill_after is not None and len(records) >= int(kill_after)
-            records[shard.index] = compute_shard(loaded[0], job.plan, shard, job.out, fmt=fmt,
-                                                 batch_tokens=batch_tokens, run=job.run, engine="local",
+            records[shard.index] = compute_shard(loaded[0], job.plan, shard, job.out, fmt=options.fmt,
+                                                 batch_tokens=options.batch_tokens, run=job.run, engine="local",
                                                  progress=progress, kill_now=kill_now)
     except BaseException:
         job.close()

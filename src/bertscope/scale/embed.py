@@ -32,8 +32,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, compute_shard, decode_record, embed_texts,
-                             finish_embed_job, prepare_embed_job)
+from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, JobOptions, compute_shard, decode_record,
+                             embed_texts, finish_embed_job, prepare_embed_job)
 from .cluster import (EngineOptions, check_address, check_engine_options, map_shards, pool_size, ray_session,
                       require_ray, unwrap_error)
 
@@ -94,22 +94,13 @@ class ShardEmbedder:
         return {"shard": np.asarray(batch["shard"]), "record": np.asarray(records, dtype=object)}
 
 
-def run_ray_embed_job(
-    model,
-    input_path: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    *,
-    engine: EngineOptions | None = None,
-    field_name: str | None = None,
-    batch_tokens: int | None = None,
-    fmt: str = "npy",
-    resume: bool = False,
-    shard_rows: int = 10_000,
-    progress: Callable[[int], None] | None = None,
-    on_total: Callable[[int, int], None] | None = None,
-) -> EmbedJobResult:
+def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.PathLike,
+                      options: JobOptions | None = None, *, engine: EngineOptions | None = None,
+                      progress: Callable[[int], None] | None = None,
+                      on_total: Callable[[int, int], None] | None = None) -> EmbedJobResult:
     """``bertscope embed --engine ray``: :func:`~bertscope.fast.embedjob.run_embed_job` with the
-    shards computed by ``engine.workers`` Ray actors (see the module doc).
+    shards computed by ``engine.workers`` Ray actors (see the module doc). ``options``: how to
+    read and write, as for the local engine (:class:`~bertscope.fast.embedjob.JobOptions`).
 
     ``model``: a folder, None for the bundled model, or a loaded Bert (its folder is what the
     workers load). Everything is checked before Ray starts (bad flags, Ray missing, an input
@@ -125,8 +116,8 @@ def run_ray_embed_job(
 
         return model if hasattr(model, "config") else load_bert(ref)
 
-    job = prepare_embed_job(load, input_path, out_dir, field_name=field_name, batch_tokens=batch_tokens,
-                            fmt=fmt, resume=resume, shard_rows=shard_rows, engine="ray",
+    options = options or JobOptions()
+    job = prepare_embed_job(load, input_path, out_dir, options, engine="ray",
                             before_model=lambda: check_address(opts.address))
     try:
         if on_total is not None:
@@ -134,8 +125,8 @@ def run_ray_embed_job(
         records: dict[int, dict] = {}
         kill_after = os.environ.get(KILL_HOOK_ENV)
         if job.pending:
-            ctor = {"model": ref, "plan": job.plan, "out_dir": str(job.out.resolve()), "fmt": fmt,
-                    "batch_tokens": batch_tokens, "run": job.run, "threads": opts.threads,
+            ctor = {"model": ref, "plan": job.plan, "out_dir": str(job.out.resolve()), "fmt": options.fmt,
+                    "batch_tokens": options.batch_tokens, "run": job.run, "threads": opts.threads,
                     "device": opts.device, "die_once": os.environ.get(WORKER_KILL_HOOK_ENV)}
             with ray_session(opts) as ray:
                 try:

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,12 +46,18 @@ def heap():
         return None, None
     m = libc.mallinfo2()
     return (m.uordblks + m.hblkhd) / MiB, m.fordblks / MiB  # in use (incl. mmapped blocks), held free
+import os, tracemalloc
+if os.environ.get("EMBED_MEMORY_TRACE_PYTHON") == "1":
+    tracemalloc.start(1)  # what the interpreter and numpy allocate (torch's tensors are not counted)
 samples = []
 t0 = time.perf_counter()
 def sample():
     while True:
         used, free = heap()
-        samples.append([round(time.perf_counter() - t0, 1), rss(), used, free])
+        row = [round(time.perf_counter() - t0, 1), rss(), used, free]
+        if tracemalloc.is_tracing():
+            row.append(tracemalloc.get_traced_memory()[0] / MiB)
+        samples.append(row)
         time.sleep(0.5)
 threading.Thread(target=sample, daemon=True).start()
 from bertscope.cli.main import main
@@ -71,6 +78,9 @@ def main() -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "embed_memory.json"))
     p.add_argument("--plot", default=None, help="also draw the RSS curves into this PNG")
+    p.add_argument("--trace-python", action="store_true",
+                   help="also sample the memory Python and numpy hold (tracemalloc; slower): a rise in "
+                        "glibc's bytes in use that this does not show is native (torch, MKL, the tokenizer)")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                    help="further arguments for `bertscope embed` (e.g. --extra --precision bf16)")
     a = p.parse_args()
@@ -82,7 +92,8 @@ def main() -> int:
     words = vocab_words(bertscope.load().tokenizer)
     rng = random.Random(0)
     results = []
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               EMBED_MEMORY_TRACE_PYTHON="1" if a.trace_python else "0")
     with tempfile.TemporaryDirectory() as tmp:
         for n in a.sizes:
             inp = Path(tmp) / f"texts{n}.txt"
@@ -101,13 +112,34 @@ def main() -> int:
                          rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None,
                          # the curve, at most 400 points: [seconds, RSS, heap in use, heap held free] (MiB)
                          curve=samples[:: max(1, len(samples) // 400)],
-                         curve_columns=["seconds", "rss_mib", "heap_in_use_mib", "heap_held_free_mib"])
+                         curve_columns=["seconds", "rss_mib", "heap_in_use_mib", "heap_held_free_mib"]
+                         + (["python_traced_mib"] if a.trace_python else []))
+            if s:  # medians over stretches of the run: what grows with the input shows here
+                stats["stretch_medians"] = stretch_medians(samples)
             results.append(stats)
             print(json.dumps({k: v for k, v in stats.items() if k != "curve"}))
     write_text_atomic(Path(a.out), json.dumps(results, indent=1))
     if a.plot:
         plot(results, Path(a.plot))
     return 0
+
+
+STRETCHES = ((0, 0.05), (0.05, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 0.9), (0.9, 1.0))
+
+
+def stretch_medians(samples: list[list]) -> dict[str, list]:
+    """{column: [median over each stretch of the run (0-5%, 5-25%, ... 90-100% of its samples)]}
+    for RSS, glibc's bytes in use and, when traced, Python's."""
+    names = {1: "rss_mib", 2: "heap_in_use_mib", 4: "python_traced_mib"}
+    n = len(samples)
+    out = {}
+    for col, name in names.items():
+        if col >= len(samples[0]) or samples[0][col] is None:
+            continue
+        out[name] = [round(statistics.median(r[col] for r in samples[int(a * n):max(int(b * n), int(a * n) + 1)]), 1)
+                     for a, b in STRETCHES]
+    out["stretches"] = [f"{a:.0%}-{b:.0%}" for a, b in STRETCHES]
+    return out
 
 
 def plot(results: list[dict], path: Path) -> None:

@@ -202,3 +202,20 @@ def test_lock_refusal_from_the_library(tmp_path, bert):
     finally:
         os.close(fd)
     assert json.loads((run_embed_job(bert, inp, out).out_dir / "_manifest.json").read_text())["rows"] == len(TEXTS)
+
+
+def test_job_options_are_checked_before_anything_is_written(tmp_path, bert):
+    """The library call: options of the wrong kind are a TypeError naming JobOptions; bad values
+    in them are the CLI's one-line InputErrors; OUTPUT is not created in either case."""
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(TypeError, match="options must be a JobOptions, got dict"):
+        run_embed_job(bert, inp, out, {"shard_rows": 4})
+    with pytest.raises(InputError, match="unknown format 'csv'"):
+        run_embed_job(bert, inp, out, JobOptions(fmt="csv"))
+    with pytest.raises(InputError, match="shard size must be at least 1"):
+        run_embed_job(bert, inp, out, JobOptions(shard_rows=0))
+    assert not out.exists()
+    res = run_embed_job(bert, inp, out, JobOptions(shard_rows=2, field_name=None))
+    assert res.rows == len(TEXTS) and res.shards == -(-len(TEXTS) // 2)

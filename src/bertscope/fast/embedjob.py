@@ -478,7 +478,10 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     engine's own checks, such as reaching a cluster). Bad input raises InputError, before any
     work. Close the returned job (or let :func:`finish_embed_job` do it) to release the lock.
     """
-    o = options or JobOptions()
+    o = options if options is not None else JobOptions()
+    if not isinstance(o, JobOptions):
+        raise TypeError(f"options must be a JobOptions, got {type(o).__name__}: "
+                        "JobOptions(shard_rows=..., fmt=..., ...)")
     field_name, batch_tokens, fmt, resume, shard_rows = o.field_name, o.batch_tokens, o.fmt, o.resume, o.shard_rows
     out = Path(out_dir)
     if fmt not in ("npy", "parquet"):
@@ -642,8 +645,8 @@ def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: Jo
         loaded.append(bert() if not hasattr(bert, "config") and callable(bert) else bert)
         return loaded[0]
 
-    options = options or JobOptions()
     job = prepare_embed_job(load, input_path, out_dir, options, engine="local")
+    options = options if options is not None else JobOptions()
     try:
         if on_total is not None:
             on_total(job.plan.rows, job.done_rows)

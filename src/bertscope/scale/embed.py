@@ -116,9 +116,9 @@ def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.Pa
 
         return model if hasattr(model, "config") else load_bert(ref)
 
-    options = options or JobOptions()
     job = prepare_embed_job(load, input_path, out_dir, options, engine="ray",
                             before_model=lambda: check_address(opts.address))
+    options = options if options is not None else JobOptions()
     try:
         if on_total is not None:
             on_total(job.plan.rows, job.done_rows)

@@ -73,6 +73,13 @@ print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": resource.getrusage(r
 """
 
 
+def write_lines(path: Path, n: int, words: list[str], rng: random.Random) -> None:
+    """n lines of 3 to 40 words drawn from ``words`` (the input every run here uses)."""
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) + "\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -97,9 +104,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in a.sizes:
             inp = Path(tmp) / f"texts{n}.txt"
-            with open(inp, "w") as f:
-                for _ in range(n):
-                    f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) + "\n")
+            write_lines(inp, n, words, rng)
             r = subprocess.run([sys.executable, "-c", WRAPPER, "embed", str(inp), "--out", str(Path(tmp) / f"out{n}"),
                                 "--quiet", *a.extra], env=env, capture_output=True, text=True)
             if r.returncode != 0:

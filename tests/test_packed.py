@@ -190,3 +190,36 @@ def test_packed_path_sees_weight_changes(make_in_inference_mode):
     real = mask.bool()
     assert (fast.last_hidden_state - before.last_hidden_state)[real].abs().max() > 1e-2
     assert (fast.last_hidden_state - ref.last_hidden_state)[real].abs().max() < TOL
+
+
+def test_blas_activation_sees_few_row_counts_and_keeps_each_row():
+    """oneDNN (torch's CPU GELU) compiles one kernel per tensor shape; on the BLAS backend the
+    activation must run on row counts rounded up to ROW_BUCKET, so a stream of batches with
+    hundreds of token counts makes a handful of shapes, with each real row as F.linear + GELU
+    computes it."""
+    import torch.nn.functional as F
+
+    from bertscope.fast.gemm import ROW_BUCKET, Linear
+
+    torch.manual_seed(5)
+    w, b = torch.randn(96, 48), torch.randn(96)
+    seen = []
+
+    def spy_gelu(t):
+        seen.append(tuple(t.shape))
+        return F.gelu(t)
+
+    lin = Linear(w, b, "blas", act="gelu")
+    lin.act = spy_gelu
+    counts = range(1, 3 * ROW_BUCKET + 1)
+    with torch.inference_mode():
+        for n in counts:
+            x = torch.randn(n, 48)
+            got = lin(x)
+            assert got.shape == (n, 96) and got.is_contiguous()
+            assert torch.allclose(got, F.gelu(F.linear(x, w, b)), rtol=1e-6, atol=1e-6)
+    assert len(counts) == 3 * ROW_BUCKET and sorted(set(seen)) == [(k * ROW_BUCKET, 96) for k in (1, 2, 3)]
+    # under autograd the plain path: exact gradients, no out= buffers
+    x = torch.randn(5, 48, requires_grad=True)
+    lin(x).sum().backward()
+    assert x.grad is not None and seen[-1] == (5, 96)

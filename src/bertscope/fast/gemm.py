@@ -5,7 +5,9 @@ Shape legend: N rows (real tokens), C hidden size, I feed-forward width, 3C the 
 Per layer the packed path needs four linears: W_Q, W_K, W_V stacked into one (3C, C) product,
 W_O (C, C), W1 with its activation (I, C), and W2 (C, I). Two backends compute them in fp32:
 
-  * "blas":   ``F.linear`` (MKL/OpenBLAS on CPU, cuBLAS on CUDA), then the activation;
+  * "blas":   ``F.linear`` (MKL/OpenBLAS on CPU, cuBLAS on CUDA), then the activation (on
+              row counts rounded up to ROW_BUCKET: torch's CPU GELU is a oneDNN kernel
+              compiled per shape, see :func:`activate_in_row_buckets`);
   * "onednn": oneDNN's fp32 GEMM with the weight reordered once into oneDNN's blocked layout
               and the activation fused as a post-op (CPU, fp32, inference only). It uses
               torch's private ``torch.ops.mkldnn`` ops, so it is probed before use and any
@@ -80,6 +82,31 @@ def fused_qkv(attention) -> tuple[torch.Tensor, torch.Tensor]:
     return w, b
 
 
+def activate_in_row_buckets(act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                            weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """act(x·Wᵀ + b) by BLAS, with the activation run on a row count rounded up to ROW_BUCKET:
+    (N, in) -> (N, out).
+
+    torch computes GELU on CPU with oneDNN, which JIT-compiles and keeps one kernel per
+    distinct tensor shape (a 256 KiB code buffer each, up to its primitive cache's 1,024
+    entries). A streaming job's batches have hundreds of distinct row counts N: over a
+    60,000-line embed job those kernels were the only memory that kept growing (69 kernels,
+    17 MiB; measured with memray, docs/BENCHMARKS.md, "A million lines"). Here the GEMM writes
+    the first N rows of an (N', out) buffer, N' a multiple of ROW_BUCKET, the other rows are
+    zeroed, and the activation runs on all N' rows: at most ⌈max N / ROW_BUCKET⌉ shapes (32 for
+    2,048-token batches). The N rows come from the same calls as F.linear and the activation.
+    Under autograd (out= is not differentiable) it is plain F.linear, then the activation.
+    """
+    n = x.shape[0]
+    rows = -(-n // ROW_BUCKET) * ROW_BUCKET
+    if rows == n or torch.is_grad_enabled() or x.dim() != 2:
+        return act(F.linear(x, weight, bias))  # (N, in)@(in, out) -> (N, out)
+    buf = x.new_empty(rows, weight.shape[0])  # (N', out)
+    torch.addmm(bias, x, weight.t(), out=buf[:n])  # (N, in)@(in, out) -> (N, out): F.linear's own call
+    buf[n:].zero_()
+    return act(buf)[:n]  # (N', out) -> (N, out)
+
+
 class Linear:
     """y = act(x·Wᵀ + b) for one weight, on the backend it was built for.
 
@@ -119,8 +146,9 @@ class Linear:
                 self.backend = "blas"
                 if self.on_failure is not None:
                     self.on_failure(e)
-        y = F.linear(x, self.weight, self.bias)  # (N, in)@(in, out) -> (N, out)
-        return self.act(y) if self.act else y
+        if self.act is None:
+            return F.linear(x, self.weight, self.bias)  # (N, in)@(in, out) -> (N, out)
+        return activate_in_row_buckets(self.act, x, self.weight, self.bias)  # act((N, in)@(in, out)) -> (N, out)
 
     def _onednn(self, x: torch.Tensor) -> torch.Tensor:
         attr, algo = ONEDNN_POSTOPS[self.act_name] if self.act_name else ("none", "")

@@ -95,6 +95,8 @@ def table(result: dict) -> str:
     order = {g: i for i, g in enumerate(GROUPS)}
     for name in sorted(result["groups"], key=lambda k: (order.get(k.rsplit(" (", 1)[0], 9), k)):
         f = result["groups"][name]["floor"]
+        if max(f) < 0.05:
+            continue  # a group with nothing live that stays
         rows.append(f"| {name} | {' · '.join(f'{x:.1f}' for x in f)} | {f[-1] - f[2]:+.1f} |")
     return "\n".join(rows)
 

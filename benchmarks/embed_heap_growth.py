@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import subprocess
 import sys
@@ -108,6 +109,8 @@ def main() -> int:
     p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"), help="'' to leave the docs alone")
     p.add_argument("--keep", default=None, help="also keep memray's capture file here")
     a = p.parse_args()
+    if a.lines < 1000:
+        p.error(f"--lines must be at least 1000 (a tenth of the run needs a few batches), got {a.lines}")
     try:
         import memray  # noqa: F401
     except ImportError:
@@ -127,7 +130,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "memray", "run", "--native", "-q", "-o", str(capture), "-m", "bertscope",
                "embed", str(inp), "--out", str(Path(tmp) / "out"), "--quiet"]
         print("running:", " ".join(cmd[1:]), flush=True)
-        r = subprocess.run(cmd, env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+        r = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         if r.returncode != 0:
             print(f"error: the embed job under memray exited with {r.returncode}", file=sys.stderr)
             return 1

@@ -217,9 +217,12 @@ def test_blas_activation_sees_few_row_counts_and_keeps_each_row():
             x = torch.randn(n, 48)
             got = lin(x)
             assert got.shape == (n, 96) and got.is_contiguous()
-            assert torch.allclose(got, F.gelu(F.linear(x, w, b)), rtol=1e-6, atol=1e-6)
+            assert torch.allclose(got, F.gelu(F.linear(x, w, b)), rtol=1e-5, atol=1e-5)
     assert len(counts) == 3 * ROW_BUCKET and sorted(set(seen)) == [(k * ROW_BUCKET, 96) for k in (1, 2, 3)]
-    # under autograd the plain path: exact gradients, no out= buffers
+    # under autograd the plain path (no out= buffers): PyTorch's own gradients
     x = torch.randn(5, 48, requires_grad=True)
-    lin(x).sum().backward()
-    assert x.grad is not None and seen[-1] == (5, 96)
+    lin(x).pow(2).sum().backward()
+    assert seen[-1] == (5, 96)
+    ref_x = x.detach().clone().requires_grad_(True)
+    F.gelu(F.linear(ref_x, w, b)).pow(2).sum().backward()
+    assert torch.allclose(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """Where bertscope's time goes, per op (torch.profiler), on the benchmark's two workloads.
 
     PYTHONPATH=src python benchmarks/profile_ops.py [--precisions fp32 int8 int8-compiled] [--doc docs/BENCHMARKS.md]
+        [--section profile] [--out benchmarks/results/profile.json]
 
 Workloads as in `bertscope bench`: (a) 32 texts of exactly 128 tokens on a BERT-base-size model
 (random weights); (b) 256 texts of 5 to 256 tokens on the bundled all-MiniLM-L6-v2. Each is
@@ -8,7 +9,7 @@ embedded once to warm up (and to make the kernel choice), then once under the pr
 table lists ops by self CPU time; "GEMM" rows are the linears, "attention" SDPA, and the rest is
 the overhead around them. "int8-compiled" is ``load(..., precision="int8", compile=True)`` with the
 compiled kernel forced on (its fused loops show as "CompiledFxGraph" rows). Writes the tables
-into the "profile" section of --doc.
+into the --section section of --doc ("profile", the Xeon's; one section per machine kind).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def main() -> int:
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "bf16", "int8", "int8-compiled"])
     p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile.json"))
+    p.add_argument("--section", default="profile", help="the named section of --doc to write (default: profile)")
     a = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,7 +113,7 @@ def main() -> int:
     md = markdown(results, m)
     print(md)
     if a.doc:
-        update_section(a.doc, "profile", md)
+        update_section(a.doc, a.section, md)
     return 0
 
 

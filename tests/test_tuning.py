@@ -135,6 +135,28 @@ def test_a_candidate_that_raises_is_recorded_and_never_chosen(cache, small_model
     assert c.timings["gemm"]["no-such-gemm"].startswith("error: ValueError") and c.gemm == "blas"
 
 
+def test_bf16_that_does_not_run_leaves_the_rest_measured_in_fp32(cache, small_model, monkeypatch):
+    # a CPU whose flags say bf16 but whose oneDNN refuses it (seen under ONEDNN_MAX_CPU_ISA=AVX2):
+    # the bf16 candidate fails once, and the batch budget and slack the fp32 fallback will use
+    # are measured in fp32, not failed again candidate by candidate
+    real = torch.ops.mkldnn._reorder_linear_weight
+    calls = []
+
+    def refusing_bf16(w, *args):
+        calls.append(w.dtype)
+        if w.dtype == torch.bfloat16:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+        return real(w, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refusing_bf16)
+    c = tuning.measure_choice(small_model, precision="bf16", budget_s=0.2, candidates=FAST)
+    assert c.timings["bf16"]["bf16"].startswith("error: RuntimeError") and c.bf16_speedup is None
+    assert isinstance(c.timings["bf16"]["fp32"], float)
+    for step in ("batch_tokens", "slack"):
+        assert all(isinstance(t, float) for t in c.timings[step].values()), c.timings[step]
+    assert calls.count(torch.bfloat16) == 1  # one failed attempt, at the bf16 candidate's warm-up
+
+
 def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():
     base = 1.0
     assert pick({"blas": base, "onednn": base * (1 - NOISE_MARGIN / 2)}, "blas") == "blas"  # within noise

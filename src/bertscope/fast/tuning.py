@@ -366,8 +366,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
                                    BASELINE["int8_kernel"])
 
+    runs_in = precision  # the precision the remaining candidates run in
+
     def chosen_gemm() -> GemmBackend:
-        return GemmBackend(prefer=choice.gemm, precision=precision, int8_kernel=choice.int8_kernel)
+        return GemmBackend(prefer=choice.gemm, precision=runs_in, int8_kernel=choice.int8_kernel)
 
     if precision == "bf16":  # bf16 against the fp32 winner, both on the chosen GEMM library
         runs = {"fp32": runner(lambda: GemmBackend(prefer=choice.gemm), base_batch, 0.0),
@@ -375,6 +377,9 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         timed("bf16", runs, {k: base_batch.num_tokens for k in runs}, "fp32")
         if "bf16" in choice.ratios["bf16"]:
             choice.bf16_speedup = 1 / choice.ratios["bf16"]["bf16"]
+        else:  # bf16 does not run here (a CPU flag says yes, oneDNN says no): the model will run
+            # fp32, so the batch budget and slack are measured for fp32 rather than failing again
+            runs_in = "fp32"
 
     batches = {n: synthetic_batch(model.config, n, max_len) for n in cands["batch_tokens"]}
     runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"]) for n in batches}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +157,42 @@ def test_bf16_that_does_not_run_leaves_the_rest_measured_in_fp32(cache, small_mo
     for step in ("batch_tokens", "slack"):
         assert all(isinstance(t, float) for t in c.timings[step].values()), c.timings[step]
     assert calls.count(torch.bfloat16) == 1  # one failed attempt, at the bf16 candidate's warm-up
+
+
+SETTLE_PROBE = """
+import ctypes, sys
+import torch
+from bertscope.fast.tuning import settle_allocator
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                              "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+if sys.argv[1] == "settle":
+    settle_allocator()
+before = libc.mallinfo2().hblkhd  # bytes in blocks glibc mapped from the system for one allocation
+t = torch.empty(24 * 2**20, dtype=torch.uint8)  # 24 MiB: a big activation's size
+print("mapped" if libc.mallinfo2().hblkhd - before >= 24 * 2**20 else "heap")
+"""
+
+
+def test_races_start_with_the_allocator_settled(monkeypatch):
+    # In a young process glibc maps every block above 128 KiB fresh from the system (page faults on
+    # first touch) until large frees raise that threshold; a race run then times faults, unequally
+    # for candidates that allocate more. Each fresh process (glibc, as on every Linux machine this
+    # project runs on) shows the block mapped without settling and served from the heap with it.
+    def probe(mode):
+        r = subprocess.run([sys.executable, "-c", SETTLE_PROBE, mode], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip()
+
+    assert probe("young") == "mapped"
+    assert probe("settle") == "heap"
+    order = []
+    monkeypatch.setattr(tuning, "settle_allocator", lambda: order.append("settle"))
+    race({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, budget_s=0.0)
+    assert order[:3] == ["settle", "a", "b"]  # before the warm-up, so every timed round is settled
 
 
 def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():

@@ -25,8 +25,9 @@ drifts between rounds (a shared VM's did, by 15%) moves both sides of each ratio
 comparing each candidate's best time would credit whichever had the luckiest moment. The plain
 path is the baseline (BLAS ``F.linear``, 2048 tokens, exact length groups), and another
 candidate replaces it only if its median ratio is below ``1 - NOISE_MARGIN``: the chosen path is
-never slower than the plain one beyond noise. A candidate that raises is recorded with its
-error and never chosen. Every candidate computes the same fp32 result within 1e-5 (tests hold
+never slower than the plain one beyond noise. Each race first settles the C allocator
+(:func:`settle_allocator`), so a young process does not time page faults that a long-running one
+never pays. A candidate that raises is recorded with its error and never chosen. Every candidate computes the same fp32 result within 1e-5 (tests hold
 each one to the padded reference); only bf16 and int8 change results, and only when asked.
 
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
@@ -61,11 +62,12 @@ from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
            "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
-           "tuning_enabled"]
+           "settle_allocator", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bump when what is measured changes: older cache files are then re-measured
+FORMAT = 4  # bump when what is measured changes: older cache files are then re-measured
+# (4: races start with the allocator settled, see settle_allocator)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 BUDGET_S = 2.0
@@ -242,6 +244,27 @@ def synthetic_batch(config, tokens: int, max_len: int, seed: int = 0) -> PackedB
     return pack_ids(ids)
 
 
+# glibc serves a block above its mmap threshold with fresh pages from the system, faulted in on
+# first touch, and returns them on free. The threshold starts at 128 KiB and rises to the size of
+# the largest such block freed, up to 32 MiB: a long-running process ends up there. Freeing one
+# block just under that cap first puts a young process in the same state.
+_SETTLE_BYTES = 31 * 2**20
+
+
+def settle_allocator() -> None:
+    """Put the C allocator in the state a long-running process reaches, before timing anything.
+
+    A race early in a young process otherwise times page faults. On the AMD EPYC (docs/
+    BENCHMARKS.md), the first race after compiling measured the compiled int8 steps at 0.87-1.17
+    of the eager steps' time, against 0.90-0.94 with glibc's thresholds fixed high, because
+    candidates that allocate more fresh memory paid more faults. Allocating and freeing one
+    block of 31 MiB raises glibc's mmap threshold (and its trim threshold, twice that) as a
+    process's own large tensors eventually do. Elsewhere it is a harmless allocation.
+    """
+    block = torch.empty(_SETTLE_BYTES, dtype=torch.uint8)
+    del block
+
+
 def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
          max_rounds: int = 15) -> dict:
     """Round-robin timing: {name: [seconds in round 1, round 2, ...]}, or {name: "error: ..."} for
@@ -252,6 +275,7 @@ def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_round
     every round, so the lists line up: entry i of each was measured in round i."""
     out: dict[str, list[float] | str] = {}
     live = dict(candidates)
+    settle_allocator()
     for name, run in list(live.items()):  # warm-up (builds, packs, first-call costs), and errors
         try:
             run()

@@ -164,16 +164,23 @@ import ctypes, sys
 import torch
 from bertscope.fast.tuning import settle_allocator
 
+NAMES = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                              "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [(n, ctypes.c_size_t) for n in NAMES]
+class MallInfo(ctypes.Structure):  # glibc before 2.33 has only mallinfo, with int fields
+    _fields_ = [(n, ctypes.c_int) for n in NAMES]
 libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
+if hasattr(libc, "mallinfo2"):
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2
+else:
+    libc.mallinfo.restype = MallInfo
+    info = libc.mallinfo
 if sys.argv[1] == "settle":
     settle_allocator()
-before = libc.mallinfo2().hblkhd  # bytes in blocks glibc mapped from the system for one allocation
+before = info().hblkhd  # bytes in blocks glibc mapped from the system for one allocation
 t = torch.empty(24 * 2**20, dtype=torch.uint8)  # 24 MiB: a big activation's size
-print("mapped" if libc.mallinfo2().hblkhd - before >= 24 * 2**20 else "heap")
+print("mapped" if info().hblkhd - before >= 24 * 2**20 else "heap")
 """
 
 
@@ -182,8 +189,13 @@ def test_races_start_with_the_allocator_settled(monkeypatch):
     # first touch) until large frees raise that threshold; a race run then times faults, unequally
     # for candidates that allocate more. Each fresh process (glibc, as on every Linux machine this
     # project runs on) shows the block mapped without settling and served from the heap with it.
+    # glibc's own allocator with its defaults: no fixed thresholds, tunables or preloaded allocator
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+
     def probe(mode):
-        r = subprocess.run([sys.executable, "-c", SETTLE_PROBE, mode], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", SETTLE_PROBE, mode], capture_output=True, text=True, timeout=120,
+                           env=env)
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout.strip()
 

@@ -258,8 +258,14 @@ def settle_allocator() -> None:
     BENCHMARKS.md), the first race after compiling measured the compiled int8 steps at 0.87-1.17
     of the eager steps' time, against 0.90-0.94 with glibc's thresholds fixed high, because
     candidates that allocate more fresh memory paid more faults. Allocating and freeing one
-    block of 31 MiB raises glibc's mmap threshold (and its trim threshold, twice that) as a
-    process's own large tensors eventually do. Elsewhere it is a harmless allocation.
+    block of 31 MiB (only its header page is touched) raises glibc's mmap threshold, and its trim
+    threshold to twice that, as a process's own large tensors eventually do.
+
+    The effect is process-wide and lasts: blocks up to 31 MiB then come from the heap, and up to
+    62 MiB of free heap is kept before trimming. A process running bertscope reaches about that
+    on its own, and only a measured choice (not a cached one) settles. Where the thresholds were
+    fixed by the user (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``), glibc keeps them; under another
+    allocator (jemalloc, tcmalloc, musl) this is a plain allocation.
     """
     block = torch.empty(_SETTLE_BYTES, dtype=torch.uint8)
     del block

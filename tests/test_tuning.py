@@ -184,6 +184,36 @@ print("mapped" if info().hblkhd - before >= 24 * 2**20 else "heap")
 """
 
 
+def test_bf16_no_faster_than_fp32_leaves_the_rest_measured_in_fp32(cache, small_model, monkeypatch):
+    # bf16 GEMMs that run but are slow (a stand-in, on any CPU): the model will run fp32, so the
+    # batch budget and slack are raced with fp32 backends
+    import time
+
+    from bertscope.fast.gemm import Linear
+
+    inner = Linear.__call__
+
+    def call(self, x):
+        if self.dtype == torch.bfloat16:
+            time.sleep(0.02)  # 20 ms per bf16 linear: far slower than this tiny model's fp32 GEMMs
+        return inner(self, x)
+
+    monkeypatch.setattr(Linear, "__call__", call)
+    made = []
+    real = tuning.GemmBackend
+
+    def backend(*args, **kwargs):
+        made.append(kwargs.get("precision", "fp32"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    c = tuning.measure_choice(small_model, precision="bf16", budget_s=0.2, candidates=FAST)
+    assert c.bf16_speedup is not None and c.bf16_speedup < 1 + NOISE_MARGIN
+    n_batch, n_slack = len(FAST["batch_tokens"]), len(FAST["slack"])
+    assert made[-(n_batch + n_slack):] == ["fp32"] * (n_batch + n_slack)  # the last two steps' backends
+    assert "bf16" in made  # the bf16 candidate itself was raced in bf16
+
+
 def test_races_start_with_the_allocator_settled(monkeypatch):
     # In a young process glibc maps every block above 128 KiB fresh from the system (page faults on
     # first touch) until large frees raise that threshold; a race run then times faults, unequally

@@ -407,8 +407,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         timed("bf16", runs, {k: base_batch.num_tokens for k in runs}, "fp32")
         if "bf16" in choice.ratios["bf16"]:
             choice.bf16_speedup = 1 / choice.ratios["bf16"]["bf16"]
-        else:  # bf16 does not run here (a CPU flag says yes, oneDNN says no): the model will run
-            # fp32, so the batch budget and slack are measured for fp32 rather than failing again
+        # where bf16 does not run here (a CPU flag says yes, oneDNN says no) or is no faster than
+        # fp32, the model will run fp32 (unless the user keeps bf16 anyway), so the batch budget
+        # and slack are measured for fp32, rather than failing again or timing the other precision
+        if choice.bf16_speedup is None or choice.bf16_speedup < 1 + NOISE_MARGIN:
             runs_in = "fp32"
 
     batches = {n: synthetic_batch(model.config, n, max_len) for n in cands["batch_tokens"]}

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,40 @@ def test_bf16_that_does_not_run_leaves_the_rest_measured_in_fp32(cache, small_mo
     assert calls.count(torch.bfloat16) == 1  # one failed attempt, at the bf16 candidate's warm-up
 
 
+def test_bf16_no_faster_than_fp32_leaves_the_rest_measured_in_fp32(cache, small_model, monkeypatch):
+    # bf16 GEMMs that run but are slow: the model will run fp32, so the batch budget and slack are
+    # raced with fp32 backends. The bf16 linears are a stand-in that runs on any CPU (many have no
+    # bf16 GEMM): built on BLAS, tagged bf16, 20 ms slower per call than this tiny model's GEMMs.
+    from bertscope.fast.gemm import GemmBackend, Linear
+
+    init, call = Linear.__init__, Linear.__call__
+
+    def bf16_on_blas(self, weight, bias, backend, act=None, on_failure=None, dtype=torch.float32):
+        init(self, weight, bias, "blas" if dtype == torch.bfloat16 else backend, act, on_failure, dtype)
+
+    def slow_bf16(self, x):
+        if self.dtype == torch.bfloat16:
+            time.sleep(0.02)
+        return call(self, x)
+
+    monkeypatch.setattr(Linear, "__init__", bf16_on_blas)
+    monkeypatch.setattr(Linear, "__call__", slow_bf16)
+    monkeypatch.setattr(GemmBackend, "onednn_usable", lambda self: True)  # bf16 is not refused for want of oneDNN
+    made = []
+    real = tuning.GemmBackend
+
+    def backend(*args, **kwargs):
+        made.append(kwargs.get("precision", "fp32"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    c = tuning.measure_choice(small_model, precision="bf16", budget_s=0.2, candidates=FAST)
+    assert c.bf16_speedup is not None and c.bf16_speedup < 1 + NOISE_MARGIN
+    n_batch, n_slack = len(FAST["batch_tokens"]), len(FAST["slack"])
+    assert made[-(n_batch + n_slack):] == ["fp32"] * (n_batch + n_slack)  # the last two steps' backends
+    assert "bf16" in made  # the bf16 candidate itself was raced in bf16
+
+
 SETTLE_PROBE = """
 import ctypes, sys
 import torch
@@ -182,36 +217,6 @@ before = info().hblkhd  # bytes in blocks glibc mapped from the system for one a
 t = torch.empty(24 * 2**20, dtype=torch.uint8)  # 24 MiB: a big activation's size
 print("mapped" if info().hblkhd - before >= 24 * 2**20 else "heap")
 """
-
-
-def test_bf16_no_faster_than_fp32_leaves_the_rest_measured_in_fp32(cache, small_model, monkeypatch):
-    # bf16 GEMMs that run but are slow (a stand-in, on any CPU): the model will run fp32, so the
-    # batch budget and slack are raced with fp32 backends
-    import time
-
-    from bertscope.fast.gemm import Linear
-
-    inner = Linear.__call__
-
-    def call(self, x):
-        if self.dtype == torch.bfloat16:
-            time.sleep(0.02)  # 20 ms per bf16 linear: far slower than this tiny model's fp32 GEMMs
-        return inner(self, x)
-
-    monkeypatch.setattr(Linear, "__call__", call)
-    made = []
-    real = tuning.GemmBackend
-
-    def backend(*args, **kwargs):
-        made.append(kwargs.get("precision", "fp32"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tuning, "GemmBackend", backend)
-    c = tuning.measure_choice(small_model, precision="bf16", budget_s=0.2, candidates=FAST)
-    assert c.bf16_speedup is not None and c.bf16_speedup < 1 + NOISE_MARGIN
-    n_batch, n_slack = len(FAST["batch_tokens"]), len(FAST["slack"])
-    assert made[-(n_batch + n_slack):] == ["fp32"] * (n_batch + n_slack)  # the last two steps' backends
-    assert "bf16" in made  # the bf16 candidate itself was raced in bf16
 
 
 def test_races_start_with_the_allocator_settled(monkeypatch):

@@ -27,8 +27,9 @@ path is the baseline (BLAS ``F.linear``, 2048 tokens, exact length groups), and 
 candidate replaces it only if its median ratio is below ``1 - NOISE_MARGIN``: the chosen path is
 never slower than the plain one beyond noise. Each race first settles the C allocator
 (:func:`settle_allocator`), so a young process does not time page faults that a long-running one
-never pays. A candidate that raises is recorded with its error and never chosen. Every candidate computes the same fp32 result within 1e-5 (tests hold
-each one to the padded reference); only bf16 and int8 change results, and only when asked.
+never pays. A candidate that raises is recorded with its error and never chosen. Every candidate
+computes the same fp32 result within 1e-5 (tests hold each one to the padded reference); only
+bf16 and int8 change results, and only when asked.
 
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
 flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and

@@ -95,6 +95,7 @@ def main() -> int:
     from bertscope.files import write_text_atomic
     import bertscope
     from bertscope.bench.corpus import vocab_words
+    from bertscope.bench.machine import cpu_flags, cpu_name
 
     words = vocab_words(bertscope.load().tokenizer)
     rng = random.Random(0)
@@ -113,7 +114,9 @@ def main() -> int:
             stats = json.loads(r.stderr.strip().splitlines()[-1])
             samples = stats.pop("samples")
             s = [row[1] for row in samples]
-            stats.update(texts=n, texts_per_s=n / stats["wall_s"],
+            stats.update(texts=n, texts_per_s=n / stats["wall_s"], cpu=cpu_name(), cpu_flags=cpu_flags(),
+                         logical_cpus=os.cpu_count(), torch=__import__("torch").__version__,
+                         embed_arguments=list(a.extra),
                          rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None,
                          # the curve, at most 400 points: [seconds, RSS, heap in use, heap held free] (MiB)
                          curve=samples[:: max(1, len(samples) // 400)],

@@ -19,8 +19,8 @@ from bertscope.bert import Bert
 from bertscope.cli.main import main
 from bertscope.fast.encoder import PackedEncoder
 from bertscope.fast.gemm import GemmBackend
-from bertscope.fast.quant import (COMPILED_KERNEL, ERROR_LIMIT, FP32_CHANNELS, INT8_KERNELS, Int8Linear,
-                                  calibrate, fp32_channels, int8_kernel_available)
+from bertscope.fast.quant import (CASTS, COMPILED_KERNEL, ERROR_LIMIT, FP32_CHANNELS, INT8_KERNELS, Int8Linear,
+                                  Scratch, calibrate, fp32_channels, int8_kernel_available)
 
 IT = "The animal didn't cross the street because it was too tired"
 
@@ -116,6 +116,32 @@ def test_int8_linear_equals_the_quantization_scheme_in_float64(kernel, levels, c
         if channels:
             plain = Int8Linear(w, b, kernel=kernel, levels=levels)(x).double().numpy()
             assert rel < 0.95 * np.linalg.norm(plain - exact) / np.linalg.norm(exact)
+
+
+def test_both_8bit_casts_give_the_same_integers_and_the_same_outputs():
+    """Scratch.narrow's two routes (one fp32 -> 8-bit copy, or through int32 in place) truncate
+    toward zero as torch.trunc does, at the ends of both 8-bit ranges too; int8 linears give
+    bit-identical outputs whichever route their scratch takes."""
+    g = torch.Generator().manual_seed(0)
+    for dtype, lo, hi in ((torch.uint8, 0.0, 255.0), (torch.int8, -128.0, 127.0)):
+        vals = torch.rand(300, 77, generator=g) * (hi + 1 - lo) * 0.99999 + lo  # (300, 77) in [lo, hi + 1)
+        vals[0, :6] = torch.tensor([lo, hi, hi + 0.999, lo + 0.5, 0.0, 0.9999])  # the ends, and values below 1
+        want = torch.trunc(vals).to(torch.int64)  # the independent reference
+        for cast in CASTS:
+            scratch = Scratch(cast)
+            t = vals.clone()
+            got = scratch.narrow(t, torch.empty(vals.shape, dtype=dtype))
+            assert got.dtype == dtype and torch.equal(got.to(torch.int64), want), (cast, dtype)
+    with pytest.raises(ValueError, match="unknown cast"):
+        Scratch("float16")
+    x = torch.randn(130, 64, generator=g)
+    x[:, 3] *= 30  # an outlier channel
+    w, b = torch.randn(96, 64, generator=g) * 0.05, torch.randn(96, generator=g)
+    for kernel in INT8_KERNELS:
+        if not int8_kernel_available(kernel):
+            continue
+        outs = [Int8Linear(w, b, kernel=kernel, scratch=Scratch(cast), channels=(3,))(x) for cast in CASTS]
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), kernel
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS)

@@ -194,6 +194,39 @@ def test_bf16_no_faster_than_fp32_leaves_the_rest_measured_in_fp32(cache, small_
     assert "bf16" in made  # the bf16 candidate itself was raced in bf16
 
 
+def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeypatch):
+    # the race decides, not this CPU: the baseline route ("direct") is slowed by a stand-in
+    # delay, so the other one must win; then a route that raises is recorded and never chosen
+    from bertscope.fast.quant import CASTS, Scratch
+
+    narrow = Scratch.narrow
+
+    def slow_direct(self, t, out):
+        if self.cast == "direct":
+            time.sleep(0.02)
+        return narrow(self, t, out)
+
+    monkeypatch.setattr(Scratch, "narrow", slow_direct)
+    cands = dict(FAST, int8_kernel=["onednn"], batch_tokens=[512], slack=[0.0])
+    c = tuning.measure_choice(small_model, precision="int8", budget_s=0.4, candidates=cands)
+    assert set(c.timings["int8_cast"]) == set(CASTS) and c.int8_cast == "int32", c.timings["int8_cast"]
+    assert c.ratios["int8_cast"]["int32"] < 1 - NOISE_MARGIN
+    enc = PackedEncoder(gemm=GemmBackend(precision="int8"))
+    lin = enc.gemm.int8_linear(torch.randn(8, 64), torch.zeros(8))  # a scratch made before the choice
+    enc.apply(c)
+    assert enc.gemm.int8_cast == "int32" and lin.scratch.cast == "int32"
+    assert KernelChoice.from_json(json.loads(json.dumps(c.to_json()))).int8_cast == "int32"
+
+    def broken_int32(self, t, out):
+        if self.cast == "int32":
+            raise RuntimeError("no int32 view here")
+        return narrow(self, t, out)
+
+    monkeypatch.setattr(Scratch, "narrow", broken_int32)
+    c = tuning.measure_choice(small_model, precision="int8", budget_s=0.2, candidates=cands)
+    assert c.timings["int8_cast"]["int32"].startswith("error: RuntimeError") and c.int8_cast == "direct"
+
+
 SETTLE_PROBE = """
 import ctypes, sys
 import torch

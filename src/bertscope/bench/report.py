@@ -54,6 +54,8 @@ def setup_lines(w: dict) -> list[str]:
                     f"attention slack {c['slack']:g}")
             if info.get("precision") == "int8":
                 txt += f", int8 kernel {c['int8_kernel']}"
+                if "int8_cast" in c and c["int8_kernel"] in ("onednn", "int_mm"):  # the eager steps' 8-bit conversion
+                    txt += f", 8-bit cast {c['int8_cast']}"
         if info.get("note"):
             txt += f"; {info['note']}"
         out.append(txt)

@@ -50,7 +50,8 @@ def register(sub) -> None:
 def _timings(choice: dict) -> list[str]:
     lines = []
     winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
-               "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"]}
+               "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"],
+               "int8_cast": choice.get("int8_cast", "direct")}
     for step, times in choice.get("timings", {}).items():
         cells = []
         rel = choice.get("ratios", {}).get(step, {})
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         if c:
             print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}): "
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
-                  + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
+                  + (f", int8 kernel {c['int8_kernel']}, 8-bit cast {c.get('int8_cast', 'direct')}"
+                     if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
             print("  candidates (s per 1,000 tokens, one layer; * = chosen):")
             for line in _timings(c):

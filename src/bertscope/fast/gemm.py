@@ -235,6 +235,7 @@ class GemmBackend:
         self.int8_keep_fp32: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.int8_channels: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
+        self.int8_cast = "direct"  # how their inputs become 8-bit integers (Scratch.narrow; measured)
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
         self._int8_levels: dict[str, int] = {}  # int8 GEMM -> activation levels measured here (int8_levels)
@@ -290,12 +291,23 @@ class GemmBackend:
         kernel = kernel or self.int8_kernel
         levels = self.int8_levels(kernel)
         if self.scratch is None:
-            self.scratch = Scratch()
+            self.scratch = Scratch(self.int8_cast)
         if kernel == COMPILED_KERNEL and self.steps is None:
             self.steps = CompiledSteps(levels)
         return Int8Linear(weight, bias, act, kernel=kernel, scratch=self.scratch,
                           steps=self.steps if kernel == COMPILED_KERNEL else None, levels=levels,
                           channels=channels)
+
+    def use_int8_cast(self, cast: str) -> None:
+        """Convert int8 linears' inputs to 8 bits by ``cast`` from now on (the same integers
+        either way; :meth:`bertscope.fast.quant.Scratch.narrow`)."""
+        from .quant import CASTS
+
+        if cast not in CASTS:
+            raise ValueError(f"unknown cast {cast!r}; choose one of {', '.join(CASTS)}")
+        self.int8_cast = cast
+        if self.scratch is not None:
+            self.scratch.cast = cast
 
     def int8_levels(self, kernel: str | None = None) -> int:
         """The top of the int8 activations' grid for ``kernel`` on this machine: 255 (8 bits) where

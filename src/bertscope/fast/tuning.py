@@ -7,6 +7,8 @@ What is chosen, per machine and model shape:
     slack         padding allowed inside an attention bucket: 0 (exact length groups), 0.1, 0.3
     int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``; when asked for
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
+    int8_cast     precision "int8": how quantized activations become 8-bit integers, fp32 -> uint8 in
+                  one copy or through int32 (:meth:`bertscope.fast.quant.Scratch.narrow`; same bits)
     bf16_speedup  precision "bf16": bf16 GEMMs' time against fp32 (bf16 runs only if faster)
     int8_speedup  precision "int8": the calibrated int8 plan's speed against fp32, whole model,
                   on the calibration texts (:func:`measured_speedup`; int8 runs only if faster)
@@ -67,7 +69,7 @@ __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "R
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4  # bump when what is measured changes: older cache files are then re-measured
+FORMAT = 5  # bump when what is measured changes: older cache files are then re-measured
 # (4: races start with the allocator settled, see settle_allocator)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
@@ -75,7 +77,7 @@ BUDGET_S = 2.0
 RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
 BATCH_TOKENS = (1024, 2048, 4096)
 SLACKS = (0.0, 0.1, 0.3)
-BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn"}
+BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "int8_cast": "direct"}
 
 
 def cpu_name() -> str:
@@ -158,6 +160,7 @@ class KernelChoice:
     batch_tokens: int = BASELINE["batch_tokens"]
     slack: float = BASELINE["slack"]
     int8_kernel: str = BASELINE["int8_kernel"]
+    int8_cast: str = BASELINE["int8_cast"]
     bf16_speedup: float | None = None
     int8_speedup: dict = field(default_factory=dict)
     key: dict = field(default_factory=dict)
@@ -351,10 +354,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
     """
     from .encoder import PackedEncoder
-    from .quant import COMPILED_KERNEL, INT8_KERNELS
+    from .quant import CASTS, COMPILED_KERNEL, INT8_KERNELS
 
     cands = {"gemm": ["blas", "onednn"], "batch_tokens": list(BATCH_TOKENS), "slack": list(SLACKS),
-             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else [])}
+             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else []), "int8_cast": list(CASTS)}
     cands.update(candidates or {})
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
@@ -363,7 +366,7 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
                           measured_at=time.time())
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
-    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2}
+    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20}
     if precision == "int8":  # the fp32 library serves only some linears there: a smaller share
         shares["gemm"] = budget_s / 4
     per_k = lambda secs, n: secs * 1000 / n  # noqa: E731  seconds per 1,000 tokens
@@ -396,6 +399,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
                           BASELINE["slack"]) for k in cands["int8_kernel"]}
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
                                    BASELINE["int8_kernel"])
+        if choice.int8_kernel != COMPILED_KERNEL:  # the compiled steps make their 8 bits themselves
+            runs = cast_runs(cands["int8_cast"], BASELINE["batch_tokens"], model.config)
+            choice.int8_cast = timed("int8_cast", runs, {c: BASELINE["batch_tokens"] for c in runs},
+                                     BASELINE["int8_cast"])
 
     runs_in = precision  # the precision the remaining candidates run in
 
@@ -427,6 +434,27 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     log.info("kernel choice for %s measured in %.1f s: gemm %s, batch %d tokens, slack %g",
              choice.key["model"], choice.seconds, choice.gemm, choice.batch_tokens, choice.slack)
     return choice
+
+
+def cast_runs(casts: list[str], rows: int, config) -> dict[str, Callable[[], object]]:
+    """One timed call per route of :meth:`~bertscope.fast.quant.Scratch.narrow`: the 8-bit
+    conversion of every int8 linear's input in one layer, at ``rows`` tokens (the widths C, C, C
+    and I of W_QKV, W_O, W1 and W2), from fp32 values on the 8-bit grid."""
+    from .quant import Scratch
+
+    g = torch.Generator().manual_seed(0)
+    widths = (config.hidden_size,) * 3 + (config.intermediate_size,)
+    src = {k: torch.rand(rows, k, generator=g).mul_(255.0) for k in set(widths)}  # (rows, K) in [0, 255)
+
+    def run_for(cast: str) -> Callable[[], object]:
+        scratch = Scratch(cast)
+
+        def run():
+            for k in widths:
+                t = scratch.get(rows, k, torch.float32).copy_(src[k])  # narrow() may overwrite it
+                scratch.narrow(t, scratch.get(rows, k, torch.uint8))  # (rows, K) -> uint8
+        return run
+    return {c: run_for(c) for c in casts}
 
 
 def measured_speedup(fast: Callable[[], object], base: Callable[[], object],

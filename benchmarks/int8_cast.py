@@ -1,0 +1,95 @@
+"""The two routes from rounded fp32 activations to 8-bit integers (Scratch.narrow), alone and in
+the whole int8 model, paired round by round.
+
+    PYTHONPATH=src python benchmarks/int8_cast.py [--rounds 11] [--model PATH]
+
+"direct" is one fp32 -> uint8 copy; "int32" converts to int32 in place, then int32 -> uint8. Both
+give the same integers (tests hold them to torch.trunc); which is faster depends on how torch
+vectorizes each conversion on the CPU, which is why the kernel choice measures it (``doctor``
+shows the race as ``int8_cast``). This script shows the size of the difference: first the
+conversion alone on a linear's input (2048 rows of 384 and of 1536), then ``Bert.embed`` on the
+bench's mixed corpus (or, with ``--model``, 32 texts of 128 tokens) with int8 and the eager
+steps, the two routes alternating round by round; the embeddings are checked to be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import bertscope  # noqa: E402
+from bertscope.bench.corpus import make_texts, mixed_lengths  # noqa: E402
+from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.fast.quant import CASTS, Scratch  # noqa: E402
+
+
+def median_ms(fn, n: int = 40) -> float:
+    fn()
+    fn()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--model", default=None, help="a checkpoint folder (default: the bundled model, mixed corpus)")
+    a = p.parse_args()
+    m = machine()
+    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}\n")
+    print("| rows x width | " + " | ".join(f"{c} ms" for c in CASTS) + " |")
+    print("|---|" + "---:|" * len(CASTS))
+    with torch.inference_mode():
+        for width in (384, 1536):
+            src = torch.rand(2048, width) * 255  # (2048, K): values on the 8-bit grid, before truncation
+            cells = []
+            for cast in CASTS:
+                s = Scratch(cast)
+                t, q = torch.empty_like(src), torch.empty(src.shape, dtype=torch.uint8)
+                copy_ms = median_ms(lambda: t.copy_(src))  # the refill, taken off below
+                cells.append(median_ms(lambda: s.narrow(t.copy_(src), q)) - copy_ms)
+            print(f"| 2048 x {width} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+
+    bert = bertscope.load(a.model, precision="int8", keep_precision=True)
+    lengths = mixed_lengths(256, 5, 256) if a.model is None else [128] * 32
+    texts = make_texts(bert.tokenizer, lengths, seed=3 if a.model is None else 2)
+    if bert.fast.gemm.int8_kernel not in ("onednn", "int_mm"):
+        print(f"int8 runs the {bert.fast.gemm.int8_kernel} kernel here, which does not use these routes")
+        return 1
+    scratch = bert.fast.gemm.scratch
+    outs = {}
+    for cast in CASTS:
+        scratch.cast = cast
+        outs[cast] = bert.embed(texts)
+    same = all(np.array_equal(outs[CASTS[0]], o) for o in outs.values())
+    times: dict[str, list[float]] = {c: [] for c in CASTS}
+    for r in range(a.rounds):
+        for cast in (CASTS if r % 2 else CASTS[::-1]):  # alternate who goes first
+            scratch.cast = cast
+            t = time.perf_counter()
+            bert.embed(texts)
+            times[cast].append(time.perf_counter() - t)
+    paired = [b / d for b, d in zip(times["int32"], times["direct"])]
+    print(f"\nBert.embed, int8 ({bert.fast.gemm.int8_kernel} kernel), {len(texts)} texts, {a.rounds} rounds; "
+          f"embeddings identical: {same}")
+    print(f"direct {statistics.median(times['direct']):.3f} s, int32 {statistics.median(times['int32']):.3f} s; "
+          f"int32's time / direct's, paired: median {statistics.median(paired):.3f} "
+          f"(min {min(paired):.3f}, max {max(paired):.3f})")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,13 +7,15 @@ margin from this machine's noise (issue 9's target: int8 >= 1.0x ONNX Runtime in
 The full bench (`run_bench.py`) times every system for 5 rounds; on a 2-CPU virtual machine one
 round can differ from the next by 10% or more, so a ratio near 1.0 from 5 rounds lands on either
 side of the target from one run to the next. This script builds only bertscope fp32 (the
-reference every output is checked against), bertscope int8 with the eager steps, ONNX Runtime
+reference every output is checked against; it is timed in each round too, as in the bench, so
+every round sees the same sequence of work), bertscope int8 with the eager steps, ONNX Runtime
 int8 (`onnxruntime.quantization.quantize_dynamic`, per-channel) and, with ``--compiled``,
 bertscope int8 with ``compile=True``: the same adapters, inputs, threads and paired round-robin
 timing as the bench (:func:`bertscope.bench.timing.compare_and_time`). For each workload it
 reports the median paired ratio (ONNX Runtime int8's time / bertscope int8's time in the same
 round), its spread over rounds, in how many rounds bertscope was faster, and a 95% bootstrap
-interval for the median ratio.
+interval for the median ratio. Kernel choices come from the cache when one was measured for
+this machine (``bertscope doctor --retune`` measures them again); the JSON records them.
 
 Workloads, as in the bench: ``mixed`` (256 texts of 5 to 256 tokens, bundled all-MiniLM-L6-v2)
 and ``T128`` (32 texts of 128 tokens, BERT-base size with random weights).

@@ -137,10 +137,23 @@ def test_both_8bit_casts_give_the_same_integers_and_the_same_outputs():
     x = torch.randn(130, 64, generator=g)
     x[:, 3] *= 30  # an outlier channel
     w, b = torch.randn(96, 64, generator=g) * 0.05, torch.randn(96, generator=g)
-    for kernel in INT8_KERNELS:
+    routes = []
+    narrow = Scratch.narrow
+
+    def spy(self, t, out):
+        routes.append((self.cast, out.dtype))
+        return narrow(self, t, out)
+
+    for kernel, dtype in zip(INT8_KERNELS, (torch.uint8, torch.int8)):
         if not int8_kernel_available(kernel):
             continue
-        outs = [Int8Linear(w, b, kernel=kernel, scratch=Scratch(cast), channels=(3,))(x) for cast in CASTS]
+        outs = []
+        for cast in CASTS:
+            routes.clear()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(Scratch, "narrow", spy)
+                outs.append(Int8Linear(w, b, kernel=kernel, scratch=Scratch(cast), channels=(3,))(x))
+            assert routes == [(cast, dtype)], (kernel, routes)  # the linear converts through its scratch's route
         assert all(torch.equal(outs[0], o) for o in outs[1:]), kernel
 
 

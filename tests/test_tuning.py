@@ -207,10 +207,22 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
         return narrow(self, t, out)
 
     monkeypatch.setattr(Scratch, "narrow", slow_direct)
-    cands = dict(FAST, int8_kernel=["onednn"], batch_tokens=[512], slack=[0.0])
+    made = []
+    real = tuning.GemmBackend
+
+    def backend(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    cands = dict(FAST, int8_kernel=["onednn", "int_mm"], batch_tokens=[512], slack=[0.0])
     c = tuning.measure_choice(small_model, precision="int8", budget_s=0.4, candidates=cands)
     assert set(c.timings["int8_cast"]) == set(CASTS) and c.int8_cast == "int32", c.timings["int8_cast"]
     assert c.ratios["int8_cast"]["int32"] < 1 - NOISE_MARGIN
+    int8_backends = [g for g in made if g.precision == "int8"]
+    assert len(int8_backends) >= 3  # the kernels' candidates, then the batch budget's and slack's
+    assert all(g.int8_cast == "int32" for g in int8_backends)  # every one races with the chosen route
+    monkeypatch.setattr(tuning, "GemmBackend", real)
     enc = PackedEncoder(gemm=GemmBackend(precision="int8"))
     lin = enc.gemm.int8_linear(torch.randn(8, 64), torch.zeros(8))  # a scratch made before the choice
     enc.apply(c)
@@ -225,6 +237,14 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
     monkeypatch.setattr(Scratch, "narrow", broken_int32)
     c = tuning.measure_choice(small_model, precision="int8", budget_s=0.2, candidates=cands)
     assert c.timings["int8_cast"]["int32"].startswith("error: RuntimeError") and c.int8_cast == "direct"
+    # a cached choice naming a route this version does not know is measured again, not applied
+    tuning.save_choice(c)
+    assert tuning.load_choice(c.key) is not None
+    path = Path(tuning.load_choice(c.key).path)
+    bad = json.loads(path.read_text())
+    bad["int8_cast"] = "float16"
+    path.write_text(json.dumps(bad))
+    assert tuning.load_choice(c.key) is None
 
 
 SETTLE_PROBE = """

@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         if c:
             print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}): "
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
-                  + (f", int8 kernel {c['int8_kernel']}, 8-bit cast {c.get('int8_cast', 'direct')}"
-                     if precision == "int8" else "")
+                  + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
+                  + (f", 8-bit cast {c.get('int8_cast', 'direct')}"
+                     if precision == "int8" and c["int8_kernel"] in ("onednn", "int_mm") else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
             print("  candidates (s per 1,000 tokens, one layer; * = chosen):")
             for line in _timings(c):

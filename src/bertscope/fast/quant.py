@@ -176,9 +176,11 @@ class Scratch:
         copy. "int32" converts to int32 in place (t's own memory: same element size, each element
         read before it is written) and then narrows int32 to 8 bits: one more pass over memory,
         but on the EPYC (Zen 4) torch's fp32 -> uint8 copy ran at about a third of the speed of
-        the two copies together (0.23 against 0.08 ms for 2048 x 384). Which is faster depends on
-        how torch vectorizes each conversion for the CPU, so the kernel choice measures both
-        (:func:`cast_race`) and sets ``cast``.
+        the two copies together (0.29 against 0.08 ms for 2048 x 384; benchmarks/int8_cast.py).
+        Which is faster depends on how torch vectorizes each conversion for the CPU, so the
+        kernel choice measures both (:func:`bertscope.fast.tuning.cast_runs`) and sets ``cast``.
+        Values outside out's range (possible only where fp32 rounding on a near-constant row
+        carries one past the grid's end) have no defined result, and the routes may differ there.
         """
         if self.cast == "int32":
             return out.copy_(t.view(torch.int32).copy_(t))  # (N, K) fp32 -> int32 in place -> 8 bits

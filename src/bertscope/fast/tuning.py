@@ -198,6 +198,10 @@ def load_choice(key: dict) -> KernelChoice | None:
         choice = KernelChoice.from_json(d)
     except TypeError:
         return None
+    from .quant import CASTS
+
+    if choice.int8_cast not in CASTS:  # a hand-edited or damaged file: measure again
+        return None
     age = time.time() - (choice.measured_at or 0.0)
     if not 0 <= age <= RECHECK_S:  # stale (or from the future: a clock that moved): measure again
         log.info("the cached kernel choice in %s is %.0f days old: measuring again", path, age / 86400)
@@ -394,19 +398,27 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     # whole model where int8 is declined: raced there too, as on AVX2-only CPUs oneDNN's is slower)
     runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
     choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
+
+    def int8_gemm(kernel: str, prefer: str = "onednn") -> GemmBackend:
+        gemm = GemmBackend(prefer=prefer, precision="int8", int8_kernel=kernel)
+        gemm.use_int8_cast(choice.int8_cast)  # the conversion raced first, for every int8 candidate
+        return gemm
+
     if precision == "int8":
-        runs = {k: runner(lambda k=k: GemmBackend(prefer="onednn", precision="int8", int8_kernel=k), base_batch,
-                          BASELINE["slack"]) for k in cands["int8_kernel"]}
+        # first the 8-bit conversion (it serves either eager kernel), so that the eager kernels
+        # race the compiled steps with the conversion they will use
+        runs = cast_runs(cands["int8_cast"], BASELINE["batch_tokens"], model.config)
+        choice.int8_cast = timed("int8_cast", runs, {c: BASELINE["batch_tokens"] for c in runs},
+                                 BASELINE["int8_cast"])
+        runs = {k: runner(lambda k=k: int8_gemm(k), base_batch, BASELINE["slack"]) for k in cands["int8_kernel"]}
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
                                    BASELINE["int8_kernel"])
-        if choice.int8_kernel != COMPILED_KERNEL:  # the compiled steps make their 8 bits themselves
-            runs = cast_runs(cands["int8_cast"], BASELINE["batch_tokens"], model.config)
-            choice.int8_cast = timed("int8_cast", runs, {c: BASELINE["batch_tokens"] for c in runs},
-                                     BASELINE["int8_cast"])
 
     runs_in = precision  # the precision the remaining candidates run in
 
     def chosen_gemm() -> GemmBackend:
+        if runs_in == "int8":
+            return int8_gemm(choice.int8_kernel, prefer=choice.gemm)
         return GemmBackend(prefer=choice.gemm, precision=runs_in, int8_kernel=choice.int8_kernel)
 
     if precision == "bf16":  # bf16 against the fp32 winner, both on the chosen GEMM library
@@ -439,20 +451,27 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
 def cast_runs(casts: list[str], rows: int, config) -> dict[str, Callable[[], object]]:
     """One timed call per route of :meth:`~bertscope.fast.quant.Scratch.narrow`: the 8-bit
     conversion of every int8 linear's input in one layer, at ``rows`` tokens (the widths C, C, C
-    and I of W_QKV, W_O, W1 and W2), from fp32 values on the 8-bit grid."""
+    and I of W_QKV, W_O, W1 and W2), from fp32 values on the 8-bit grid, to uint8 (oneDNN's
+    input) and to int8 (``torch._int_mm``'s), since the route serves whichever kernel wins.
+
+    Each conversion starts with a refill of its fp32 input (the int32 route overwrites it), the
+    same copy on every side; it dilutes the ratios toward 1, so a route must win by the margin
+    even so (a conservative race)."""
     from .quant import Scratch
 
     g = torch.Generator().manual_seed(0)
     widths = (config.hidden_size,) * 3 + (config.intermediate_size,)
     src = {k: torch.rand(rows, k, generator=g).mul_(255.0) for k in set(widths)}  # (rows, K) in [0, 255)
+    grids = ((torch.uint8, 0.0), (torch.int8, -128.0))  # out dtype, and the shift onto its range
 
     def run_for(cast: str) -> Callable[[], object]:
         scratch = Scratch(cast)
 
         def run():
             for k in widths:
-                t = scratch.get(rows, k, torch.float32).copy_(src[k])  # narrow() may overwrite it
-                scratch.narrow(t, scratch.get(rows, k, torch.uint8))  # (rows, K) -> uint8
+                for dtype, shift in grids:
+                    t = torch.add(src[k], shift, out=scratch.get(rows, k, torch.float32))  # narrow() may overwrite it
+                    scratch.narrow(t, scratch.get(rows, k, dtype))  # (rows, K) -> 8 bits
         return run
     return {c: run_for(c) for c in casts}
 

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
+from bertscope.errors import BertscopeError  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.corpus import save_random_checkpoint  # noqa: E402
@@ -57,6 +58,8 @@ def main() -> int:
     g.add_argument("--model", default=None, help="a checkpoint folder (default: the bundled model, mixed corpus)")
     g.add_argument("--bert-base", action="store_true", help="a BERT-base-size model with random weights")
     a = p.parse_args()
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bertscope-int8-cast-") as tmp:
         if a.bert_base:
             a.model = str(save_random_checkpoint(BertConfig.preset("bert-base"), Path(tmp) / "bert-base",
@@ -65,6 +68,7 @@ def main() -> int:
 
 
 def run(a: argparse.Namespace) -> int:
+    bert = bertscope.load(a.model, precision="int8", keep_precision=True)  # a bad --model fails here, first
     m = machine()
     print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}\n")
     print("| rows x width | " + " | ".join(f"{c} ms" for c in CASTS) + " | refill ms (taken off) |")
@@ -80,7 +84,6 @@ def run(a: argparse.Namespace) -> int:
                 cells.append(median_ms(lambda: s.narrow(t.copy_(src), q)) - copy_ms)
             print(f"| 2048 x {width} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {copy_ms:.3f} |")
 
-    bert = bertscope.load(a.model, precision="int8", keep_precision=True)
     lengths = mixed_lengths(256, 5, 256) if a.model is None else [128] * 32
     texts = make_texts(bert.tokenizer, lengths, seed=3 if a.model is None else 2)
     if bert.fast.gemm.int8_kernel not in ("onednn", "int_mm"):
@@ -110,4 +113,8 @@ def run(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BertscopeError as e:  # a model folder that is not a checkpoint, and the like: one line
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

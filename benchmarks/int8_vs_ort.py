@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
+from bertscope.errors import BertscopeError  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.systems import build_systems  # noqa: E402
@@ -75,6 +77,14 @@ def main() -> int:
     a = p.parse_args()
     if a.rounds < 3:
         p.error("--rounds must be at least 3")
+    if a.out:  # checked before minutes of measuring, not after
+        out_dir = Path(a.out).resolve().parent
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--out: cannot create {out_dir}: {e.strerror}")
+        if Path(a.out).is_dir() or not os.access(out_dir, os.W_OK):
+            p.error(f"--out {a.out}: not a writable file path")
     threads = torch.get_num_threads()
     wanted = ["bertscope int8", ORT] + (["bertscope int8 compiled"] if a.compiled else [])
     result: dict = {"machine": machine(), "rounds": a.rounds, "workloads": {}}
@@ -128,4 +138,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BertscopeError as e:  # a model folder that is not a checkpoint, and the like: one line
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -134,6 +134,8 @@ def test_both_8bit_casts_give_the_same_integers_and_the_same_outputs():
             assert got.dtype == dtype and torch.equal(got.to(torch.int64), want), (cast, dtype)
     with pytest.raises(ValueError, match="unknown cast"):
         Scratch("float16")
+    with pytest.raises(ValueError, match="unknown cast"):
+        GemmBackend(precision="int8").use_int8_cast("float16")
     x = torch.randn(130, 64, generator=g)
     x[:, 3] *= 30  # an outlier channel
     w, b = torch.randn(96, 64, generator=g) * 0.05, torch.randn(96, generator=g)

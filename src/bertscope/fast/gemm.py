@@ -301,11 +301,9 @@ class GemmBackend:
     def use_int8_cast(self, cast: str) -> None:
         """Convert int8 linears' inputs to 8 bits by ``cast`` from now on (the same integers
         either way; :meth:`bertscope.fast.quant.Scratch.narrow`)."""
-        from .quant import CASTS
+        from .quant import check_cast
 
-        if cast not in CASTS:
-            raise ValueError(f"unknown cast {cast!r}; choose one of {', '.join(CASTS)}")
-        self.int8_cast = cast
+        self.int8_cast = check_cast(cast)
         if self.scratch is not None:
             self.scratch.cast = cast
 

@@ -72,8 +72,8 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FP32_CHANNELS", "FULL_LEVELS",
-           "REDUCED_LEVELS", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
+__all__ = ["CASTS", "COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FP32_CHANNELS", "FULL_LEVELS",
+           "REDUCED_LEVELS", "check_cast", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
            "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,13 @@ def int8_range_exact(kernel: str, levels: int = FULL_LEVELS) -> bool:
         return False
 
 
+def check_cast(cast: str) -> str:
+    """``cast`` if it names a route of :meth:`Scratch.narrow`, else ValueError."""
+    if cast not in CASTS:
+        raise ValueError(f"unknown cast {cast!r}; choose one of {', '.join(CASTS)}")
+    return cast
+
+
 class Scratch:
     """Reusable buffers for quantizing a linear's input, one set per thread.
 
@@ -164,9 +171,7 @@ class Scratch:
 
     def __init__(self, cast: str = "direct") -> None:
         self._bufs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-        if cast not in CASTS:
-            raise ValueError(f"unknown cast {cast!r}; choose one of {', '.join(CASTS)}")
-        self.cast = cast  # how the rounded fp32 values become 8-bit integers: see narrow()
+        self.cast = check_cast(cast)  # how the rounded fp32 values become 8-bit integers: see narrow()
 
     def narrow(self, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (uint8 or int8) = ``t`` (fp32, same shape, every value in out's range)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
+from ..fast.quant import INT8_KERNELS
 from ..files import write_bytes_atomic
 from .scaling import MIN_FIT_MIB
 
@@ -54,7 +55,7 @@ def setup_lines(w: dict) -> list[str]:
                     f"attention slack {c['slack']:g}")
             if info.get("precision") == "int8":
                 txt += f", int8 kernel {c['int8_kernel']}"
-                if "int8_cast" in c and c["int8_kernel"] in ("onednn", "int_mm"):  # the eager steps' 8-bit conversion
+                if "int8_cast" in c and c["int8_kernel"] in INT8_KERNELS:  # the eager steps' 8-bit conversion
                     txt += f", 8-bit cast {c['int8_cast']}"
         if info.get("note"):
             txt += f"; {info['note']}"

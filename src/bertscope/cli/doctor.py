@@ -65,6 +65,7 @@ def _timings(choice: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
+    from ..fast.quant import INT8_KERNELS
 
     check_preset(args.preset)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (f", 8-bit cast {c.get('int8_cast', 'direct')}"
-                     if precision == "int8" and c["int8_kernel"] in ("onednn", "int_mm") else "")
+                     if precision == "int8" and c["int8_kernel"] in INT8_KERNELS else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
             print("  candidates (s per 1,000 tokens, one layer; * = chosen):")
             for line in _timings(c):

@@ -44,6 +44,17 @@ def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[st
     return lines
 
 
+def eager_steps_text(c: dict) -> str:
+    """How a kernel choice (as JSON) runs the int8 eager steps: ", 8-bit cast X, W1 -> W2 in blocks of
+    N rows"; "" for compiled steps, and for what an older choice did not record."""
+    if c.get("int8_kernel") not in INT8_KERNELS:
+        return ""
+    txt = f", 8-bit cast {c['int8_cast']}" if "int8_cast" in c else ""
+    if "int8_rows" in c:
+        txt += f", W1 -> W2 in blocks of {c['int8_rows']} rows" if c["int8_rows"] else ", W1 -> W2 unblocked"
+    return txt
+
+
 def setup_lines(w: dict) -> list[str]:
     """What each bertscope system chose on this machine (kernel choice, precision notes)."""
     out = []
@@ -55,8 +66,7 @@ def setup_lines(w: dict) -> list[str]:
                     f"attention slack {c['slack']:g}")
             if info.get("precision") == "int8":
                 txt += f", int8 kernel {c['int8_kernel']}"
-                if "int8_cast" in c and c["int8_kernel"] in INT8_KERNELS:  # the eager steps' 8-bit conversion
-                    txt += f", 8-bit cast {c['int8_cast']}"
+                txt += eager_steps_text(c)
         if info.get("note"):
             txt += f"; {info['note']}"
         out.append(txt)

@@ -51,7 +51,7 @@ def _timings(choice: dict) -> list[str]:
     lines = []
     winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
                "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"],
-               "int8_cast": choice.get("int8_cast", "direct")}
+               "int8_cast": choice.get("int8_cast", "direct"), "int8_rows": str(choice.get("int8_rows", 0))}
     for step, times in choice.get("timings", {}).items():
         cells = []
         rel = choice.get("ratios", {}).get(step, {})
@@ -65,7 +65,7 @@ def _timings(choice: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
-    from ..fast.quant import INT8_KERNELS
+    from ..bench.report import eager_steps_text
 
     check_preset(args.preset)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}): "
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
-                  + (f", 8-bit cast {c.get('int8_cast', 'direct')}"
-                     if precision == "int8" and c["int8_kernel"] in INT8_KERNELS else "")
+                  + (eager_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
             print("  candidates (s per 1,000 tokens, one layer; * = chosen):")
             for line in _timings(c):

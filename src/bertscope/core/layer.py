@@ -37,11 +37,21 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
 }
 assert tuple(ACTIVATIONS) == ACTIVATION_NAMES  # config.py validates against the same names
+# The same functions, writing over their input (the same kernels, so the same values): for
+# inference steps that own their tensor and would otherwise allocate another one as large.
+_IN_PLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_new": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "relu": torch.relu_,
+}
+assert tuple(_IN_PLACE) == ACTIVATION_NAMES
 
 
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The activation function a config's ``hidden_act`` names."""
-    return ACTIVATIONS[name]
+def activation(name: str, in_place: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation function a config's ``hidden_act`` names (``in_place``: the version that
+    overwrites its input and returns it; not for tensors autograd needs)."""
+    return (_IN_PLACE if in_place else ACTIVATIONS)[name]
 
 
 @dataclass(frozen=True)

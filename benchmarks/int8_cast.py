@@ -1,8 +1,7 @@
 """The two routes from rounded fp32 activations to 8-bit integers (Scratch.narrow), alone and in
-the whole int8 model, paired round by round; with ``--rows``, the row blocks between W1 and W2
-(Int8Linear.chain) in the whole model instead.
+the whole int8 model, paired round by round.
 
-    PYTHONPATH=src python benchmarks/int8_cast.py [--rounds 11] [--model PATH | --bert-base] [--rows]
+    PYTHONPATH=src python benchmarks/int8_cast.py [--rounds 11] [--model PATH | --bert-base]
 
 "direct" is one fp32 -> uint8 copy; "int32" converts to int32 in place, then int32 -> uint8. Both
 give the same integers (tests hold them to torch.trunc); which is faster depends on how torch
@@ -14,10 +13,6 @@ then ``Bert.embed`` on the bench's mixed corpus (or, with ``--model`` or ``--ber
 texts of 128 tokens) with int8 and the eager steps, the two routes alternating round by round;
 the embeddings are checked to be identical. ``--bert-base`` makes a BERT-base-size checkpoint
 with random weights, as the bench's T = 128 workload does.
-
-``--rows`` times the whole model with the steps between each layer's W1 and W2 unblocked (0) and
-in blocks of 256 and 512 rows (``doctor`` shows that race as ``int8_rows``), the settings
-alternating round by round, the first one the baseline of the paired ratios.
 """
 
 from __future__ import annotations
@@ -42,7 +37,7 @@ from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.corpus import save_random_checkpoint  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
 from bertscope.core.config import BertConfig  # noqa: E402
-from bertscope.fast.quant import BLOCK_ROWS, CASTS, Scratch  # noqa: E402
+from bertscope.fast.quant import CASTS, Scratch  # noqa: E402
 
 
 def median_ms(fn, n: int = 40) -> float:
@@ -59,7 +54,6 @@ def median_ms(fn, n: int = 40) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=11)
-    p.add_argument("--rows", action="store_true", help="compare the row blocks between W1 and W2 instead of the casts")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--model", default=None, help="a checkpoint folder (default: the bundled model, mixed corpus)")
     g.add_argument("--bert-base", action="store_true", help="a BERT-base-size model with random weights")
@@ -77,13 +71,6 @@ def run(a: argparse.Namespace) -> int:
     bert = bertscope.load(a.model, precision="int8", keep_precision=True)  # a bad --model fails here, first
     m = machine()
     print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}\n")
-    if not a.rows:
-        conversion_alone()
-    return whole_model(a, bert)
-
-
-def conversion_alone() -> None:
-    """The two casts on a linear's input, 2048 rows, the refill taken off."""
     print("| rows x width | " + " | ".join(f"{c} ms" for c in CASTS) + " | refill ms (taken off) |")
     print("|---|" + "---:|" * (len(CASTS) + 1))
     with torch.inference_mode():
@@ -97,43 +84,32 @@ def conversion_alone() -> None:
                 cells.append(median_ms(lambda: s.narrow(t.copy_(src), q)) - copy_ms)
             print(f"| 2048 x {width} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {copy_ms:.3f} |")
 
-
-def whole_model(a: argparse.Namespace, bert) -> int:
-    """Bert.embed with each setting, alternating round by round; 0 if the embeddings agree."""
     lengths = mixed_lengths(256, 5, 256) if a.model is None else [128] * 32
     texts = make_texts(bert.tokenizer, lengths, seed=3 if a.model is None else 2)
     if bert.fast.gemm.int8_kernel not in ("onednn", "int_mm"):
-        print(f"int8 runs the {bert.fast.gemm.int8_kernel} kernel here, which does not use these steps")
+        print(f"int8 runs the {bert.fast.gemm.int8_kernel} kernel here, which does not use these routes")
         return 1
     gemm = bert.fast.gemm
-    if a.rows:
-        settings, use, chosen = [str(r) for r in BLOCK_ROWS], lambda r: gemm.use_int8_rows(int(r)), gemm.int8_rows
-    else:
-        settings, use, chosen = list(CASTS), gemm.use_int8_cast, gemm.int8_cast
+    chosen = gemm.int8_cast
     outs = {}
-    for s in settings:
-        use(s)
-        outs[s] = bert.embed(texts)
-    same = all(np.array_equal(outs[settings[0]], o) for o in outs.values())
-    close = min(float((outs[settings[0]] * o).sum(1).min()) for o in outs.values())  # least cosine
-    times: dict[str, list[float]] = {s: [] for s in settings}
+    for cast in CASTS:
+        gemm.use_int8_cast(cast)
+        outs[cast] = bert.embed(texts)
+    same = all(np.array_equal(outs[CASTS[0]], o) for o in outs.values())
+    times: dict[str, list[float]] = {c: [] for c in CASTS}
     for r in range(a.rounds):
-        for s in (settings if r % 2 else settings[::-1]):  # alternate who goes first
-            use(s)
+        for cast in (CASTS if r % 2 else CASTS[::-1]):  # alternate who goes first
+            gemm.use_int8_cast(cast)
             t = time.perf_counter()
             bert.embed(texts)
-            times[s].append(time.perf_counter() - t)
-    what = "rows per block between W1 and W2" if a.rows else "8-bit cast"
-    print(f"\nBert.embed, int8 ({gemm.int8_kernel} kernel), {len(texts)} texts, {a.rounds} rounds; "
-          f"embeddings identical: {same} (least cosine between settings {close:.6f}); "
-          f"the kernel choice here picked {what} {chosen}")
-    base = settings[0]
-    for s in settings:
-        paired = [t / b for t, b in zip(times[s], times[base])]
-        q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
-        print(f"{what} {s}: median {statistics.median(times[s]):.3f} s; time / {base}'s, paired: median "
-              f"{statistics.median(paired):.3f} (quartiles {q1:.3f}-{q3:.3f})")
-    return 0 if close > 0.9999 else 1
+            times[cast].append(time.perf_counter() - t)
+    paired = [b / d for b, d in zip(times["int32"], times["direct"])]
+    print(f"\nBert.embed, int8 ({bert.fast.gemm.int8_kernel} kernel), {len(texts)} texts, {a.rounds} rounds; "
+          f"embeddings identical: {same}; the kernel choice here picked {chosen}")
+    print(f"direct {statistics.median(times['direct']):.3f} s, int32 {statistics.median(times['int32']):.3f} s; "
+          f"int32's time / direct's, paired: median {statistics.median(paired):.3f} "
+          f"(min {min(paired):.3f}, max {max(paired):.3f})")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -160,65 +160,6 @@ def test_both_8bit_casts_give_the_same_integers_and_the_same_outputs():
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS)
-def test_chained_int8_linears_in_row_blocks_compute_what_the_two_do_in_turn(kernel, monkeypatch):
-    """Int8Linear.chain (W1, its activation, then W2, with the steps between the two GEMMs in
-    blocks of rows) against the two linears called in turn, with and without fp32 channels, for
-    blocks that divide the rows, that do not, and one larger than the batch; the feed-forward of
-    LayerLinears takes the chain exactly when a block size is set."""
-    if not int8_kernel_available(kernel):
-        return  # this CPU cannot run the kernel exactly: bertscope never uses it here
-    from bertscope.fast.gemm import LayerLinears
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(130, 64, generator=g)  # 130 rows: padded to 192 inside
-    x[:, 3] *= 30  # an outlier channel
-    w1, b1 = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)
-    w2, b2 = torch.randn(48, 96, generator=g) * 0.1, torch.randn(48, generator=g)
-    x_before = x.clone()
-    finished = []
-    finish = Int8Linear.finish
-
-    def counted(self, y, *args):
-        finished.append(y.shape[0])
-        return finish(self, y, *args)
-
-    monkeypatch.setattr(Int8Linear, "finish", counted)
-    for channels in ((), (3,)):
-        def pair(rows):
-            scratch = Scratch(rows=rows)
-            return (Int8Linear(w1, b1, "gelu", kernel=kernel, scratch=scratch, channels=channels),
-                    Int8Linear(w2, b2, kernel=kernel, scratch=scratch, channels=(5,) if channels else ()))
-
-        first, second = pair(0)
-        assert first.chain(x, second) is None  # no block size: the caller runs the two in turn
-        want = second(first(x)).numpy()
-        exact = (torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2).numpy()
-        assert np.linalg.norm(want - exact) / np.linalg.norm(exact) < 0.05  # it is an int8 product
-        for rows, blocks in ((64, 3), (100, 2), (512, 1)):
-            first, second = pair(rows)
-            finished.clear()
-            got = first.chain(x, second)
-            assert finished == [min(rows, 192 - i * rows) for i in range(blocks)] + [192], (rows, finished)
-            assert got.shape == (130, 48) and torch.equal(x, x_before)
-            err = np.abs(got.numpy() - want)
-            # the same arithmetic row by row; a different BLAS blocking of the rank-2 update may
-            # move an input across a rounding boundary of W2's grid (one level of one row)
-            assert np.mean(err <= 1e-5 * (1 + np.abs(want).max())) > 0.99, (channels, rows)
-            assert np.linalg.norm(got.numpy() - want) / np.linalg.norm(want) < 1e-3, (channels, rows)
-            # the feed-forward takes the chain when its linears are int8 with a block size
-            lin = LayerLinears(qkv=None, output=None, ff_in=first, ff_out=second)
-            finished.clear()
-            assert torch.equal(lin.feed_forward(x), got) and len(finished) == blocks + 1
-        other = Int8Linear(w2, b2, kernel=kernel, scratch=Scratch(rows=64))  # not sharing the scratch
-        assert first.chain(x, other) is None and first.chain(x, lambda h: h) is None
-    for bad in (-1, True, 1.5, "256"):
-        with pytest.raises(ValueError, match="rows per block"):
-            Scratch(rows=bad)
-        with pytest.raises(ValueError, match="rows per block"):
-            GemmBackend(precision="int8").use_int8_rows(bad)
-
-
-@pytest.mark.parametrize("kernel", INT8_KERNELS)
 def test_the_8bit_range_probe_finds_the_saturation_it_looks_for(kernel, monkeypatch):
     """int8_range_exact multiplies the largest products there are. 7 bits are exact on every CPU
     (127·127·2 < 2^15); a GEMM that adds pairs of products in 16 bits, as x86 without VNNI does,

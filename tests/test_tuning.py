@@ -247,61 +247,6 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
     assert tuning.load_choice(c.key) is None
 
 
-def test_the_row_blocks_between_w1_and_w2_are_raced_recorded_and_applied(cache, small_model, monkeypatch):
-    # as for the cast: the unblocked baseline (0 rows) is slowed by a stand-in delay, so blocks
-    # must win; then blocks that raise are recorded and never chosen
-    from bertscope.fast.quant import BLOCK_ROWS, Int8Linear
-
-    chain = Int8Linear.chain
-
-    def slow_unblocked(self, x, nxt):
-        if not self.scratch.rows:
-            time.sleep(0.02)
-        return chain(self, x, nxt)
-
-    monkeypatch.setattr(Int8Linear, "chain", slow_unblocked)
-    made = []
-    real = tuning.GemmBackend
-
-    def backend(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(tuning, "GemmBackend", backend)
-    cands = dict(FAST, int8_kernel=["onednn"], batch_tokens=[512], slack=[0.0], int8_rows=[0, 64])
-    c = tuning.measure_choice(small_model, precision="int8", budget_s=0.4, candidates=cands)
-    assert set(c.timings["int8_rows"]) == {"0", "64"} and c.int8_rows == 64, c.timings["int8_rows"]
-    assert c.ratios["int8_rows"]["64"] < 1 - NOISE_MARGIN
-    int8_backends = [g for g in made if g.precision == "int8"]
-    later = int8_backends[-2:]  # the batch budget's and the slack's candidates
-    assert all(g.int8_rows == 64 for g in later), [g.int8_rows for g in later]
-    assert [g.int8_rows for g in int8_backends[:-2]].count(0) >= 2  # the kernel's race and the baseline
-    monkeypatch.setattr(tuning, "GemmBackend", real)
-    enc = PackedEncoder(gemm=GemmBackend(precision="int8"))
-    lin = enc.gemm.int8_linear(torch.randn(8, 64), torch.zeros(8))  # a scratch made before the choice
-    enc.apply(c)
-    assert enc.gemm.int8_rows == 64 and lin.scratch.rows == 64
-    assert KernelChoice.from_json(json.loads(json.dumps(c.to_json()))).int8_rows == 64
-    assert BASELINE["int8_rows"] == 0 and 0 in BLOCK_ROWS
-
-    def broken_blocks(self, x, nxt):
-        if self.scratch.rows:
-            raise RuntimeError("no blocks here")
-        return slow_unblocked(self, x, nxt)
-
-    monkeypatch.setattr(Int8Linear, "chain", broken_blocks)
-    c = tuning.measure_choice(small_model, precision="int8", budget_s=0.2, candidates=cands)
-    assert c.timings["int8_rows"]["64"].startswith("error: RuntimeError") and c.int8_rows == 0
-    # a cached choice with a block size that cannot be one is measured again, not applied
-    tuning.save_choice(c)
-    path = Path(tuning.load_choice(c.key).path)
-    for bad_rows in (-256, "256", 1.5):
-        bad = json.loads(path.read_text())
-        bad["int8_rows"] = bad_rows
-        path.write_text(json.dumps(bad))
-        assert tuning.load_choice(c.key) is None, bad_rows
-
-
 SETTLE_PROBE = """
 import ctypes, sys
 import torch

@@ -45,14 +45,11 @@ def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[st
 
 
 def eager_steps_text(c: dict) -> str:
-    """How a kernel choice (as JSON) runs the int8 eager steps: ", 8-bit cast X, W1 -> W2 in blocks of
-    N rows"; "" for compiled steps, and for what an older choice did not record."""
+    """How a kernel choice (as JSON) runs the int8 eager steps: ", 8-bit cast X"; "" for compiled
+    steps, and for a choice that did not record it."""
     if c.get("int8_kernel") not in INT8_KERNELS:
         return ""
-    txt = f", 8-bit cast {c['int8_cast']}" if "int8_cast" in c else ""
-    if "int8_rows" in c:
-        txt += f", W1 -> W2 in blocks of {c['int8_rows']} rows" if c["int8_rows"] else ", W1 -> W2 unblocked"
-    return txt
+    return f", 8-bit cast {c['int8_cast']}" if "int8_cast" in c else ""
 
 
 def setup_lines(w: dict) -> list[str]:

@@ -51,7 +51,7 @@ def _timings(choice: dict) -> list[str]:
     lines = []
     winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
                "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"],
-               "int8_cast": choice.get("int8_cast", "direct"), "int8_rows": str(choice.get("int8_rows", 0))}
+               "int8_cast": choice.get("int8_cast", "direct")}
     for step, times in choice.get("timings", {}).items():
         cells = []
         rel = choice.get("ratios", {}).get(step, {})

@@ -50,6 +50,7 @@ __all__ = ["BACKENDS", "PRECISIONS", "GemmBackend", "LayerLinears", "Linear", "L
            "onednn_linear_available"]
 
 log = logging.getLogger(__name__)
+_WARNED_7BIT: set[str] = set()  # int8 GEMMs already reported to saturate on 8 bits in this process
 
 BACKENDS = ("blas", "onednn")
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -179,10 +180,6 @@ class LayerLinears:
     ff_out: Callable[[torch.Tensor], torch.Tensor]  # (C, I): W2
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        chain = getattr(self.ff_in, "chain", None)  # int8 linears: the steps between in row blocks
-        out = chain(h, self.ff_out) if chain is not None else None
-        if out is not None:
-            return out  # the same arithmetic: (N, C)@(C, I) -> act -> (N, I)@(I, C) -> (N, C)
         return self.ff_out(self.ff_in(h))  # act((N, C)@(C, I)) -> (N, I)@(I, C) -> (N, C)
 
     @property
@@ -240,7 +237,6 @@ class GemmBackend:
         self.int8_channels: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.scratch = None  # int8 linears' shared buffers (bertscope.fast.quant.Scratch), made with them
         self.int8_cast = "direct"  # how their inputs become 8-bit integers (Scratch.narrow; measured)
-        self.int8_rows = 0  # rows per block between W1 and W2 (Int8Linear.chain; measured; 0: whole)
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
         self._int8_levels: dict[str, int] = {}  # int8 GEMM -> activation levels measured here (int8_levels)
@@ -296,7 +292,7 @@ class GemmBackend:
         kernel = kernel or self.int8_kernel
         levels = self.int8_levels(kernel)
         if self.scratch is None:
-            self.scratch = Scratch(self.int8_cast, self.int8_rows)
+            self.scratch = Scratch(self.int8_cast)
         if kernel == COMPILED_KERNEL and self.steps is None:
             self.steps = CompiledSteps(levels)
         return Int8Linear(weight, bias, act, kernel=kernel, scratch=self.scratch,
@@ -312,16 +308,6 @@ class GemmBackend:
         if self.scratch is not None:
             self.scratch.cast = cast
 
-    def use_int8_rows(self, rows: int) -> None:
-        """Run the steps between each layer's W1 and W2 in blocks of ``rows`` rows from now on (0:
-        the whole batch at once; the same arithmetic either way;
-        :meth:`bertscope.fast.quant.Int8Linear.chain`)."""
-        from .quant import check_rows
-
-        self.int8_rows = check_rows(rows)
-        if self.scratch is not None:
-            self.scratch.rows = rows
-
     def int8_levels(self, kernel: str | None = None) -> int:
         """The top of the int8 activations' grid for ``kernel`` on this machine: 255 (8 bits) where
         its integer GEMM multiplies that range exactly, else 127 (7 bits); measured once per kernel
@@ -333,7 +319,8 @@ class GemmBackend:
         if gemm not in self._int8_levels:
             exact = int8_range_exact(gemm)
             self._int8_levels[gemm] = FULL_LEVELS if exact else REDUCED_LEVELS
-            if not exact:
+            if not exact and gemm not in _WARNED_7BIT:  # once per process: races build many backends
+                _WARNED_7BIT.add(gemm)
                 log.warning("the %s int8 GEMM saturates on 8-bit activations on this CPU (no VNNI?); "
                             "using 7-bit activations", gemm)
         return self._int8_levels[gemm]

@@ -73,7 +73,7 @@ from ..core.layer import activation
 from .packing import sentence_means
 
 __all__ = ["CASTS", "COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FP32_CHANNELS", "FULL_LEVELS",
-           "BLOCK_ROWS", "REDUCED_LEVELS", "check_cast", "check_rows", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
+           "REDUCED_LEVELS", "check_cast", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
            "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,6 @@ COSINE_FLOOR = (0.995, 0.98)  # calibration embeddings vs fp32: (mean, minimum) 
 FP32_CHANNELS = 2  # input channels per linear that bypass the 8 bits: the largest |x| in calibration
 # fp32 -> 8-bit routes for the quantized activations (Scratch.narrow); "direct" is the baseline
 CASTS = ("direct", "int32")
-# rows per block between two chained int8 GEMMs (Int8Linear.chain); 0, the baseline, is no blocks
-BLOCK_ROWS = (0, 256, 512)
 PACK_HINT = 2048  # rows oneDNN is told to expect when it lays out the int8 weight
 ROW_BUCKET = 64  # as for the fp32 oneDNN GEMM: one compiled GEMM per row count, so round up
 _TINY = 1e-12
@@ -160,13 +158,6 @@ def check_cast(cast: str) -> str:
     return cast
 
 
-def check_rows(rows: int) -> int:
-    """``rows`` if it is a block size :meth:`Int8Linear.chain` can use (0: no blocks), else ValueError."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-        raise ValueError(f"rows per block must be a whole number >= 0 (0: no blocks), got {rows!r}")
-    return rows
-
-
 class Scratch:
     """Reusable buffers for quantizing a linear's input, one set per thread.
 
@@ -178,10 +169,9 @@ class Scratch:
     it holds at most the largest input seen, per thread and dtype.
     """
 
-    def __init__(self, cast: str = "direct", rows: int = 0) -> None:
+    def __init__(self, cast: str = "direct") -> None:
         self._bufs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self.cast = check_cast(cast)  # how the rounded fp32 values become 8-bit integers: see narrow()
-        self.rows = check_rows(rows)  # rows per block between two chained GEMMs (0: whole): Int8Linear.chain
 
     def narrow(self, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (uint8 or int8) = ``t`` (fp32, same shape, every value in out's range)
@@ -499,21 +489,20 @@ class Int8Linear:
         y = self.finish(self.product(q), offset, step, xs)  # (N', M)
         return y[:n] if padded != n else y
 
-    def to_8bit(self, x: torch.Tensor, *, own: bool = False, out: torch.Tensor | None = None):
-        """The eager quantize step: x (N, K) fp32 -> (q, offset, Δ, x_S): q (N, K) 8-bit (uint8 for
-        oneDNN, int8 for ``torch._int_mm``; into ``out`` if given, else a scratch buffer), offset
-        and Δ (N, 1) such that x ≈ offset + Δ·q on the int8 channels, and x_S (N, k) the fp32
-        channels' inputs (None without). ``own``: x is scratch, to be overwritten (else it is the
-        caller's, and is left as it was)."""
+    def to_8bit(self, x: torch.Tensor):
+        """The eager quantize step: x (N, K) fp32 -> (q, offset, Δ, x_S): q (N, K) 8-bit in a
+        scratch buffer (uint8 for oneDNN, int8 for ``torch._int_mm``), offset and Δ (N, 1) such
+        that x ≈ offset + Δ·q on the int8 channels, and x_S (N, k) the fp32 channels' inputs (None
+        without). x is the caller's, and is left as it was."""
         xs = x.index_select(1, self.channels) if self.channels is not None else None  # (N, k)
         restore = False
         if xs is not None:  # the fp32 channels out of the row's range: zeroed for the next three
             # steps, then restored (x is the caller's; writing it in place saves a copy). Only
             # where that is allowed: torch refuses an in-place write to an inference tensor
             # outside inference mode, and only after making it, so this is checked beforehand.
-            if own or _writable(x):
+            if _writable(x):
                 x.index_fill_(1, self.channels, 0.0)
-                restore = not own
+                restore = True
             else:
                 x = x.index_fill(1, self.channels, 0.0)  # (N, K)
         # amin and amax as two reductions: 3x faster than torch.aminmax here (measured)
@@ -521,22 +510,16 @@ class Int8Linear:
         step = (hi - lo).clamp_(min=_TINY) / self.levels  # (N, 1) Δ
         inv = 1.0 / step  # (N, 1)
         rows, K = x.shape
-        t = x.mul_(inv) if own else torch.mul(x, inv, out=self.scratch.get(rows, K, torch.float32))  # (N, K) x/Δ
+        t = torch.mul(x, inv, out=self.scratch.get(rows, K, torch.float32))  # (N, K) x/Δ
         if restore:
             x.index_copy_(1, self.channels, xs)  # the caller's x as it was, bit for bit
-        if out is None:
-            out = self.scratch.get(rows, K, self.code_dtype)
+        out = self.scratch.get(rows, K, torch.int8 if self.kernel == "int_mm" else torch.uint8)  # (N, K)
         if self.kernel == "onednn":
             # q = round((x − lo)/Δ) in [0, levels]: +0.5 then truncation (to uint8) rounds in one pass
             return self.scratch.narrow(t.add_(0.5 - lo * inv), out), lo, step, xs  # (N, K) uint8
         # torch._int_mm multiplies int8 by int8: centre the grid, q − c in [−c, levels − c]
         offset = lo + ((self.levels + 1) // 2) * step  # (N, 1)
         return self.scratch.narrow(t.sub_(offset * inv).round_(), out), offset, step, xs  # (N, K) int8
-
-    @property
-    def code_dtype(self) -> torch.dtype:
-        """The 8-bit integers this linear's GEMM multiplies: uint8 (oneDNN) or int8 (``torch._int_mm``)."""
-        return torch.int8 if self.kernel == "int_mm" else torch.uint8
 
     def product(self, q: torch.Tensor) -> torch.Tensor:
         """The integer GEMM: q (N, K) -> (N, M), q·Ŵᵀ in fp32 (oneDNN) or q·Wqᵀ in int32
@@ -547,7 +530,7 @@ class Int8Linear:
 
     def finish(self, y: torch.Tensor, offset: torch.Tensor, step: torch.Tensor,
                xs: torch.Tensor | None) -> torch.Tensor:
-        """The eager epilogue, on rows of :meth:`product`'s output (overwritten where fp32):
+        """The eager epilogue, on :meth:`product`'s output (overwritten where fp32):
         act(Δ·y + [offset, 1, x_S]·[Ŵ·1; b; W_Sᵀ]) (N, M)."""
         if y.dtype == torch.int32:
             y = y.float().mul_(self.w_scale)  # (N, M) q·Ŵᵀ
@@ -555,45 +538,6 @@ class Int8Linear:
         left = [offset, torch.ones_like(offset)] + ([xs] if xs is not None else [])
         y.addmm_(torch.cat(left, 1), self.correction)  # + [offset, 1, x_S]·[Ŵ·1; b; W_Sᵀ]: (N, 2 + k)@(2 + k, M)
         return self.act(y) if self.act else y
-
-    def chain(self, x: torch.Tensor, nxt: "Int8Linear") -> torch.Tensor | None:
-        """``nxt(self(x))``, the same arithmetic, with the steps between the two integer GEMMs done
-        ``scratch.rows`` rows at a time; None where that does not apply (no ``rows`` set, either
-        linear on compiled steps, or not sharing this one's scratch), for the caller to run the
-        two in turn.
-
-        Why: between the GEMMs, this linear's epilogue (row scale, low-rank update, activation)
-        and the next one's quantize step (minimum, maximum, scale, round, narrow) are about ten
-        passes over an (N, I) tensor that does not fit in the caches at a batch's size (2048 x
-        3072 floats are 24 MiB). In blocks of a few hundred rows, each pass after the first reads
-        what the one before left in the cache, and the fp32 activation never goes back to
-        memory. The block size is measured per machine (:mod:`bertscope.fast.tuning`, step
-        ``int8_rows``): on the 2-core EPYC, 256 rows took 0.92 of the unblocked time on the
-        whole BERT-base-size model at T = 128 (docs/BENCHMARKS.md).
-        """
-        rows = self.scratch.rows
-        if (not rows or self.steps is not None or not isinstance(nxt, Int8Linear) or nxt.steps is not None
-                or nxt.scratch is not self.scratch):
-            return None
-        n = x.shape[0]
-        padded = -(-n // ROW_BUCKET) * ROW_BUCKET
-        if padded != n:
-            x = F.pad(x, (0, 0, 0, padded - n))  # (N', K)
-        q, offset, step, xs = self.to_8bit(x)  # (N', K) 8-bit
-        y = self.product(q)  # (N', K)@(K, I) -> (N', I); q's scratch is free again
-        I = y.shape[1]
-        q2 = self.scratch.get(padded, I, nxt.code_dtype)  # (N', I): nxt's input, 8-bit
-        offset2, step2 = y.new_empty(padded, 1, dtype=torch.float32), y.new_empty(padded, 1, dtype=torch.float32)
-        xs2 = None if nxt.channels is None else y.new_empty(padded, len(nxt.channels), dtype=torch.float32)
-        for a in range(0, padded, rows):
-            b = min(a + rows, padded)
-            h = self.finish(y[a:b], offset[a:b], step[a:b], None if xs is None else xs[a:b])  # (r, I)
-            _, o, s, hs = nxt.to_8bit(h, own=True, out=q2[a:b])  # (r, I) 8-bit, in place on h
-            offset2[a:b], step2[a:b] = o, s
-            if hs is not None:
-                xs2[a:b] = hs
-        z = nxt.finish(nxt.product(q2), offset2, step2, xs2)  # (N', I)@(I, M) -> (N', M)
-        return z[:n] if padded != n else z
 
 
 @dataclass(frozen=True)

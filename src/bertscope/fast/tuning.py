@@ -9,8 +9,6 @@ What is chosen, per machine and model shape:
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
     int8_cast     precision "int8": how quantized activations become 8-bit integers, fp32 -> uint8 in
                   one copy or through int32 (:meth:`bertscope.fast.quant.Scratch.narrow`; same bits)
-    int8_rows     precision "int8", eager steps: the steps between W1 and W2 on the whole batch (0)
-                  or in blocks of 256 or 512 rows (:meth:`bertscope.fast.quant.Int8Linear.chain`)
     bf16_speedup  precision "bf16": bf16 GEMMs' time against fp32 (bf16 runs only if faster)
     int8_speedup  precision "int8": the calibrated int8 plan's speed against fp32, whole model,
                   on the calibration texts (:func:`measured_speedup`; int8 runs only if faster)
@@ -71,8 +69,7 @@ __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "R
 
 log = logging.getLogger(__name__)
 
-FORMAT = 6  # bump when what is measured changes: older cache files are then re-measured
-# (6: the int8_rows step)
+FORMAT = 5  # bump when what is measured changes: older cache files are then re-measured
 # (4: races start with the allocator settled, see settle_allocator)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
@@ -80,8 +77,7 @@ BUDGET_S = 2.0
 RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
 BATCH_TOKENS = (1024, 2048, 4096)
 SLACKS = (0.0, 0.1, 0.3)
-BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "int8_cast": "direct",
-            "int8_rows": 0}
+BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "int8_cast": "direct"}
 
 
 def cpu_name() -> str:
@@ -165,7 +161,6 @@ class KernelChoice:
     slack: float = BASELINE["slack"]
     int8_kernel: str = BASELINE["int8_kernel"]
     int8_cast: str = BASELINE["int8_cast"]
-    int8_rows: int = BASELINE["int8_rows"]
     bf16_speedup: float | None = None
     int8_speedup: dict = field(default_factory=dict)
     key: dict = field(default_factory=dict)
@@ -203,12 +198,8 @@ def load_choice(key: dict) -> KernelChoice | None:
         choice = KernelChoice.from_json(d)
     except TypeError:
         return None
-    from .quant import CASTS, check_rows
+    from .quant import CASTS
 
-    try:
-        check_rows(choice.int8_rows)
-    except ValueError:
-        return None
     if choice.int8_cast not in CASTS:  # a hand-edited or damaged file: measure again
         return None
     age = time.time() - (choice.measured_at or 0.0)
@@ -367,11 +358,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
     """
     from .encoder import PackedEncoder
-    from .quant import BLOCK_ROWS, CASTS, COMPILED_KERNEL, INT8_KERNELS
+    from .quant import CASTS, COMPILED_KERNEL, INT8_KERNELS
 
     cands = {"gemm": ["blas", "onednn"], "batch_tokens": list(BATCH_TOKENS), "slack": list(SLACKS),
-             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else []), "int8_cast": list(CASTS),
-             "int8_rows": list(BLOCK_ROWS)}
+             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else []), "int8_cast": list(CASTS)}
     cands.update(candidates or {})
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
@@ -380,7 +370,7 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
                           measured_at=time.time())
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
-    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20, "int8_rows": budget_s / 4}
+    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20}
     if precision == "int8":  # the fp32 library serves only some linears there: a smaller share
         shares["gemm"] = budget_s / 4
     per_k = lambda secs, n: secs * 1000 / n  # noqa: E731  seconds per 1,000 tokens
@@ -409,10 +399,9 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
     choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
 
-    def int8_gemm(kernel: str, prefer: str = "onednn", rows: int | None = None) -> GemmBackend:
+    def int8_gemm(kernel: str, prefer: str = "onednn") -> GemmBackend:
         gemm = GemmBackend(prefer=prefer, precision="int8", int8_kernel=kernel)
         gemm.use_int8_cast(choice.int8_cast)  # the conversion raced first, for every int8 candidate
-        gemm.use_int8_rows(choice.int8_rows if rows is None else rows)  # 0 until its own step
         return gemm
 
     if precision == "int8":
@@ -424,11 +413,6 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         runs = {k: runner(lambda k=k: int8_gemm(k), base_batch, BASELINE["slack"]) for k in cands["int8_kernel"]}
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
                                    BASELINE["int8_kernel"])
-        if choice.int8_kernel in INT8_KERNELS:  # eager steps: then W1 -> W2 in row blocks, or not
-            runs = {str(r): runner(lambda r=r: int8_gemm(choice.int8_kernel, rows=r), base_batch, BASELINE["slack"])
-                    for r in cands["int8_rows"]}
-            choice.int8_rows = int(timed("int8_rows", runs, {k: base_batch.num_tokens for k in runs},
-                                         str(BASELINE["int8_rows"])))
 
     runs_in = precision  # the precision the remaining candidates run in
 

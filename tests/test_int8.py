@@ -202,6 +202,48 @@ def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract
     assert embedding_agreement(ref, got)["top10_overlap"] >= 0.9
 
 
+FIRST_CALL_PROBE = """
+import sys, torch
+from bertscope.fast import quant
+
+plain = lambda y, step, lo, w_sum, bias: quant._rescale(y, step, lo, w_sum, bias)
+f = quant._compile(plain) if sys.argv[1] == "bertscope" else torch.compile(plain, dynamic=True, fullgraph=True)
+def args(n, m):
+    return torch.randn(n, m), torch.rand(n, 1), torch.randn(n, 1), torch.randn(m), torch.randn(m)
+f(*args(7, 8))  # the first call, on a few rows, gives inductor its size hints
+big = args(2048, 768)
+assert torch.allclose(f(*big), quant._rescale(*big), rtol=1e-5, atol=1e-5)
+"""
+
+
+def test_compiled_steps_are_parallel_loops_whatever_size_they_were_first_called_with(tmp_path):
+    """Inductor writes a one-thread loop when the first call is small, and dynamic=True reuses
+    it for every size (the compiled int8 steps were once single-threaded on 2048-row batches
+    after a test or a short batch compiled them). bertscope's compile (quant._compile) makes
+    every generated loop a parallel one; plain torch.compile, the control, does not: so the
+    check below can fail. Each in a fresh process with its own inductor cache."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path as P
+
+    def kernels(how: str) -> list[str]:
+        cache = tmp_path / how
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(P(__file__).resolve().parents[1] / "src"),
+                                                            os.environ.get("PYTHONPATH")])))
+        r = subprocess.run([sys.executable, "-c", FIRST_CALL_PROBE, how], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        # inductor keeps each compiled graph's source, its C++ loops inline, under its cache folder
+        codes = [f.read_text() for f in cache.rglob("*.py") if "cpp_pybinding" in f.read_text()]
+        assert codes, sorted(str(f) for f in cache.rglob("*"))[:20]
+        return codes
+
+    assert all("#pragma omp parallel" in c for c in kernels("bertscope"))
+    assert not all("#pragma omp parallel" in c for c in kernels("plain"))
+
+
 def test_compiled_steps_that_disagree_with_the_eager_steps_are_refused(monkeypatch):
     """A compiler that emits wrong code (here: a stand-in for torch.compile whose quantize step
     is one level high everywhere) makes CompiledSteps raise when made, so the compiled kernel is

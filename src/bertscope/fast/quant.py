@@ -226,10 +226,27 @@ def _rescale(y, step, lo, w_sum, bias, xs=None, w_s=None):
     return z
 
 
+# Inductor decides at compile time whether a CPU loop runs on several threads, from the sizes of
+# the first call (its "size hints"): under about 512 elements per thread it writes a one-thread
+# loop, and with dynamic=True that code then serves every later size, and is kept in inductor's
+# on-disk cache for other processes too. A first call on a few rows (a test, a short batch) thus
+# left the steps single-threaded on 2048-row batches: on the 2-core EPYC an epilogue compiled
+# after a 7 x 8 call took 4.5 ms on 2048 x 3072 against 1.9 ms (docs/BENCHMARKS.md, the
+# "slow compiled run"). ``cpp.dynamic_threads`` makes every loop a parallel one whose thread
+# count OpenMP sets at run time, whatever the first call was; being part of inductor's cache
+# key, it also keeps the older single-threaded code from being reused.
+_INDUCTOR_OPTIONS = {"cpp.dynamic_threads": True}
+
+
+def _compile(fn: Callable) -> Callable:
+    """``fn`` compiled by inductor for any row count, its loops parallel at any size (above)."""
+    return torch.compile(fn, dynamic=True, fullgraph=True, options=_INDUCTOR_OPTIONS)
+
+
 def _by_channels(plain: Callable, with_channels: Callable, norm: bool = False) -> Callable:
     """Both compiled, and one call that takes x_S, W_Sᵀ (None without fp32 channels) and picks."""
-    plain_c = torch.compile(plain, dynamic=True, fullgraph=True)
-    channels_c = torch.compile(with_channels, dynamic=True, fullgraph=True)
+    plain_c = _compile(plain)
+    channels_c = _compile(with_channels)
     if norm:
         def call(y, step, lo, w_sum, bias, x, gamma, beta, xs=None, w_s=None, keep=None):
             if xs is None:
@@ -262,7 +279,7 @@ class CompiledSteps:
         def quantize(x, keep=None):
             return _quantize_rows(x, levels, keep)
 
-        self.quantize = torch.compile(quantize, dynamic=True, fullgraph=True)
+        self.quantize = _compile(quantize)
         self._epilogues: dict[str | None, Callable] = {}
         self._norms: dict[tuple[float, bool], Callable] = {}
         if check:

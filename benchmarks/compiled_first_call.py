@@ -8,8 +8,8 @@ sizes of the first call (under about 512 elements per thread it writes a one-thr
 to later processes too. This script compiles one int8 epilogue (``quant._rescale``: Δ·y + lo·Ŵ·1
 + b) twice, each in a fresh inductor cache, first called on ``--first`` rows x columns: once
 with plain ``torch.compile(dynamic=True)`` and once with bertscope's ``quant._compile`` (the same
-plus ``cpp.dynamic_threads``). It then times both on a ``--rows`` x ``--width`` input (median of
-30 calls, each in its own process) and counts the generated loops that are parallel.
+plus ``cpp.dynamic_threads``), each in its own process. It then times each on a ``--rows`` x
+``--width`` input (median of 30 calls) and counts the generated kernels that have a parallel region.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> int:
     mach = machine()
     print(f"{mach['cpu']} ({', '.join(mach['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"first call {a.first}, then {a.rows} x {a.width}\n")
-    print("| compiled with | ms per call | generated loops parallel |")
+    print("| compiled with | ms per call | generated kernels with a parallel region |")
     print("|---|---:|---:|")
     for how, label in (("plain", "torch.compile(dynamic=True)"), ("bertscope", "quant._compile (+ cpp.dynamic_threads)")):
         with tempfile.TemporaryDirectory(prefix="bertscope-first-call-") as cache:

@@ -219,9 +219,10 @@ assert torch.allclose(f(*big), quant._rescale(*big), rtol=1e-5, atol=1e-5)
 def test_compiled_steps_are_parallel_loops_whatever_size_they_were_first_called_with(tmp_path):
     """Inductor writes a one-thread loop when the first call is small, and dynamic=True reuses
     it for every size (the compiled int8 steps were once single-threaded on 2048-row batches
-    after a test or a short batch compiled them). bertscope's compile (quant._compile) makes
-    every generated loop a parallel one; plain torch.compile, the control, does not: so the
-    check below can fail. Each in a fresh process with its own inductor cache."""
+    after a test or a short batch compiled them). Every kernel that bertscope's compile
+    (quant._compile, here of the epilogue) generates has a parallel region; plain torch.compile,
+    the control, writes one without: so the check below can fail. Each in a fresh process with
+    its own inductor cache, and inductor's own thread settings left to their defaults."""
     import os
     import subprocess
     import sys
@@ -229,18 +230,27 @@ def test_compiled_steps_are_parallel_loops_whatever_size_they_were_first_called_
 
     def kernels(how: str) -> list[str]:
         cache = tmp_path / how
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache),
+        env = {k: v for k, v in os.environ.items()  # inductor's thread settings at their defaults
+               if k not in ("TORCHINDUCTOR_CPP_DYNAMIC_THREADS", "TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE")}
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(cache),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(P(__file__).resolve().parents[1] / "src"),
                                                             os.environ.get("PYTHONPATH")])))
         r = subprocess.run([sys.executable, "-c", FIRST_CALL_PROBE, how], env=env, capture_output=True,
                            text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        # inductor keeps each compiled graph's source, its C++ loops inline, under its cache folder
+        if r.returncode != 0:
+            # no working compiler here: then bertscope never uses compiled steps (the race records
+            # the refusal), and there is nothing more to check
+            assert not int8_kernel_available(COMPILED_KERNEL), r.stderr[-2000:]
+            return None
+        # inductor keeps each compiled graph's source, its C++ kernel inline, under its cache folder
         codes = [f.read_text() for f in cache.rglob("*.py") if "cpp_pybinding" in f.read_text()]
         assert codes, sorted(str(f) for f in cache.rglob("*"))[:20]
         return codes
 
-    assert all("#pragma omp parallel" in c for c in kernels("bertscope"))
+    ours = kernels("bertscope")
+    if ours is None:
+        return
+    assert all(c.count("#pragma omp parallel") >= c.count("cpp_pybinding(") for c in ours)
     assert not all("#pragma omp parallel" in c for c in kernels("plain"))
 
 

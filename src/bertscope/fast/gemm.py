@@ -50,7 +50,6 @@ __all__ = ["BACKENDS", "PRECISIONS", "GemmBackend", "LayerLinears", "Linear", "L
            "onednn_linear_available"]
 
 log = logging.getLogger(__name__)
-_WARNED_7BIT: set[str] = set()  # int8 GEMMs already reported to saturate on 8 bits in this process
 
 BACKENDS = ("blas", "onednn")
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -319,8 +318,7 @@ class GemmBackend:
         if gemm not in self._int8_levels:
             exact = int8_range_exact(gemm)
             self._int8_levels[gemm] = FULL_LEVELS if exact else REDUCED_LEVELS
-            if not exact and gemm not in _WARNED_7BIT:  # once per process: races build many backends
-                _WARNED_7BIT.add(gemm)
+            if not exact:
                 log.warning("the %s int8 GEMM saturates on 8-bit activations on this CPU (no VNNI?); "
                             "using 7-bit activations", gemm)
         return self._int8_levels[gemm]

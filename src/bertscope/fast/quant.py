@@ -231,10 +231,11 @@ def _rescale(y, step, lo, w_sum, bias, xs=None, w_s=None):
 # loop, and with dynamic=True that code then serves every later size, and is kept in inductor's
 # on-disk cache for other processes too. A first call on a few rows (a test, a short batch) thus
 # left the steps single-threaded on 2048-row batches: on the 2-core EPYC an epilogue compiled
-# after a 7 x 8 call took 4.5 ms on 2048 x 3072 against 1.9 ms (docs/BENCHMARKS.md, the
-# "slow compiled run"). ``cpp.dynamic_threads`` makes every loop a parallel one whose thread
-# count OpenMP sets at run time, whatever the first call was; being part of inductor's cache
-# key, it also keeps the older single-threaded code from being reused.
+# after a 7 x 8 call took 3.3-4.2 ms on 2048 x 3072, against 2.5-2.9 ms with this option
+# (benchmarks/compiled_first_call.py; docs/BENCHMARKS.md, "tenth session"). ``cpp.dynamic_threads``
+# gives every generated kernel a parallel region whose thread count OpenMP sets at run time,
+# whatever the first call was; being part of inductor's cache key, it also keeps the older
+# single-threaded code from being reused.
 _INDUCTOR_OPTIONS = {"cpp.dynamic_threads": True}
 
 
@@ -531,12 +532,12 @@ class Int8Linear:
         if restore:
             x.index_copy_(1, self.channels, xs)  # the caller's x as it was, bit for bit
         out = self.scratch.get(rows, K, torch.int8 if self.kernel == "int_mm" else torch.uint8)  # (N, K)
-        if self.kernel == "onednn":
-            # q = round((x − lo)/Δ) in [0, levels]: +0.5 then truncation (to uint8) rounds in one pass
-            return self.scratch.narrow(t.add_(0.5 - lo * inv), out), lo, step, xs  # (N, K) uint8
-        # torch._int_mm multiplies int8 by int8: centre the grid, q − c in [−c, levels − c]
-        offset = lo + ((self.levels + 1) // 2) * step  # (N, 1)
-        return self.scratch.narrow(t.sub_(offset * inv).round_(), out), offset, step, xs  # (N, K) int8
+        if self.kernel == "int_mm":
+            # torch._int_mm multiplies int8 by int8: centre the grid, q − c in [−c, levels − c]
+            offset = lo + ((self.levels + 1) // 2) * step  # (N, 1)
+            return self.scratch.narrow(t.sub_(offset * inv).round_(), out), offset, step, xs  # (N, K) int8
+        # q = round((x − lo)/Δ) in [0, levels]: +0.5 then truncation (to uint8) rounds in one pass
+        return self.scratch.narrow(t.add_(0.5 - lo * inv), out), lo, step, xs  # (N, K) uint8
 
     def product(self, q: torch.Tensor) -> torch.Tensor:
         """The integer GEMM: q (N, K) -> (N, M), q·Ŵᵀ in fp32 (oneDNN) or q·Wqᵀ in int32

@@ -247,6 +247,40 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
     assert tuning.load_choice(c.key) is None
 
 
+def test_a_kernel_race_probes_the_8bit_grid_once_and_says_so_once(cache, small_model, monkeypatch, caplog):
+    """Where the 8-bit grid saturates (x86 without VNNI; here a stand-in probe), every int8
+    backend of a race uses 7 bits, and the warning comes once per int8 GEMM, not once per
+    candidate (a load built a dozen backends and printed a dozen warnings)."""
+    import logging
+
+    from bertscope.fast import quant
+
+    probed = []
+
+    def saturating(kernel, levels=255):
+        probed.append(kernel)
+        return levels < 255
+
+    monkeypatch.setattr(quant, "int8_range_exact", saturating)
+    made = []
+    real = tuning.GemmBackend
+
+    def backend(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    cands = dict(FAST, int8_kernel=["onednn", "int_mm"], batch_tokens=[256, 512], slack=[0.0, 0.3])
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.gemm"):
+        tuning.measure_choice(small_model, precision="int8", budget_s=0.2, candidates=cands)
+    int8_backends = [g for g in made if g.precision == "int8"]
+    assert len(int8_backends) >= 5
+    assert all(set(g._int8_levels.values()) == {quant.REDUCED_LEVELS} for g in int8_backends)
+    assert sorted(probed) == ["int_mm", "onednn"]
+    warned = [r.getMessage() for r in caplog.records if "saturates on 8-bit activations" in r.getMessage()]
+    assert sorted(w.split()[1] for w in warned) == ["int_mm", "onednn"], warned
+
+
 SETTLE_PROBE = """
 import ctypes, sys
 import torch

@@ -219,7 +219,7 @@ class GemmBackend:
     """
 
     def __init__(self, prefer: str = "onednn", precision: str = "fp32", int8_kernel: str = "onednn",
-                 compile: bool = False) -> None:
+                 compile: bool = False, levels: dict[str, int] | None = None) -> None:
         if prefer not in BACKENDS:
             raise ValueError(f"unknown GEMM backend {prefer!r}; choose one of {', '.join(BACKENDS)}")
         if precision not in PRECISIONS:
@@ -238,7 +238,9 @@ class GemmBackend:
         self.int8_cast = "direct"  # how their inputs become 8-bit integers (Scratch.narrow; measured)
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
-        self._int8_levels: dict[str, int] = {}  # int8 GEMM -> activation levels measured here (int8_levels)
+        # int8 GEMM -> activation levels measured here (int8_levels); the backends of one kernel
+        # race share one dict (``levels``), so the probe runs, and warns, once for them all
+        self._int8_levels: dict[str, int] = levels if levels is not None else {}
 
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:

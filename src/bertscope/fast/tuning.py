@@ -399,8 +399,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
     choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
 
+    levels: dict[str, int] = {}  # the 8-bit grid each int8 GEMM multiplies exactly: probed once here
+
     def int8_gemm(kernel: str, prefer: str = "onednn") -> GemmBackend:
-        gemm = GemmBackend(prefer=prefer, precision="int8", int8_kernel=kernel)
+        gemm = GemmBackend(prefer=prefer, precision="int8", int8_kernel=kernel, levels=levels)
         gemm.use_int8_cast(choice.int8_cast)  # the conversion raced first, for every int8 candidate
         return gemm
 

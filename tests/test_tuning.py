@@ -34,6 +34,18 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "kernel-choice"
 
 
+def recording_backends(monkeypatch) -> list:
+    """Every GemmBackend the kernel choice makes from now on, in order."""
+    made = []
+
+    def backend(*args, **kwargs):
+        made.append(GemmBackend(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    return made
+
+
 @pytest.fixture
 def small_model():
     torch.manual_seed(0)
@@ -179,15 +191,9 @@ def test_bf16_no_faster_than_fp32_leaves_the_rest_measured_in_fp32(cache, small_
     monkeypatch.setattr(Linear, "__init__", bf16_on_blas)
     monkeypatch.setattr(Linear, "__call__", slow_bf16)
     monkeypatch.setattr(GemmBackend, "onednn_usable", lambda self: True)  # bf16 is not refused for want of oneDNN
-    made = []
-    real = tuning.GemmBackend
-
-    def backend(*args, **kwargs):
-        made.append(kwargs.get("precision", "fp32"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    backends = recording_backends(monkeypatch)
     c = tuning.measure_choice(small_model, precision="bf16", budget_s=0.2, candidates=FAST)
+    made = [g.precision for g in backends]
     assert c.bf16_speedup is not None and c.bf16_speedup < 1 + NOISE_MARGIN
     n_batch, n_slack = len(FAST["batch_tokens"]), len(FAST["slack"])
     assert made[-(n_batch + n_slack):] == ["fp32"] * (n_batch + n_slack)  # the last two steps' backends
@@ -207,14 +213,7 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
         return narrow(self, t, out)
 
     monkeypatch.setattr(Scratch, "narrow", slow_direct)
-    made = []
-    real = tuning.GemmBackend
-
-    def backend(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    made = recording_backends(monkeypatch)
     cands = dict(FAST, int8_kernel=["onednn", "int_mm"], batch_tokens=[512], slack=[0.0])
     c = tuning.measure_choice(small_model, precision="int8", budget_s=0.4, candidates=cands)
     assert set(c.timings["int8_cast"]) == set(CASTS) and c.int8_cast == "int32", c.timings["int8_cast"]
@@ -222,7 +221,7 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
     int8_backends = [g for g in made if g.precision == "int8"]
     assert len(int8_backends) >= 3  # the kernels' candidates, then the batch budget's and slack's
     assert all(g.int8_cast == "int32" for g in int8_backends)  # every one races with the chosen route
-    monkeypatch.setattr(tuning, "GemmBackend", real)
+    monkeypatch.setattr(tuning, "GemmBackend", GemmBackend)
     enc = PackedEncoder(gemm=GemmBackend(precision="int8"))
     lin = enc.gemm.int8_linear(torch.randn(8, 64), torch.zeros(8))  # a scratch made before the choice
     enc.apply(c)
@@ -262,14 +261,7 @@ def test_a_kernel_race_probes_the_8bit_grid_once_and_says_so_once(cache, small_m
         return levels < 255
 
     monkeypatch.setattr(quant, "int8_range_exact", saturating)
-    made = []
-    real = tuning.GemmBackend
-
-    def backend(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(tuning, "GemmBackend", backend)
+    made = recording_backends(monkeypatch)
     cands = dict(FAST, int8_kernel=["onednn", "int_mm"], batch_tokens=[256, 512], slack=[0.0, 0.3])
     with caplog.at_level(logging.WARNING, logger="bertscope.fast.gemm"):
         tuning.measure_choice(small_model, precision="int8", budget_s=0.2, candidates=cands)

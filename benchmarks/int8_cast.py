@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
-from bertscope.errors import BertscopeError  # noqa: E402
+from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.corpus import save_random_checkpoint  # noqa: E402
@@ -113,8 +113,4 @@ def run(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BertscopeError as e:  # a model folder that is not a checkpoint, and the like: one line
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)  # a BertscopeError (a model folder that is not a checkpoint, ...): one line, exit 2

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
-from bertscope.errors import BertscopeError  # noqa: E402
+from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.systems import build_systems  # noqa: E402
@@ -138,8 +138,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BertscopeError as e:  # a model folder that is not a checkpoint, and the like: one line
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)  # a BertscopeError (a model folder that is not a checkpoint, ...): one line, exit 2

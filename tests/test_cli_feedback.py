@@ -157,3 +157,31 @@ def test_ablate_says_what_its_own_layer_shows(capsys):
     assert lines[0].startswith("L3: the silenced heads' own layer: largest move 0.000")
     assert [l.split(":")[0] for l in lines[1:]] == ["L4", "L5"]
     assert all("most moved" in l for l in lines[1:])
+
+
+def test_benchmark_scripts_end_a_bertscope_error_with_one_line_and_status_2(capsys):
+    """cli.common.run_script, the end of the benchmark scripts: a BertscopeError becomes one
+    line on stderr and exit status 2, like the bertscope command; any other status passes through."""
+    import pytest
+
+    from bertscope.cli.common import run_script
+    from bertscope.errors import InputError
+
+    def bad() -> int:
+        raise InputError("not a checkpoint:\n  no config.json")
+
+    with pytest.raises(SystemExit) as e:
+        run_script(bad)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: not a checkpoint: no config.json\n"
+    for status in (0, 1):
+        with pytest.raises(SystemExit) as e:
+            run_script(lambda status=status: status)
+        assert e.value.code == status
+
+    def broken() -> int:
+        raise ValueError("a bug, not bad input")
+
+    with pytest.raises(ValueError):  # a bug keeps its traceback
+        run_script(broken)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 MODEL_HELP = ("a local Hugging Face-format BERT folder (config.json, model.safetensors or "
               "pytorch_model.bin, tokenizer.json or vocab.txt); default: the bundled all-MiniLM-L6-v2")
@@ -121,3 +122,16 @@ def engine_options(args: argparse.Namespace):
     check_engine_options(opts)
     require_ray()
     return opts
+
+
+def run_script(main: Callable[[], int]) -> NoReturn:
+    """Exit with a benchmark script's ``main()``: its status, or 2 with one line on stderr for a
+    :class:`~bertscope.errors.BertscopeError` (a model folder that is not a checkpoint, and the
+    like), as the ``bertscope`` command does."""
+    from ..errors import BertscopeError
+
+    try:
+        sys.exit(main())
+    except BertscopeError as e:
+        print("error: " + " ".join(part.strip() for part in str(e).splitlines() if part.strip()), file=sys.stderr)
+        sys.exit(2)

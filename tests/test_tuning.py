@@ -267,10 +267,47 @@ def test_a_kernel_race_probes_the_8bit_grid_once_and_says_so_once(cache, small_m
         tuning.measure_choice(small_model, precision="int8", budget_s=0.2, candidates=cands)
     int8_backends = [g for g in made if g.precision == "int8"]
     assert len(int8_backends) >= 5
-    assert all(set(g._int8_levels.values()) == {quant.REDUCED_LEVELS} for g in int8_backends)
+    assert all(set(g.measured_levels.values()) == {quant.REDUCED_LEVELS} for g in int8_backends)
     assert sorted(probed) == ["int_mm", "onednn"]
     warned = [r.getMessage() for r in caplog.records if "saturates on 8-bit activations" in r.getMessage()]
     assert sorted(w.split()[1] for w in warned) == ["int_mm", "onednn"], warned
+
+
+def test_a_model_reuses_its_races_8bit_probe_and_warns_once_per_gemm(cache, small_model, monkeypatch, caplog):
+    """The model's own int8 backend shares the race's record of the 8-bit grid: after a measured
+    choice it neither probes nor warns again (a load used to warn twice about oneDNN's GEMM);
+    after a cached choice, where nothing was raced, it probes and warns once itself."""
+    import functools
+    import logging
+
+    from bertscope.fast import encoder as encoder_module
+    from bertscope.fast import quant
+
+    probed = []
+
+    def saturating(kernel, levels=255):
+        probed.append(kernel)
+        return levels < 255
+
+    monkeypatch.setattr(quant, "int8_range_exact", saturating)
+    cands = dict(FAST, int8_kernel=["onednn", "int_mm"])
+    monkeypatch.setattr(encoder_module, "choose", functools.partial(choose, budget_s=0.2, candidates=cands))
+
+    def load_and_build() -> list[str]:
+        probed.clear()
+        caplog.clear()
+        enc = PackedEncoder(gemm=GemmBackend(precision="int8"), tune=True)
+        with caplog.at_level(logging.WARNING, logger="bertscope.fast.gemm"), torch.inference_mode():
+            enc.prepare(small_model)
+            w, b = torch.randn(16, 32), torch.zeros(16)
+            lin = enc.gemm.int8_linear(w, b, kernel="onednn")
+        assert lin.levels == quant.REDUCED_LEVELS
+        return [r.getMessage().split()[1] for r in caplog.records if "saturates on 8-bit" in r.getMessage()]
+
+    measured = load_and_build()
+    assert sorted(measured) == ["int_mm", "onednn"] and sorted(probed) == ["int_mm", "onednn"]
+    cached = load_and_build()  # the choice now comes from the cache: no race
+    assert cached == ["onednn"] and probed == ["onednn"]
 
 
 SETTLE_PROBE = """
@@ -292,9 +329,10 @@ else:
     info = libc.mallinfo
 if sys.argv[1] == "settle":
     settle_allocator()
+size = int(sys.argv[2]) if len(sys.argv) > 2 else 24 * 2**20  # default 24 MiB: a big activation's size
 before = info().hblkhd  # bytes in blocks glibc mapped from the system for one allocation
-t = torch.empty(24 * 2**20, dtype=torch.uint8)  # 24 MiB: a big activation's size
-print("mapped" if info().hblkhd - before >= 24 * 2**20 else "heap")
+t = torch.empty(size, dtype=torch.uint8)
+print("mapped" if info().hblkhd - before >= size else "heap")
 """
 
 
@@ -307,18 +345,46 @@ def test_races_start_with_the_allocator_settled(monkeypatch):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
 
-    def probe(mode):
-        r = subprocess.run([sys.executable, "-c", SETTLE_PROBE, mode], capture_output=True, text=True, timeout=120,
-                           env=env)
+    def probe(mode, *size):
+        r = subprocess.run([sys.executable, "-c", SETTLE_PROBE, mode, *size], capture_output=True, text=True,
+                           timeout=120, env=env)
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout.strip()
 
     assert probe("young") == "mapped"
     assert probe("settle") == "heap"
+    # the limit too_wide keeps batches under: a block just past it is mapped even when settled
+    assert probe("settle", str(tuning.HEAP_BLOCK_LIMIT + 2 * 2**20)) == "mapped"
+    assert probe("settle", str(tuning.HEAP_BLOCK_LIMIT - 2 * 2**20)) == "heap"
     order = []
     monkeypatch.setattr(tuning, "settle_allocator", lambda: order.append("settle"))
     race({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, budget_s=0.0)
     assert order[:3] == ["settle", "a", "b"]  # before the warm-up, so every timed round is settled
+
+
+def test_batches_whose_widest_activation_passes_the_heap_limit_are_not_raced(cache, small_model, monkeypatch):
+    """A batch size whose widest activation the allocator maps fresh on every call is left out of
+    the race, with the reason recorded; the smallest candidate is raced even when all are too wide."""
+    from bertscope.core.config import BertConfig
+
+    base, mini = BertConfig.preset("bert-base"), BertConfig(hidden_size=384, intermediate_size=1536,
+                                                             num_attention_heads=12)
+    assert tuning.too_wide(base, 2048) is None  # 2048 x 3072 fp32: 24 MiB
+    assert "48 MiB" in tuning.too_wide(base, 4096)
+    assert tuning.too_wide(mini, 4096) is None  # 4096 x 1536: 24 MiB
+    assert tuning.too_wide(base, 4096 - 63) == tuning.too_wide(base, 4096)  # rows rounded up to the bucket
+
+    width = max(3 * small_model.config.hidden_size, small_model.config.intermediate_size)
+    monkeypatch.setattr(tuning, "HEAP_BLOCK_LIMIT", 300 * width * 4)  # 128 and 256 tokens fit, 512 do not
+    c = tuning.measure_choice(small_model, budget_s=0.2, candidates=dict(FAST, batch_tokens=[128, 256, 512]))
+    assert c.batch_tokens in (128, 256)
+    times = c.timings["batch_tokens"]
+    assert isinstance(times["128"], float) and isinstance(times["256"], float)
+    assert times["512"].startswith("not raced") and "MiB" in times["512"]
+
+    monkeypatch.setattr(tuning, "HEAP_BLOCK_LIMIT", 1)  # every candidate too wide: the smallest is raced
+    c = tuning.measure_choice(small_model, budget_s=0.2, candidates=FAST)
+    assert c.batch_tokens == 256 and isinstance(c.timings["batch_tokens"]["256"], float)
 
 
 def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():

@@ -238,9 +238,10 @@ class GemmBackend:
         self.int8_cast = "direct"  # how their inputs become 8-bit integers (Scratch.narrow; measured)
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
-        # int8 GEMM -> activation levels measured here (int8_levels); the backends of one kernel
-        # race share one dict (``levels``), so the probe runs, and warns, once for them all
-        self._int8_levels: dict[str, int] = levels if levels is not None else {}
+        # int8 GEMM -> activation levels measured here (int8_levels). Backends may share one dict
+        # (``levels``): a kernel race's candidates and the model's own backend do, so the probe
+        # runs, and warns, once per GEMM for them all
+        self.measured_levels: dict[str, int] = levels if levels is not None else {}
 
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:
@@ -317,13 +318,13 @@ class GemmBackend:
 
         kernel = kernel or self.int8_kernel
         gemm = "onednn" if kernel == COMPILED_KERNEL else kernel  # the compiled steps use oneDNN's GEMM
-        if gemm not in self._int8_levels:
+        if gemm not in self.measured_levels:
             exact = int8_range_exact(gemm)
-            self._int8_levels[gemm] = FULL_LEVELS if exact else REDUCED_LEVELS
+            self.measured_levels[gemm] = FULL_LEVELS if exact else REDUCED_LEVELS
             if not exact:
                 log.warning("the %s int8 GEMM saturates on 8-bit activations on this CPU (no VNNI?); "
                             "using 7-bit activations", gemm)
-        return self._int8_levels[gemm]
+        return self.measured_levels[gemm]
 
     def linears(self, model, x: torch.Tensor) -> list[LayerLinears]:
         """The linears for a forward of ``model`` on inputs like ``x`` (see the module doc)."""

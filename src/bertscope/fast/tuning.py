@@ -3,7 +3,8 @@
 What is chosen, per machine and model shape:
 
     gemm          "onednn" (weights pre-packed, activation fused) or "blas" (``F.linear``)
-    batch_tokens  real tokens per ``embed`` batch: 1024, 2048 or 4096
+    batch_tokens  real tokens per ``embed`` batch: 1024, 2048 or 4096 (a size whose widest
+                  activation is over the heap limit is not raced: :func:`too_wide`)
     slack         padding allowed inside an attention bucket: 0 (exact length groups), 0.1, 0.3
     int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``; when asked for
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
@@ -63,13 +64,13 @@ from ..files import write_text_atomic
 from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
-__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
+__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
            "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
-           "settle_allocator", "tuning_enabled"]
+           "settle_allocator", "too_wide", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 5  # bump when what is measured changes: older cache files are then re-measured
+FORMAT = 6  # bump when what is measured changes: older cache files are then re-measured
 # (4: races start with the allocator settled, see settle_allocator)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
@@ -257,6 +258,30 @@ def synthetic_batch(config, tokens: int, max_len: int, seed: int = 0) -> PackedB
 # the largest such block freed, up to 32 MiB: a long-running process ends up there. Freeing one
 # block just under that cap first puts a young process in the same state.
 _SETTLE_BYTES = 31 * 2**20
+HEAP_BLOCK_LIMIT = _SETTLE_BYTES  # larger blocks come fresh from the system each time (too_wide)
+
+
+def too_wide(config, tokens: int) -> str | None:
+    """Why a batch of ``tokens`` is not raced for a model of ``config``, or None.
+
+    Its widest fp32 activation (the fused Q/K/V output, 3C wide, or the feed-forward's, I wide,
+    over ``tokens`` rows rounded up to the GEMMs' row bucket) must fit under the block size that
+    :func:`settle_allocator` leaves glibc serving from its heap (31 MiB; glibc never raises its
+    threshold past 32 MiB). A larger block is mapped fresh from the system on every call and
+    paid for in page faults: on the AMD EPYC (docs/BENCHMARKS.md) one int8 linear of BERT-base's
+    feed-forward at 4096 rows faulted 12,289 times (its 48 MiB output) and took 1.46x as long per
+    row as at 2048, and the whole model with the compiled steps took 1.15x as long. A one-layer
+    race, noisy at that margin, had once picked 4096 all the same. This is a rule about memory,
+    not a timing, so it holds on every CPU; the smallest candidate is always raced.
+    """
+    from .gemm import ROW_BUCKET
+
+    rows = -(-tokens // ROW_BUCKET) * ROW_BUCKET
+    widest = rows * max(3 * config.hidden_size, config.intermediate_size) * 4  # bytes, fp32
+    if widest <= HEAP_BLOCK_LIMIT:
+        return None
+    return (f"not raced: its widest activation, {widest / 2**20:.0f} MiB, is over the "
+            f"{HEAP_BLOCK_LIMIT / 2**20:.0f} MiB the allocator serves from its heap (page faults on every call)")
 
 
 def settle_allocator() -> None:
@@ -349,10 +374,16 @@ def pick(times: dict, baseline: str) -> str:
 
 
 def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
-                   candidates: dict | None = None, compile: bool = False) -> KernelChoice:
+                   candidates: dict | None = None, compile: bool = False,
+                   levels: dict[str, int] | None = None) -> KernelChoice:
     """Measure every candidate for ``model`` on this machine (see the module doc). ``compile``
     adds the torch.compile'd int8 steps (:data:`~bertscope.fast.quant.COMPILED_KERNEL`) to the
     int8 candidates: compiling them takes about 30 s the first time on a machine.
+
+    ``levels`` is the dict in which the int8 candidates record the 8-bit grid each integer GEMM
+    multiplies exactly here (:attr:`GemmBackend.measured_levels`); give the model's own
+    backend's, and the model reuses the race's probes (and their warnings) instead of repeating
+    them. By default the race keeps its own.
 
     ``candidates`` overrides the lists measured ({"gemm": [...], "batch_tokens": [...],
     "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
@@ -399,7 +430,8 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
     choice.gemm = timed("gemm", runs, {g: base_batch.num_tokens for g in runs}, BASELINE["gemm"])
 
-    levels: dict[str, int] = {}  # the 8-bit grid each int8 GEMM multiplies exactly: probed once here
+    if levels is None:  # the 8-bit grid each int8 GEMM multiplies exactly: probed once, for all candidates
+        levels = {}
 
     def int8_gemm(kernel: str, prefer: str = "onednn") -> GemmBackend:
         gemm = GemmBackend(prefer=prefer, precision="int8", int8_kernel=kernel, levels=levels)
@@ -435,10 +467,13 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         if choice.bf16_speedup is None or choice.bf16_speedup < 1 + NOISE_MARGIN:
             runs_in = "fp32"
 
-    batches = {n: synthetic_batch(model.config, n, max_len) for n in cands["batch_tokens"]}
+    wide = {n: why for n in cands["batch_tokens"] if (why := too_wide(model.config, n))}
+    sizes = [n for n in cands["batch_tokens"] if n not in wide] or [min(cands["batch_tokens"])]
+    batches = {n: synthetic_batch(model.config, n, max_len) for n in sizes}
     runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"]) for n in batches}
     choice.batch_tokens = int(timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches},
                                     str(BASELINE["batch_tokens"])))
+    choice.timings["batch_tokens"].update({str(n): why for n, why in wide.items() if n not in batches})
 
     packed = batches.get(choice.batch_tokens) or synthetic_batch(model.config, choice.batch_tokens, max_len)
     runs = {str(s): runner(chosen_gemm, packed, s) for s in cands["slack"]}
@@ -491,9 +526,11 @@ def measured_speedup(fast: Callable[[], object], base: Callable[[], object],
 
 
 def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
-           retune: bool = False, candidates: dict | None = None, compile: bool = False) -> KernelChoice:
+           retune: bool = False, candidates: dict | None = None, compile: bool = False,
+           levels: dict[str, int] | None = None) -> KernelChoice:
     """The kernel choice for ``model`` here: from the cache when its key matches, else measured
-    (and cached); the plain defaults when ``BERTSCOPE_TUNE=0``."""
+    (and cached); the plain defaults when ``BERTSCOPE_TUNE=0``. ``levels``: as for
+    :func:`measure_choice` (a cached choice probes nothing)."""
     dtype = next(model.parameters()).dtype
     key = choice_key(model.config, dtype, precision, compile)
     if not tuning_enabled() and not retune:
@@ -503,6 +540,6 @@ def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_le
         if cached is not None:
             return cached
     choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
-                            candidates=candidates, compile=compile)
+                            candidates=candidates, compile=compile, levels=levels)
     save_choice(choice)
     return choice

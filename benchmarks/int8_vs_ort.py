@@ -132,6 +132,11 @@ def main() -> int:
                       f"{r['quartiles'][1]:.2f} | {r['rounds_faster']} of {r['rounds']} | "
                       f"{r['bootstrap_95'][0]:.3f}-{r['bootstrap_95'][1]:.3f} | {overlap:.3f} |")
             sys.stdout.flush()
+    print("\nMinor page faults per call (median over rounds):")
+    for wname, entry in result["workloads"].items():
+        counts = {s: v["minor_faults_per_call"] for s, v in entry["systems"].items()}
+        if all(v is not None for v in counts.values()):
+            print(f"- {wname}: " + ", ".join(f"{s} {v:.0f}" for s, v in counts.items()))
     if a.out:
         write_text_atomic(Path(a.out), json.dumps(result, indent=1))
     return 0

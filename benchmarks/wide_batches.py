@@ -2,9 +2,10 @@
 
     PYTHONPATH=src python benchmarks/wide_batches.py [--rounds 7] [--whole-model] [--out FILE.json]
 
-glibc serves a block from its heap only up to its mmap threshold, which never rises past 32 MiB
-(``bertscope.fast.tuning.settle_allocator`` sets it to 31 MiB at once); a larger block is mapped
-fresh from the system on every allocation and paid for in page faults on first touch. At
+glibc serves a block from its heap only below its mmap threshold, which never rises past 32 MiB
+on a 64-bit system (``bertscope.fast.tuning.settle_allocator`` sets it to 31 MiB at once); a
+larger block is mapped fresh from the system whenever the heap's free top cannot hold it, and
+paid for in page faults on first touch. At
 BERT-base's sizes a 4096-token batch makes the feed-forward's (N, 3072) fp32 output 48 MiB, where
 2048 tokens make it 24 MiB.
 
@@ -15,7 +16,8 @@ reports the median time per 1,000 rows and the minor page faults per call
 (``getrusage``). With ``--whole-model`` it also loads BERT-base size with random weights in int8
 (eager and ``compile=True``) and embeds the bench's T = 128 workload (32 texts of 128 tokens)
 with ``batch_tokens`` 2048 and 4096, in paired rounds. The compiled variants compile on first
-use (about 30 s the first time on a machine).
+use (about 30 s the first time on a machine). The loads use the usual kernel-choice and inductor
+caches (``BERTSCOPE_CACHE_DIR=<empty folder>`` measures the choices afresh).
 """
 
 from __future__ import annotations

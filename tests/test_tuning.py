@@ -354,8 +354,8 @@ def test_races_start_with_the_allocator_settled(monkeypatch):
     assert probe("young") == "mapped"
     assert probe("settle") == "heap"
     # the limit too_wide keeps batches under: a block just past it is mapped even when settled
-    assert probe("settle", str(tuning.HEAP_BLOCK_LIMIT + 2 * 2**20)) == "mapped"
-    assert probe("settle", str(tuning.HEAP_BLOCK_LIMIT - 2 * 2**20)) == "heap"
+    assert probe("settle", str(tuning.HEAP_BLOCK_LIMIT + 64 * 2**10)) == "mapped"
+    assert probe("settle", str(tuning.HEAP_BLOCK_LIMIT - 64 * 2**10)) == "heap"
     order = []
     monkeypatch.setattr(tuning, "settle_allocator", lambda: order.append("settle"))
     race({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, budget_s=0.0)
@@ -370,9 +370,15 @@ def test_batches_whose_widest_activation_passes_the_heap_limit_are_not_raced(cac
     base, mini = BertConfig.preset("bert-base"), BertConfig(hidden_size=384, intermediate_size=1536,
                                                              num_attention_heads=12)
     assert tuning.too_wide(base, 2048) is None  # 2048 x 3072 fp32: 24 MiB
-    assert "48 MiB" in tuning.too_wide(base, 4096)
+    assert "48.0 MiB" in tuning.too_wide(base, 4096)
     assert tuning.too_wide(mini, 4096) is None  # 4096 x 1536: 24 MiB
     assert tuning.too_wide(base, 4096 - 63) == tuning.too_wide(base, 4096)  # rows rounded up to the bucket
+    large = BertConfig.preset("bert-large")  # I = 4096: 2048 tokens make 32 MiB
+    assert "32.0 MiB" in tuning.too_wide(large, 2048) and tuning.too_wide(large, 1024) is None
+    # the boundary: a block of exactly the limit is too wide (glibc maps a request as large as its threshold)
+    edge = BertConfig(hidden_size=384, intermediate_size=tuning.HEAP_BLOCK_LIMIT // (4 * 2048), num_attention_heads=12)
+    assert 2048 * edge.intermediate_size * 4 == tuning.HEAP_BLOCK_LIMIT
+    assert tuning.too_wide(edge, 2048) is not None and tuning.too_wide(edge, 2048 - 64) is None
 
     width = max(3 * small_model.config.hidden_size, small_model.config.intermediate_size)
     monkeypatch.setattr(tuning, "HEAP_BLOCK_LIMIT", 300 * width * 4)  # 128 and 256 tokens fit, 512 do not

@@ -6,7 +6,9 @@ embeddings) before any time is taken. Rounds visit every system in turn, so a bu
 from elsewhere on the machine hits all systems alike; the median is reported. Speed-ups come
 two ways: the ratio of the medians, and the paired one, the median over rounds of the two
 systems' time ratio within the same round (:func:`bertscope.fast.tuning.ratios`), which a
-machine whose speed drifts between rounds moves less.
+machine whose speed drifts between rounds moves less. Each timed call's minor page faults are
+counted too (where the OS reports them): a system whose large blocks the C allocator maps fresh
+on every call pays for it in faults, which depends on what the process allocated before.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
     return float(N * (linear + quadratic))
 
 
+def minor_faults() -> int | None:
+    """This process's minor page faults so far (``getrusage``), or None where the OS has no such count."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens: int, flops: float,
                      rounds: int, device: str = "cpu", reduced: Sequence[str] = ()) -> dict:
     """Check every system's output against bertscope's, then time them round-robin.
@@ -50,19 +61,23 @@ def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens
     diffs = {name: float(np.abs(o - ref).max()) for name, o in outputs.items() if name != "bertscope"}
     quality = {name: embedding_agreement(ref, outputs[name]) for name in reduced if name in outputs}
     times: dict[str, list[float]] = {name: [] for name in systems}
+    faults: dict[str, list[int]] = {name: [] for name in systems}
     for _ in range(rounds):
         for name, f in systems.items():
             sync(device)
-            t = time.perf_counter()
+            f0, t = minor_faults(), time.perf_counter()
             f(texts)
             sync(device)
             times[name].append(time.perf_counter() - t)
+            if f0 is not None:
+                faults[name].append(minor_faults() - f0)
     result = {"texts": len(texts), "real_tokens": real_tokens, "useful_gflop": flops / 1e9,
               "max_abs_diff_vs_bertscope": diffs, "quality_vs_fp32": quality, "systems": {}}
     for name, ts in times.items():
         med = statistics.median(ts)
         result["systems"][name] = {"median_s": med, "tokens_per_s": real_tokens / med,
-                                   "useful_gflops": flops / med / 1e9, "times_s": ts}
+                                   "useful_gflops": flops / med / 1e9, "times_s": ts,
+                                   "minor_faults_per_call": statistics.median(faults[name]) if faults[name] else None}
     base = result["systems"]["bertscope"]["tokens_per_s"]
     result["bertscope_speedup"] = {n: base / s["tokens_per_s"] for n, s in result["systems"].items()
                                    if n != "bertscope"}

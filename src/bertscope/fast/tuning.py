@@ -70,7 +70,9 @@ __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "KernelChoice"
 
 log = logging.getLogger(__name__)
 
-FORMAT = 6  # bump when what is measured changes: older cache files are then re-measured
+# bump when what is measured changes: older cache files are then re-measured
+# (5: the 8-bit conversion raced; 6: batch sizes over the heap limit left out, too_wide)
+FORMAT = 6
 # (4: races start with the allocator settled, see settle_allocator)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
@@ -258,30 +260,34 @@ def synthetic_batch(config, tokens: int, max_len: int, seed: int = 0) -> PackedB
 # the largest such block freed, up to 32 MiB: a long-running process ends up there. Freeing one
 # block just under that cap first puts a young process in the same state.
 _SETTLE_BYTES = 31 * 2**20
-HEAP_BLOCK_LIMIT = _SETTLE_BYTES  # larger blocks come fresh from the system each time (too_wide)
+HEAP_BLOCK_LIMIT = _SETTLE_BYTES  # blocks this large or larger are mapped from the system (too_wide)
 
 
 def too_wide(config, tokens: int) -> str | None:
     """Why a batch of ``tokens`` is not raced for a model of ``config``, or None.
 
     Its widest fp32 activation (the fused Q/K/V output, 3C wide, or the feed-forward's, I wide,
-    over ``tokens`` rows rounded up to the GEMMs' row bucket) must fit under the block size that
-    :func:`settle_allocator` leaves glibc serving from its heap (31 MiB; glibc never raises its
-    threshold past 32 MiB). A larger block is mapped fresh from the system on every call and
-    paid for in page faults: on the AMD EPYC (docs/BENCHMARKS.md) one int8 linear of BERT-base's
-    feed-forward at 4096 rows faulted 12,289 times (its 48 MiB output) and took 1.46x as long per
-    row as at 2048, and the whole model with the compiled steps took 1.15x as long. A one-layer
-    race, noisy at that margin, had once picked 4096 all the same. This is a rule about memory,
-    not a timing, so it holds on every CPU; the smallest candidate is always raced.
+    over ``tokens`` rows rounded up to the GEMMs' row bucket) must be under the block size that
+    :func:`settle_allocator` leaves glibc serving from its heap (31 MiB; glibc's dynamic mmap
+    threshold never rises past 32 MiB on 64-bit systems). A larger block is mapped fresh from the
+    system whenever the heap's free top cannot hold it, and paid for in page faults on first
+    touch. On the AMD EPYC (docs/BENCHMARKS.md, ``benchmarks/wide_batches.py``, four runs)
+    BERT-base's feed-forward linear with the compiled int8 steps took 1.37-1.89x as long per row
+    at 4096 rows as at 2048 (12,289-24,578 faults per call); the whole int8 model took 0.99-1.13x
+    as long with the eager steps and, in three runs of four, 1.12-1.20x with the compiled ones (in
+    the fourth its 2048-token batches faulted too). A one-layer race, noisy at that margin, had
+    once picked 4096 all the same. The rule reads no clock, so no CPU's speed decides it; it
+    describes glibc with its default thresholds (other allocators, or thresholds the user fixed,
+    may serve such blocks without faults: there it only costs a candidate). The smallest
+    candidate is always raced.
     """
     from .gemm import ROW_BUCKET
 
     rows = -(-tokens // ROW_BUCKET) * ROW_BUCKET
     widest = rows * max(3 * config.hidden_size, config.intermediate_size) * 4  # bytes, fp32
-    if widest <= HEAP_BLOCK_LIMIT:
+    if widest < HEAP_BLOCK_LIMIT:
         return None
-    return (f"not raced: its widest activation, {widest / 2**20:.0f} MiB, is over the "
-            f"{HEAP_BLOCK_LIMIT / 2**20:.0f} MiB the allocator serves from its heap (page faults on every call)")
+    return f"not raced: {widest / 2**20:.1f} MiB activations >= {HEAP_BLOCK_LIMIT / 2**20:.1f} MiB heap limit"
 
 
 def settle_allocator() -> None:
@@ -424,7 +430,12 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         choice.ratios[step] = ratios(per_round, baseline)
         return pick(per_round, baseline)
 
-    base_batch = synthetic_batch(model.config, BASELINE["batch_tokens"], max_len)
+    # the batch the library, kernel and precision steps race on: the plain path's size, halved
+    # while its activations would be mapped fresh on every call (a model wider than BERT-base)
+    base_tokens = BASELINE["batch_tokens"]
+    while too_wide(model.config, base_tokens) and base_tokens > 256:
+        base_tokens //= 2
+    base_batch = synthetic_batch(model.config, base_tokens, max_len)
     # the fp32 GEMM library (in int8 mode it serves the linears calibration keeps fp32, and the
     # whole model where int8 is declined: raced there too, as on AVX2-only CPUs oneDNN's is slower)
     runs = {g: runner(lambda g=g: GemmBackend(prefer=g), base_batch, BASELINE["slack"]) for g in cands["gemm"]}
@@ -441,8 +452,8 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     if precision == "int8":
         # first the 8-bit conversion (it serves either eager kernel), so that the eager kernels
         # race the compiled steps with the conversion they will use
-        runs = cast_runs(cands["int8_cast"], BASELINE["batch_tokens"], model.config)
-        choice.int8_cast = timed("int8_cast", runs, {c: BASELINE["batch_tokens"] for c in runs},
+        runs = cast_runs(cands["int8_cast"], base_tokens, model.config)
+        choice.int8_cast = timed("int8_cast", runs, {c: base_tokens for c in runs},
                                  BASELINE["int8_cast"])
         runs = {k: runner(lambda k=k: int8_gemm(k), base_batch, BASELINE["slack"]) for k in cands["int8_kernel"]}
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
@@ -469,6 +480,8 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
 
     wide = {n: why for n in cands["batch_tokens"] if (why := too_wide(model.config, n))}
     sizes = [n for n in cands["batch_tokens"] if n not in wide] or [min(cands["batch_tokens"])]
+    if sizes[0] in wide:
+        log.info("every batch size is over the heap limit for this model; racing the smallest, %d tokens", sizes[0])
     batches = {n: synthetic_batch(model.config, n, max_len) for n in sizes}
     runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"]) for n in batches}
     choice.batch_tokens = int(timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches},

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 import bertscope  # noqa: E402
-from bertscope.cli.common import run_script  # noqa: E402
+from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.systems import build_systems  # noqa: E402
@@ -83,8 +82,7 @@ def main() -> int:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             p.error(f"--out: cannot create {out_dir}: {e.strerror}")
-        if Path(a.out).is_dir() or not os.access(out_dir, os.W_OK):
-            p.error(f"--out {a.out}: not a writable file path")
+        check_output_file(a.out, suffixes=(".json",))  # a folder, or not writable: one line, exit 2
     threads = torch.get_num_threads()
     wanted = ["bertscope int8", ORT] + (["bertscope int8 compiled"] if a.compiled else [])
     result: dict = {"machine": machine(), "rounds": a.rounds, "workloads": {}}

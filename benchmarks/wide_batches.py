@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 from bertscope.bench.machine import machine  # noqa: E402
-from bertscope.cli.common import run_script  # noqa: E402
+from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 
 SIZES = (2048, 4096)
@@ -122,10 +122,8 @@ def main() -> int:
     a = p.parse_args()
     if a.rounds < 3:
         p.error("--rounds must be at least 3")
-    if a.out:  # checked before minutes of measuring, not after
-        out = Path(a.out)
-        if out.is_dir() or not out.resolve().parent.is_dir():
-            p.error(f"--out {a.out}: not a file path in an existing folder")
+    if a.out:  # checked before minutes of measuring, not after: one line, exit 2
+        check_output_file(a.out, suffixes=(".json",))
     m = machine()
     print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"{a.rounds} paired rounds\n")

@@ -1,4 +1,4 @@
-"""Why the kernel choice does not race batches whose widest activation is over 31 MiB.
+"""Why the kernel choice does not race batches whose widest activation reaches 31 MiB.
 
     PYTHONPATH=src python benchmarks/wide_batches.py [--rounds 7] [--whole-model] [--out FILE.json]
 

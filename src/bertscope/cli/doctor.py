@@ -16,7 +16,7 @@ kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul, torch._int_mm).
 Kernel choice, per precision (fp32, bf16, int8): the first time a model shape meets a machine,
 bertscope times each candidate on one layer of the model -- oneDNN with pre-packed weights or
 BLAS F.linear; 1,024, 2,048 or 4,096 tokens per batch (a size whose activations reach 31 MiB,
-which the C allocator maps fresh from the system on every call, is shown as not raced); exact
+which the C allocator then maps fresh from the system, paying page faults, is shown as not raced); exact
 length groups or 10% / 30% padding in attention; for int8 oneDNN's int8 matmul or
 torch._int_mm; for bf16 bf16 against fp32 --
 in about 2 s, and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets

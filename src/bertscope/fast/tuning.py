@@ -4,7 +4,7 @@ What is chosen, per machine and model shape:
 
     gemm          "onednn" (weights pre-packed, activation fused) or "blas" (``F.linear``)
     batch_tokens  real tokens per ``embed`` batch: 1024, 2048 or 4096 (a size whose widest
-                  activation is over the heap limit is not raced: :func:`too_wide`)
+                  activation reaches the heap limit is not raced: :func:`too_wide`)
     slack         padding allowed inside an attention bucket: 0 (exact length groups), 0.1, 0.3
     int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``; when asked for
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
@@ -71,9 +71,9 @@ __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "KernelChoice"
 log = logging.getLogger(__name__)
 
 # bump when what is measured changes: older cache files are then re-measured
-# (5: the 8-bit conversion raced; 6: batch sizes over the heap limit left out, too_wide)
+# (4: races start with the allocator settled, see settle_allocator; 5: the 8-bit conversion
+# raced; 6: batch sizes at or over the heap limit left out, see too_wide)
 FORMAT = 6
-# (4: races start with the allocator settled, see settle_allocator)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 BUDGET_S = 2.0

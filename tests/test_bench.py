@@ -20,6 +20,8 @@ def test_bench_quick_json(tmp_path, capsys):
     assert code == 0
     r = json.loads(out)
     assert {"machine", "matmul_peak_gflops", "workloads", "scaling"} <= set(r)
+    from bertscope.fast.heap import keep_heap  # the allocator's thresholds every system ran under
+    assert r["machine"]["heap"] == keep_heap().to_json() and r["machine"]["heap"]["detail"]
     for name in ("equal_T128", "mixed"):
         w = r["workloads"][name]
         assert {"real_tokens", "useful_gflop", "systems", "max_abs_diff_vs_bertscope", "skipped",
@@ -130,6 +132,9 @@ def test_markdown_says_when_the_libraries_were_limited_to_a_smaller_instruction_
     assert "Machine: x (avx2, avx512f), " in write_markdown(r)
     r["machine"]["isa_limits"] = {"aten": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert "Machine: x (avx2, avx512f; limited by ONEDNN_MAX_CPU_ISA=AVX2, ATen dispatching AVX2), " in write_markdown(r)
+    assert "C allocator" not in write_markdown(r)  # results from before the heap was recorded
+    r["machine"]["heap"] = {"kept": False, "detail": "left to glibc's defaults (BERTSCOPE_HEAP=system)"}
+    assert "\nC allocator: left to glibc's defaults (BERTSCOPE_HEAP=system).\n" in write_markdown(r)
 
 
 def test_paired_speedup_follows_the_rounds_not_the_drift():

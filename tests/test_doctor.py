@@ -29,6 +29,8 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
     assert set(m["cpu_flags"]) == {f for f in CPU_FLAGS if f in have}
     assert m["has"]["avx2"] == ("avx2" in have) and m["has"]["avx512"] == ("avx512f" in have)
     assert m["has"]["amx"] == bool({"amx_tile", "amx_bf16", "amx_int8"} & have)
+    from bertscope.fast.heap import keep_heap
+    assert m["heap"] == keep_heap().to_json() and m["heap"]["detail"]  # the thresholds the models ran under
     e = res["precisions"]["fp32"]
     assert e["in_use"] == "fp32"
     c = e["choice"]

@@ -2,7 +2,7 @@
 
 The machine (CPU model, the instruction sets that decide which kernels are fast: AVX2,
 AVX-512, AVX512-BF16, VNNI, AMX), torch and its threads, which of torch's kernels work here,
-then per precision the kernel choice (:mod:`bertscope.fast.tuning`): every candidate's time and
+the C allocator's thresholds (:mod:`bertscope.fast.heap`), then per precision the kernel choice (:mod:`bertscope.fast.tuning`): every candidate's time and
 the winner, from the on-disk cache or measured now, plus what bf16 and int8 decided.
 """
 
@@ -19,6 +19,7 @@ from ..bert import load
 from ..core.checkpoint import bundled_model_path
 from ..core.config import BertConfig
 from ..fast.gemm import PRECISIONS, onednn_linear_available
+from ..fast.heap import keep_heap
 from ..fast.quant import INT8_KERNELS, int8_kernel_available, int8_range_exact
 from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_name, forget_choice, isa_limits, tuning_enabled
 from .corpus import save_random_checkpoint
@@ -47,6 +48,8 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
                               **{f"int8_{k}_8bit_exact": int8_range_exact(k) for k in INT8_KERNELS}},
         "cache_dir": str(cache_dir()), "tuning_enabled": tuning_enabled(), "precisions": {},
     }
+    # the allocator's thresholds, as the fast path's first CPU run leaves them (bertscope.fast.heap)
+    out["machine"]["heap"] = keep_heap().to_json()
     with tempfile.TemporaryDirectory(prefix="bertscope-doctor-") as tmp:
         folder = Path(model) if model else bundled_model_path()
         if preset:

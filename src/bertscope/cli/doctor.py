@@ -13,6 +13,14 @@ Machine: the CPU model and the instruction sets that decide which kernels are fa
 AVX-512, AVX512-BF16, VNNI, AMX), logical CPUs, torch and its threads, and which of torch's
 kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul, torch._int_mm).
 
+Heap: on glibc, the fast path's first run on the CPU fixes the C allocator's mmap threshold at
+32 MiB and its trim threshold at 256 MiB, for the whole process, so that freed activations stay
+in the process instead of being returned to the system and faulted in again on the next
+batch (on an AMD EPYC, BERT-base's compiled int8 steps paid 515,000 page faults per 4,096-token
+call without it). It costs up to 256 MiB of freed memory kept. BERTSCOPE_HEAP=system leaves
+glibc's defaults; thresholds set in the environment (MALLOC_*_, GLIBC_TUNABLES) and preloaded
+allocators are left alone. The heap line says which applies.
+
 Kernel choice, per precision (fp32, bf16, int8): the first time a model shape meets a machine,
 bertscope times each candidate on one layer of the model -- oneDNN with pre-packed weights or
 BLAS F.linear; 1,024, 2,048 or 4,096 tokens per batch (a size whose activations reach 31 MiB,
@@ -86,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         f"; {k}={v}" for k, v in m["isa_limits"].items() if k != "aten"))
     k = res["kernels_available"]
     print("kernels:  " + ", ".join(f"{name} {yes(v)}" for name, v in k.items()))
+    print(f"heap:     {m['heap']['detail']}")
     print(f"cache:    {res['cache_dir']}" + ("" if res["tuning_enabled"] else " (BERTSCOPE_TUNE=0: not measuring)"))
     print(f"model:    {res['model']}")
     for precision, e in res["precisions"].items():

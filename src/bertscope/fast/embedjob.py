@@ -58,14 +58,12 @@ grow with the input. What does grow without care is memory the C allocator keeps
 frees it: measured over 10⁶ lines (docs/BENCHMARKS.md), the bytes in use stayed at about 280
 MiB while glibc's held-free heap grew from 240 to 376 MiB and resident memory to 812 MiB; asking
 glibc to return it (``malloc_trim``) brought the process to 299 MiB. So after each shard the
-job hands the allocator's free pages back to the system (:func:`release_free_memory`; glibc
-only, a no-op elsewhere; a few milliseconds per 10,000 lines).
+job hands the allocator's free pages back to the system (:func:`bertscope.fast.heap.release_free_memory`;
+glibc only, a no-op elsewhere; a few milliseconds per 10,000 lines).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import io
 import json
@@ -82,6 +80,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..files import TEMP_SUFFIX, move_into_place, write_atomic
+from .heap import release_free_memory
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
@@ -321,19 +320,6 @@ def _shard_name(k: int, fmt: str) -> str:
 
 def _record_name(k: int) -> str:
     return f"_part-{k:05d}.json"
-
-
-def release_free_memory() -> bool:
-    """Ask the C allocator to return the free memory it holds to the system (glibc's
-    ``malloc_trim(0)``); whether it could (False where the C library is not glibc)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
 
 
 def compute_shard(bert, plan: InputPlan, shard: Shard, out_dir: str | Path, *, fmt: str,

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..core.model import check_inputs
 from ..core.outputs import BertOutput
 from .gemm import GemmBackend, LayerLinears
+from .heap import HeapPolicy, keep_heap
 from .kernels import AttentionKernels, attention_plan
 from .packing import PackedBatch, pack, unpack
 from .quant import compiled_steps_of
@@ -55,6 +56,7 @@ class PackedEncoder:
     kernels: AttentionKernels = field(default_factory=AttentionKernels)
     tune: bool = False  # measure the kernel choice at first CPU inference (the Bert facade sets it)
     choice: KernelChoice | None = None  # the measured (or cached) choice, once made
+    heap: HeapPolicy | None = None  # glibc's thresholds, fixed at the first CPU run (see bertscope.fast.heap)
 
     def prepare(self, model) -> KernelChoice | None:
         """Make the kernel choice for ``model`` if this encoder tunes and has none yet (CPU, fp32
@@ -63,11 +65,16 @@ class PackedEncoder:
         The choice comes from the on-disk cache when one was measured for this machine, torch,
         model shape, dtype and precision; otherwise it is measured now (about 2 s) and cached.
         See :mod:`bertscope.fast.tuning`.
+
+        The first time it sees a model on the CPU, it also fixes the C allocator's thresholds, so
+        that freed activations stay in the process (:func:`bertscope.fast.heap.keep_heap`).
         """
-        if self.choice is not None or not self.tune or torch.is_grad_enabled():
+        if self.heap is None and next(model.parameters()).device.type == "cpu":
+            self.heap = keep_heap()
+        if self.choice is not None:
             return self.choice
         p = next(model.parameters())
-        if p.device.type != "cpu" or p.dtype != torch.float32:
+        if not self.tune or torch.is_grad_enabled() or p.device.type != "cpu" or p.dtype != torch.float32:
             return None
         # the race's int8 candidates probe the 8-bit grid into this backend's own record, so the
         # model does not probe (and warn) a second time

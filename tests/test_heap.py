@@ -105,12 +105,13 @@ def test_the_fast_path_keeps_the_heap_at_its_first_cpu_run_unless_told_not_to():
     ({heap.HEAP_ENV: "always"}, "is not 'keep' or 'system'"),
     ({"MALLOC_TRIM_THRESHOLD_": "1000000"}, "MALLOC_TRIM_THRESHOLD_=1000000"),
     ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "MALLOC_MMAP_THRESHOLD_=65536"),
-    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}, "GLIBC_TUNABLES"),
-    ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, "preloaded allocator"),
+    ({"MALLOC_MMAP_MAX_": "0"}, "MALLOC_MMAP_MAX_=0"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.trim_threshold=1000000"},
+     "GLIBC_TUNABLES sets glibc.malloc.trim_threshold"),
 ])
 def test_thresholds_someone_else_set_are_left_alone(monkeypatch, env, says):
-    for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES", "LD_PRELOAD",
-              heap.HEAP_ENV):
+    for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+              "GLIBC_TUNABLES", heap.HEAP_ENV):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -119,6 +120,56 @@ def test_thresholds_someone_else_set_are_left_alone(monkeypatch, env, says):
     policy = heap.keep_heap()
     assert policy.kept is False and says in str(policy) and called == []
     assert policy.mmap_threshold is None and policy.trim_threshold is None
+
+
+def test_glibc_tunables_that_are_not_thresholds_do_not_stop_it(monkeypatch):
+    monkeypatch.delenv(heap.HEAP_ENV, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")
+    monkeypatch.setattr(heap, "_glibc_version", lambda: "2.36")
+    monkeypatch.setattr(heap.ctypes, "CDLL", lambda *a, **k: FakeLibc(1))
+    monkeypatch.setattr(heap, "_malloc_is_glibcs", lambda libc: True)
+    assert heap._left_alone_because() is None
+    assert heap.keep_heap().kept is True
+
+
+class FakeLibc:
+    """glibc's mallopt answering ``answer`` (1 accepted, 0 refused), recording its calls."""
+
+    def __init__(self, answer: int):
+        self.calls = []
+        libc = self
+
+        class Mallopt:
+            def __call__(self, param, value):
+                libc.calls.append((param, value))
+                return answer
+
+        self.mallopt = Mallopt()
+
+
+def test_another_allocators_malloc_is_left_alone(monkeypatch):
+    # here, a plain Python on glibc, the malloc in use is glibc's own: the comparison itself
+    import ctypes
+    assert heap._malloc_is_glibcs(ctypes.CDLL("libc.so.6")) is True
+    monkeypatch.delenv(heap.HEAP_ENV, raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    monkeypatch.setattr(heap, "_glibc_version", lambda: "2.36")
+    fake = FakeLibc(1)
+    monkeypatch.setattr(heap.ctypes, "CDLL", lambda *a, **k: fake)
+    monkeypatch.setattr(heap, "_malloc_is_glibcs", lambda libc: False)  # as under jemalloc or tcmalloc
+    policy = heap.keep_heap()
+    assert policy.kept is False and "malloc is not glibc's; LD_PRELOAD=" in policy.detail and fake.calls == []
+
+
+def test_a_threshold_glibc_refuses_is_reported_not_raised(monkeypatch):
+    monkeypatch.delenv(heap.HEAP_ENV, raising=False)
+    monkeypatch.setattr(heap, "_glibc_version", lambda: "2.36")
+    monkeypatch.setattr(heap, "_left_alone_because", lambda: None)
+    monkeypatch.setattr(heap, "_malloc_is_glibcs", lambda libc: True)
+    fake = FakeLibc(0)
+    monkeypatch.setattr(heap.ctypes, "CDLL", lambda *a, **k: fake)
+    policy = heap.keep_heap()
+    assert policy.kept is False and "refused" in policy.detail and fake.calls == [(-3, 32 * MiB)]
 
 
 def test_a_c_library_other_than_glibc_is_left_alone(monkeypatch):

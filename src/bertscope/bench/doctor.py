@@ -2,8 +2,9 @@
 
 The machine (CPU model, the instruction sets that decide which kernels are fast: AVX2,
 AVX-512, AVX512-BF16, VNNI, AMX), torch and its threads, which of torch's kernels work here,
-the C allocator's thresholds (:mod:`bertscope.fast.heap`), then per precision the kernel choice (:mod:`bertscope.fast.tuning`): every candidate's time and
-the winner, from the on-disk cache or measured now, plus what bf16 and int8 decided.
+the C allocator's thresholds (:mod:`bertscope.fast.heap`), then per precision the kernel choice
+(:mod:`bertscope.fast.tuning`): every candidate's time and the winner, from the on-disk cache or
+measured now, plus what bf16 and int8 decided.
 """
 
 from __future__ import annotations

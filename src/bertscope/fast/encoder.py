@@ -69,7 +69,8 @@ class PackedEncoder:
         The first time it sees a model on the CPU, it also fixes the C allocator's thresholds, so
         that freed activations stay in the process (:func:`bertscope.fast.heap.keep_heap`).
         """
-        if self.heap is None and next(model.parameters()).device.type == "cpu":
+        first = next(model.parameters(), None)
+        if self.heap is None and first is not None and first.device.type == "cpu":
             self.heap = keep_heap()
         if self.choice is not None:
             return self.choice

@@ -30,9 +30,11 @@ path is the baseline (BLAS ``F.linear``, 2048 tokens, exact length groups), and 
 candidate replaces it only if its median ratio is below ``1 - NOISE_MARGIN``: the chosen path is
 never slower than the plain one beyond noise. Each race first settles the C allocator
 (:func:`settle_allocator`), so a young process does not time page faults that a long-running one
-never pays. A candidate that raises is recorded with its error and never chosen. Every candidate
-computes the same fp32 result within 1e-5 (tests hold each one to the padded reference); only
-bf16 and int8 change results, and only when asked.
+never pays. (By then the fast path has usually fixed glibc's thresholds, with
+:func:`bertscope.fast.heap.keep_heap`; settling is for processes where they were left alone.)
+A candidate that raises is recorded with its error and never chosen. Every candidate computes
+the same fp32 result within 1e-5 (tests hold each one to the padded reference); only bf16 and
+int8 change results, and only when asked.
 
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
 flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
@@ -276,10 +278,11 @@ def too_wide(config, tokens: int) -> str | None:
     at 4096 rows as at 2048 (12,289-24,578 faults per call); the whole int8 model took 0.99-1.13x
     as long with the eager steps and, in three runs of four, 1.12-1.20x with the compiled ones (in
     the fourth its 2048-token batches faulted too). A one-layer race, noisy at that margin, had
-    once picked 4096 all the same. The rule reads no clock, so no CPU's speed decides it; it
-    describes glibc with its default thresholds (other allocators, or thresholds the user fixed,
-    may serve such blocks without faults: there it only costs a candidate). The smallest
-    candidate is always raced.
+    once picked 4096 all the same. The rule reads no clock, so no CPU's speed decides it. It
+    holds for glibc with its dynamic thresholds at their highest and with the thresholds that
+    :func:`bertscope.fast.heap.keep_heap` fixes (mmap threshold 32 MiB). Other allocators, or
+    thresholds the user fixed, may serve such blocks without faults: there it only costs a
+    candidate. The smallest candidate is always raced.
     """
     from .gemm import ROW_BUCKET
 

@@ -9,7 +9,6 @@ on some machines, but they do not change how much heap glibc keeps.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -20,6 +19,7 @@ import bertscope
 
 from bertscope.fast import heap
 from bertscope.fast.encoder import PackedEncoder
+from heapkit import MALLINFO, glibc_defaults_env
 
 MiB = 2**20
 
@@ -28,23 +28,9 @@ MiB = 2**20
 # round's blocks are freed? Even with its dynamic thresholds at their highest, glibc gives most of
 # the 160 MiB back to the system once the free top of the heap passes its trim threshold (62 MiB
 # here, 64 MiB at most); with the heap kept (256 MiB) none of it.
-PROBE = """
-import ctypes, json, sys
-import torch
+PROBE = MALLINFO + """
+import json, sys
 from bertscope.fast.tuning import settle_allocator
-
-NAMES = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in NAMES]
-class MallInfo(ctypes.Structure):  # glibc before 2.33 has only mallinfo, with int fields
-    _fields_ = [(n, ctypes.c_int) for n in NAMES]
-libc = ctypes.CDLL("libc.so.6")
-if hasattr(libc, "mallinfo2"):
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2
-else:
-    libc.mallinfo.restype = MallInfo
-    info = libc.mallinfo
 
 policy = None
 if sys.argv[1] == "keep":
@@ -70,15 +56,9 @@ print(json.dumps({"policy": policy, "returned_mib": (held - info().arena) / 2**2
 """
 
 
-def _glibc_defaults() -> dict:
-    """This environment without anything that sets glibc's thresholds or the fast path's choice."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD", heap.HEAP_ENV)}
-
-
 def probe(mode: str, **env) -> dict:
     r = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300,
-                       env={**_glibc_defaults(), **env})
+                       env={**glibc_defaults_env(), **env})
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -21,6 +21,7 @@ from bertscope.fast.encoder import PackedEncoder
 from bertscope.fast.gemm import GemmBackend
 from bertscope.fast.packing import pack
 from bertscope.fast.tuning import BASELINE, NOISE_MARGIN, KernelChoice, choose, pick, race
+from heapkit import MALLINFO, glibc_defaults_env
 
 TOL = 1e-5
 SMALL = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -310,23 +311,11 @@ def test_a_model_reuses_its_races_8bit_probe_and_warns_once_per_gemm(cache, smal
     assert cached == ["onednn"] and probed == ["onednn"]
 
 
-SETTLE_PROBE = """
-import ctypes, sys
+SETTLE_PROBE = MALLINFO + """
+import sys
 import torch
 from bertscope.fast.tuning import settle_allocator
 
-NAMES = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in NAMES]
-class MallInfo(ctypes.Structure):  # glibc before 2.33 has only mallinfo, with int fields
-    _fields_ = [(n, ctypes.c_int) for n in NAMES]
-libc = ctypes.CDLL("libc.so.6")
-if hasattr(libc, "mallinfo2"):
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2
-else:
-    libc.mallinfo.restype = MallInfo
-    info = libc.mallinfo
 if sys.argv[1] == "settle":
     settle_allocator()
 size = int(sys.argv[2]) if len(sys.argv) > 2 else 24 * 2**20  # default 24 MiB: a big activation's size
@@ -342,8 +331,7 @@ def test_races_start_with_the_allocator_settled(monkeypatch):
     # for candidates that allocate more. Each fresh process (glibc, as on every Linux machine this
     # project runs on) shows the block mapped without settling and served from the heap with it.
     # glibc's own allocator with its defaults: no fixed thresholds, tunables or preloaded allocator
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+    env = glibc_defaults_env()
 
     def probe(mode, *size):
         r = subprocess.run([sys.executable, "-c", SETTLE_PROBE, mode, *size], capture_output=True, text=True,

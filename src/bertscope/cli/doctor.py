@@ -15,11 +15,12 @@ kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul, torch._int_mm).
 
 Heap: on glibc, the fast path's first run on the CPU fixes the C allocator's mmap threshold at
 32 MiB and its trim threshold at 256 MiB, for the whole process, so that freed activations stay
-in the process instead of being returned to the system and faulted in again on the next
-batch (on an AMD EPYC, BERT-base's compiled int8 steps paid 515,000 page faults per 4,096-token
-call without it). It costs up to 256 MiB of freed memory kept. BERTSCOPE_HEAP=system leaves
-glibc's defaults; thresholds set in the environment (MALLOC_*_, GLIBC_TUNABLES) and preloaded
-allocators are left alone. The heap line says which applies.
+in the process instead of being returned to the system and faulted in again on the next batch
+(on an AMD EPYC, BERT-base's compiled int8 steps paid up to 515,000 page faults per 4,096-token
+call without it, depending on the process). It costs up to 256 MiB of freed memory kept.
+BERTSCOPE_HEAP=system leaves glibc's defaults; thresholds set in the environment (MALLOC_*_,
+GLIBC_TUNABLES) and allocators other than glibc's are left alone. The heap line says which
+applies.
 
 Kernel choice, per precision (fp32, bf16, int8): the first time a model shape meets a machine,
 bertscope times each candidate on one layer of the model -- oneDNN with pre-packed weights or

@@ -17,8 +17,9 @@ back and fault it in again on every layer of every batch. Whether it does depend
 the process has allocated. Measured on an AMD EPYC (docs/BENCHMARKS.md, "glibc's heap kept"),
 BERT-base at T = 128:
 
-- in a process of its own, with its kernel choice cached, the compiled int8 steps faulted about
-  515,000 pages per 4,096-token ``embed`` (2 GB);
+- in processes of their own, with the kernel choice cached, the compiled int8 steps faulted
+  from a few to about 515,000 pages per 4,096-token ``embed`` (2 GB), depending on the process,
+  and fp32 up to about 34,000;
 - in a process that also ran sentence-transformers, HF transformers and ONNX Runtime, fp32
   faulted 13,824 pages per call, the eager int8 steps 7,658 and the compiled int8 steps 314,336;
 - there, fixing the mmap threshold alone (which freezes the trim threshold where it was, 64 MiB

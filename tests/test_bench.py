@@ -321,3 +321,25 @@ def test_timing_counts_each_systems_page_faults_in_its_own_calls():
     faults = {n: s["minor_faults_per_call"] for n, s in r["systems"].items()}
     assert faults["fresh"] > 0
     assert faults["bertscope"] < faults["fresh"]
+
+
+def test_onnx_runtime_profiling_counts_the_fused_ops_and_changes_no_output(tmp_path, bundled_path):
+    """benchmarks/profile_ort.py reads ONNX Runtime's own profile through the bench's adapter:
+    the profiled session returns the same embeddings, and its profile names the optimizer's
+    fused ops (what the per-op table of docs/BENCHMARKS.md is made of)."""
+    import numpy as np
+
+    from bertscope.bench.systems.ort import export_optimized, session_embedder
+
+    path, tok, cfg = export_optimized(bundled_path, tmp_path / "ort")
+    texts = ["the animal didn't cross the street because it was too tired", "a short one", "x"]
+    plain = session_embedder(path, tok, cfg.hidden_size, 128, 1)(texts)
+    run = session_embedder(path, tok, cfg.hidden_size, 128, 1, profile_prefix=str(tmp_path / "prof"))
+    np.testing.assert_allclose(run(texts), plain, atol=1e-6)
+    written = Path(run.session.end_profiling())
+    assert written.parent == tmp_path and written.name.startswith("prof")  # where it was asked for
+    events = json.loads(written.read_text())
+    ops = {e["args"]["op_name"] for e in events
+           if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")}
+    assert {"Attention", "SkipLayerNormalization"} <= ops
+    assert sum(e.get("name") == "model_run" for e in events) == 1  # one padded batch of 3 texts

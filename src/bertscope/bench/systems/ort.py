@@ -52,13 +52,19 @@ def export_optimized(folder: Path, workdir: Path) -> tuple[Path, object, object]
     return opt, tok, cfg
 
 
-def session_embedder(path: Path, tok, hidden: int, max_len: int, threads: int):
-    """An embed function over an ONNX file: sorted batches of 32, mean-pooled, unit length."""
+def session_embedder(path: Path, tok, hidden: int, max_len: int, threads: int, profile_prefix: str | None = None):
+    """An embed function over an ONNX file: sorted batches of 32, mean-pooled, unit length.
+
+    ``profile_prefix``, given, turns on ONNX Runtime's own profiler (files named from it); the
+    function's ``session`` attribute is the InferenceSession, whose ``end_profiling()`` writes them."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
 
@@ -76,6 +82,7 @@ def session_embedder(path: Path, tok, hidden: int, max_len: int, threads: int):
             out[idx] = pool_normalize(h, e["attention_mask"])
         return out
 
+    run.session = sess
     return run
 
 

@@ -10,16 +10,25 @@ DEVICES = ("cpu",)
 REDUCED = "int8"
 
 
-def build(setup):
+def export_int8(folder, workdir):
+    """The folder's model exported and optimised as the fp32 competitor's, then quantized:
+    (path of the int8 ONNX file, tokenizer, HF config)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .ort import export_optimized, session_embedder
+    from .ort import export_optimized
 
-    path, tok, cfg = export_optimized(setup.folder, setup.workdir / "ort-int8")
+    path, tok, cfg = export_optimized(folder, workdir)
     q = path.with_name("model.int8.onnx")
     # The optimizer's fused ops (Attention, SkipLayerNormalization, ...) carry no type
     # information for shape inference; their outputs are fp32.
     quantize_dynamic(str(path), str(q), per_channel=True, weight_type=QuantType.QInt8,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return q, tok, cfg
+
+
+def build(setup):
+    from .ort import session_embedder
+
+    q, tok, cfg = export_int8(setup.folder, setup.workdir / "ort-int8")
     return session_embedder(q, tok, cfg.hidden_size, setup.max_len, setup.threads)

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 
 from bertscope.cli.main import main
 
@@ -216,8 +217,6 @@ def test_bench_prints_results_before_a_failed_plot_write(tmp_path, capsys, monke
 def test_plot_scaling_is_atomic_and_checks_the_suffix(tmp_path, monkeypatch):
     import os
 
-    import pytest
-
     from bertscope.bench.report import plot_scaling
     from bertscope.errors import InputError
 
@@ -343,3 +342,27 @@ def test_onnx_runtime_profiling_counts_the_fused_ops_and_changes_no_output(tmp_p
            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")}
     assert {"Attention", "SkipLayerNormalization"} <= ops
     assert sum(e.get("name") == "model_run" for e in events) == 1  # one padded batch of 3 texts
+
+
+def test_paired_summary_of_int8_vs_ort_counts_rounds_against_its_target():
+    """benchmarks/int8_vs_ort.py's paired statistics: each round's ratio is the reference's time
+    over bertscope's in that round, and "rounds faster" counts the rounds past the target (1.0
+    against ONNX Runtime int8, 2.0 against sentence-transformers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "int8_vs_ort", Path(__file__).resolve().parents[1] / "benchmarks" / "int8_vs_ort.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    entry = {"systems": {"ours": {"times_s": [1.0, 2.0, 1.0, 4.0]},
+                         mod.ORT: {"times_s": [1.2, 1.8, 2.5, 4.4]},
+                         mod.ST: {"times_s": [2.5, 3.0, 1.5, 9.0]}}}
+    vs_ort = mod.summarise(entry, "ours")
+    assert vs_ort["per_round"] == pytest.approx([1.2, 0.9, 2.5, 1.1])
+    assert vs_ort["median"] == pytest.approx(1.15)
+    assert vs_ort["rounds_faster"] == 3 and vs_ort["target"] == 1.0
+    vs_st = mod.summarise(entry, "ours", mod.ST, 2.0)
+    assert vs_st["per_round"] == pytest.approx([2.5, 1.5, 1.5, 2.25])
+    assert vs_st["rounds_faster"] == 2 and vs_st["target"] == 2.0
+    lo, hi = vs_st["bootstrap_95"]
+    assert 1.5 <= lo <= vs_st["median"] <= hi <= 2.5

@@ -381,6 +381,33 @@ def test_batches_whose_widest_activation_passes_the_heap_limit_are_not_raced(cac
     assert c.batch_tokens == 256 and isinstance(c.timings["batch_tokens"]["256"], float)
 
 
+def test_batch_sizes_are_raced_through_more_layers_than_the_other_steps(cache, monkeypatch):
+    """The batch budget's candidates run the first BATCH_RACE_LAYERS layers (all of a shallower
+    model's): one layer weighs the per-batch cost outside the layers as if the model had one
+    layer, which favoured larger batches that the whole model ran slower (docs/BENCHMARKS.md).
+    The other steps run one layer, on the plain path's batch."""
+    torch.manual_seed(0)
+    deep = bertscope.BertModel(bertscope.BertConfig(**dict(SMALL, num_hidden_layers=5))).eval()
+    seen = []  # (tokens, layers) of every encode the race makes
+    real = PackedEncoder.encode
+
+    def encode(self, model, packed, **kw):
+        seen.append((packed.num_tokens, len(model.layers)))
+        return real(self, model, packed, **kw)
+
+    monkeypatch.setattr(PackedEncoder, "encode", encode)
+    c = tuning.measure_choice(deep, budget_s=0.2, candidates=FAST)
+    assert tuning.BATCH_RACE_LAYERS == 3
+    assert {(n, layers) for n, layers in seen if layers != 1} == {(256, 3), (512, 3)}  # the batch candidates
+    # the GEMM library on the plain path's batch, then the slack on the chosen size: one layer
+    assert c.batch_tokens in (256, 512)
+    assert {n for n, layers in seen if layers == 1} == {BASELINE["batch_tokens"], c.batch_tokens}
+
+    seen.clear()  # a model shallower than BATCH_RACE_LAYERS races its batch sizes through all its layers
+    tuning.measure_choice(bertscope.BertModel(bertscope.BertConfig(**SMALL)).eval(), budget_s=0.2, candidates=FAST)
+    assert {(n, layers) for n, layers in seen if layers != 1} == {(256, 2), (512, 2)}
+
+
 def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():
     base = 1.0
     assert pick({"blas": base, "onednn": base * (1 - NOISE_MARGIN / 2)}, "blas") == "blas"  # within noise

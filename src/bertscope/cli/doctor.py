@@ -24,8 +24,9 @@ applies.
 
 Kernel choice, per precision (fp32, bf16, int8): the first time a model shape meets a machine,
 bertscope times each candidate on one layer of the model -- oneDNN with pre-packed weights or
-BLAS F.linear; 1,024, 2,048 or 4,096 tokens per batch (a size whose activations reach 31 MiB,
-which the C allocator then maps fresh from the system, paying page faults, is shown as not raced); exact
+BLAS F.linear; 1,024, 2,048 or 4,096 tokens per batch (on the first three layers: one layer
+overstates what a larger batch saves; a size whose activations reach 31 MiB, which the C
+allocator then maps fresh from the system, paying page faults, is shown as not raced); exact
 length groups or 10% / 30% padding in attention; for int8 oneDNN's int8 matmul or
 torch._int_mm; for bf16 bf16 against fp32 --
 in about 2 s, and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets
@@ -33,7 +34,7 @@ it; BERTSCOPE_TUNE=0 turns measuring off; a choice older than a week is measured
 Candidates run in turn, round after round, and each is compared with the plain path (BLAS,
 2,048 tokens, exact groups) in the same round; one replaces the plain path only if the median
 of those ratios says it is more than 5% faster. Times are median seconds per 1,000 tokens
-through one layer, with the median ratio to the plain path in brackets. bf16 runs only where
+through one layer (batch sizes: three), with the median ratio to the plain path in brackets. bf16 runs only where
 the CPU has AVX512-BF16 or AMX, it measured faster than fp32, and embeddings stayed within the
 stated bound; int8 shows which linears its calibration kept in fp32.
 
@@ -77,6 +78,7 @@ def _timings(choice: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
     from ..bench.report import eager_steps_text
+    from ..fast.tuning import BATCH_RACE_LAYERS
 
     check_preset(args.preset)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (eager_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
-            print("  candidates (s per 1,000 tokens, one layer; * = chosen):")
+            print(f"  candidates (s per 1,000 tokens, one layer, batch sizes up to {BATCH_RACE_LAYERS}; * = chosen):")
             for line in _timings(c):
                 print(line)
         cal = e.get("int8_calibration")

@@ -80,8 +80,9 @@ log = logging.getLogger(__name__)
 
 # bump when what is measured changes: older cache files are then re-measured
 # (4: races start with the allocator settled, see settle_allocator; 5: the 8-bit conversion
-# raced; 6: batch sizes at or over the heap limit left out, see too_wide)
-FORMAT = 6
+# raced; 6: batch sizes at or over the heap limit left out, see too_wide; 7: batch sizes raced
+# through BATCH_RACE_LAYERS layers)
+FORMAT = 7
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 BUDGET_S = 2.0

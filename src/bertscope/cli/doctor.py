@@ -29,14 +29,15 @@ overstates what a larger batch saves; a size whose activations reach 31 MiB, whi
 allocator then maps fresh from the system, paying page faults, is shown as not raced); exact
 length groups or 10% / 30% padding in attention; for int8 oneDNN's int8 matmul or
 torch._int_mm; for bf16 bf16 against fp32 --
-in about 2 s, and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets
+in a few seconds (2-10 s measured), and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets
 it; BERTSCOPE_TUNE=0 turns measuring off; a choice older than a week is measured again).
 Candidates run in turn, round after round, and each is compared with the plain path (BLAS,
 2,048 tokens, exact groups) in the same round; one replaces the plain path only if the median
 of those ratios says it is more than 5% faster. Times are median seconds per 1,000 tokens
-through one layer (batch sizes: three), with the median ratio to the plain path in brackets. bf16 runs only where
-the CPU has AVX512-BF16 or AMX, it measured faster than fp32, and embeddings stayed within the
-stated bound; int8 shows which linears its calibration kept in fp32.
+through one layer (batch sizes: the first three layers), with the median ratio to the plain
+path in brackets. bf16 runs only where the CPU has AVX512-BF16 or AMX, it measured faster
+than fp32, and embeddings stayed within the stated bound; int8 shows which linears its
+calibration kept in fp32.
 
 examples:
   bertscope doctor
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (eager_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
-            print(f"  candidates (s per 1,000 tokens, one layer, batch sizes up to {BATCH_RACE_LAYERS}; * = chosen):")
+            print(f"  candidates (s per 1,000 tokens, one layer; batch sizes: the first {BATCH_RACE_LAYERS} layers; * = chosen):")
             for line in _timings(c):
                 print(line)
         cal = e.get("int8_calibration")

@@ -59,7 +59,7 @@ int8 and bf16 stay on only where they measure faster than fp32 on this machine (
 without VNNI, int8 may not be); elsewhere the job runs fp32 and a warning says why, unless
 --keep-precision. A job records the precision it ran in; --resume refuses a different one.
 --compile (with --precision int8) also tries the int8 steps compiled by torch.compile, fused
-loops that took 5-21% less time end to end on a Xeon with AMX (docs/BENCHMARKS.md);
+loops that took 5-14% less time end to end on a Xeon with AMX (docs/BENCHMARKS.md);
 compiling takes about 30 s the first time on a machine (about 10 s once cached on disk), so it
 pays for large jobs (thousands of texts), and the compiled steps are used only if they measure
 faster here.

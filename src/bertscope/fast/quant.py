@@ -51,8 +51,9 @@ together cost as much as the GEMM itself. ``torch.compile`` (inductor) fuses the
 loops (:class:`CompiledSteps`). When all four linears of a layer run on these steps, the
 encoder goes one further (:meth:`CompiledSteps.run_layer`): the output linears' epilogues are
 fused with the residual add, the LayerNorm and the next linear's quantize step, so the layer's
-(N, C) tensors are written once instead of three to five times (int8 on the mixed benchmark
-corpus took 5-21% less time than with the eager steps on the 2-core Xeon; docs/BENCHMARKS.md).
+(N, C) tensors are written once instead of three to five times (int8 took 5-14% less time
+than with the eager steps on the 2-core Xeon over 21 paired rounds, on the mixed benchmark
+corpus and on BERT-base at 128 tokens; docs/BENCHMARKS.md).
 The arithmetic is the same (tests compare it with the eager steps and with ``BertLayer.run``);
 compiling takes about 30 s the first time on a machine (inductor then caches the code on disk),
 so it is a candidate only when asked for (``load(..., compile=True)``, ``embed --compile``)

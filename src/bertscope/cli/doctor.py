@@ -29,8 +29,9 @@ overstates what a larger batch saves; a size whose activations reach 31 MiB, whi
 allocator then maps fresh from the system, paying page faults, is shown as not raced); exact
 length groups or 10% / 30% padding in attention; for int8 oneDNN's int8 matmul or
 torch._int_mm; for bf16 bf16 against fp32 --
-in a few seconds (2-10 s measured), and caches the winners under the cache folder shown (BERTSCOPE_CACHE_DIR sets
-it; BERTSCOPE_TUNE=0 turns measuring off; a choice older than a week is measured again).
+in a few seconds (2-10 s measured), and caches the winners under the cache folder shown
+(BERTSCOPE_CACHE_DIR sets it; BERTSCOPE_TUNE=0 turns measuring off; a choice older than a week
+is measured again).
 Candidates run in turn, round after round, and each is compared with the plain path (BLAS,
 2,048 tokens, exact groups) in the same round; one replaces the plain path only if the median
 of those ratios says it is more than 5% faster. Times are median seconds per 1,000 tokens

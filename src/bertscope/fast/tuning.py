@@ -24,9 +24,10 @@ The batch budget is the exception: its candidates run the first :data:`BATCH_RAC
 (all of a shallower model's). Through one layer, a 2,048-token batch cost about 9% more per
 token than the same layer inside the whole model, and a 4,096-token one did not (measured, not
 explained: the embeddings alone are a tenth of a layer's time), so a one-layer race credits the
-larger batch with a saving the model never sees. On a 2-CPU Xeon (AMX), 4,096-token batches measured 0.89-0.91 of 2,048's time through one layer of
-all-MiniLM-L6-v2 (int8, compiled steps), 0.97 through two, 0.98-0.99 through three, and 1.005-1.024
-through all six, where the whole model on the benchmark's corpus ran 1.09x slower with them.
+larger batch with a saving the model never sees. On a 2-CPU Xeon (AMX), 4,096-token batches
+measured 0.89-0.91 of 2,048's time through one layer of all-MiniLM-L6-v2 (int8, compiled
+steps), 0.97 through two, 0.98-0.99 through three and 1.005-1.024 through all six, where the
+whole model on the benchmark's corpus ran 1.09x slower with them.
 Rounds visit every candidate in turn, so a burst of load from elsewhere hits neighbours alike,
 until the step's share of the budget (about 2 s in all, the GEMM library's step taking half) is
 spent, three rounds at least. A candidate is judged by its time divided by the plain path's time

@@ -344,16 +344,21 @@ def test_onnx_runtime_profiling_counts_the_fused_ops_and_changes_no_output(tmp_p
     assert sum(e.get("name") == "model_run" for e in events) == 1  # one padded batch of 3 texts
 
 
+def benchmark_script(name: str):
+    """A script of benchmarks/ loaded as a module (its main() is called in-process)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_paired_summary_of_int8_vs_ort_counts_rounds_against_its_target():
     """benchmarks/int8_vs_ort.py's paired statistics: each round's ratio is the reference's time
     over bertscope's in that round, and "rounds faster" counts the rounds past the target (1.0
     against ONNX Runtime int8, 2.0 against sentence-transformers)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "int8_vs_ort", Path(__file__).resolve().parents[1] / "benchmarks" / "int8_vs_ort.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("int8_vs_ort")
     entry = {"systems": {"ours": {"times_s": [1.0, 2.0, 1.0, 4.0]},
                          mod.ORT: {"times_s": [1.2, 1.8, 2.5, 4.4]},
                          mod.ST: {"times_s": [2.5, 3.0, 1.5, 9.0]}}}
@@ -366,3 +371,37 @@ def test_paired_summary_of_int8_vs_ort_counts_rounds_against_its_target():
     assert vs_st["rounds_faster"] == 2 and vs_st["target"] == 2.0
     lo, hi = vs_st["bootstrap_95"]
     assert 1.5 <= lo <= vs_st["median"] <= hi <= 2.5
+
+
+def test_int8_vs_ort_with_st_times_all_three_in_the_same_rounds(tmp_path, capsys, monkeypatch):
+    """benchmarks/int8_vs_ort.py --st end to end, on a smaller mixed corpus: sentence-transformers
+    joins the round-robin, both summaries are computed from the times the JSON records for the
+    same rounds, and both tables are printed (the figures in docs/BENCHMARKS.md come from it)."""
+    mod = benchmark_script("int8_vs_ort")
+    full = mod.mixed_lengths
+    monkeypatch.setattr(mod, "mixed_lengths", lambda n, lo, hi: full(24, lo, 64))  # 24 texts, not 256
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["int8_vs_ort.py", "--rounds", "3", "--workloads", "mixed", "--st",
+                                      "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["rounds"] == 3 and list(r["workloads"]) == ["mixed"]
+    w = r["workloads"]["mixed"]
+    assert w["texts"] == 24
+    times = {s: v["times_s"] for s, v in w["systems"].items()}
+    assert {"bertscope int8", mod.ORT, mod.ST} <= set(times) and all(len(t) == 3 for t in times.values())
+    ours = times["bertscope int8"]
+    for key, ref, target in (("vs_onnxruntime_int8", mod.ORT, 1.0), ("vs_sentence_transformers", mod.ST, 2.0)):
+        s = w[key]["bertscope int8"]
+        assert s["target"] == target and s["rounds"] == 3
+        assert s["per_round"] == pytest.approx([t / o for o, t in zip(ours, times[ref])])
+        assert s["rounds_faster"] == sum(x > target for x in s["per_round"])
+    assert set(w["quality_vs_fp32"]) == {"bertscope int8", mod.ORT}  # fp32 systems agree, not rated
+    assert w["bertscope_setup"]["bertscope int8"]["precision"] == "int8"
+    # the second table: int8 against sentence-transformers, with its own median
+    assert "vs sentence-transformers fp32, median of paired ratios" in printed
+    st_table = printed.split("vs sentence-transformers fp32")[1]
+    med = w["vs_sentence_transformers"]["bertscope int8"]["median"]
+    assert f"| mixed | bertscope int8 | {w['systems']['bertscope int8']['median_s']:.3f} | **{med:.3f}×**" in st_table
+    assert f"| mixed | {mod.ST} | " in st_table

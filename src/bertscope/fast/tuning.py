@@ -27,7 +27,10 @@ explained: the embeddings alone are a tenth of a layer's time), so a one-layer r
 larger batch with a saving the model never sees. On a 2-CPU Xeon (AMX), 4,096-token batches
 measured 0.89-0.91 of 2,048's time through one layer of all-MiniLM-L6-v2 (int8, compiled
 steps), 0.97 through two, 0.98-0.99 through three and 1.005-1.024 through all six, where the
-whole model on the benchmark's corpus ran 1.09x slower with them.
+whole model on the benchmark's corpus ran 1.09x slower with them. The int8 steps' race (eager
+against compiled) shows no such trend there: 0.87-0.96 of the eager steps' time through one to
+six layers, in no order of depth, against 0.91-0.94 for the whole model
+(``benchmarks/race_depth.py``), so it runs one layer.
 Rounds visit every candidate in turn, so a burst of load from elsewhere hits neighbours alike,
 until the step's share of the budget (about 2 s in all, the GEMM library's step taking half) is
 spent, three rounds at least. A candidate is judged by its time divided by the plain path's time

@@ -102,6 +102,25 @@ def test_console_script_and_help():
     assert proc.returncode == 0 and "examples:" in proc.stdout
 
 
+def test_every_module_a_help_page_names_exists():
+    """What a --help page tells the reader to import (``import bertscope.x.y``, ``from
+    bertscope.x import``) imports."""
+    import importlib
+    import re
+
+    from bertscope.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "attend" in a.choices)
+    named = set()
+    for cmd, p in sub.choices.items():
+        page = p.format_help()
+        named |= {(cmd, m) for m in re.findall(r"(?:import|from) (bertscope(?:\.\w+)*)", page)}
+    assert named, "no help page names a module: the check would be vacuous"
+    for cmd, module in sorted(named):
+        importlib.import_module(module)  # ModuleNotFoundError names the page's mistake
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["attend", "x"], "the following arguments are required: --token"),
     (["nosuchcmd"], "invalid choice: 'nosuchcmd'"),
@@ -133,3 +152,11 @@ def test_multi_line_library_errors_are_collapsed(tmp_path):
     (folder / "pytorch_model.bin").write_bytes(b"not a pickle\nwith\nmany lines")
     proc = run_cli("attend", text, "--token", "it", "--model", str(folder))
     assert_one_line_error(proc, "could not be read as model weights")
+
+
+@pytest.mark.parametrize("args", [["heads", "{d}"], ["coref", "{d}"], ["bench", "--quick", "--corpus", "{d}"],
+                                  ["experiments", "--wsc", "{d}", "--out", "{d}/out"]])
+def test_a_folder_given_as_an_input_file_is_named_as_one(tmp_path, capsys, args):
+    code = main([a.format(d=tmp_path) for a in args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{tmp_path} is a folder, not a file" in err, err

@@ -185,6 +185,19 @@ def test_embed_refuses_bad_out_before_any_work(tmp_path, capsys):
     assert not Path("/proc/e7").exists()
 
 
+def test_a_model_that_does_not_load_leaves_no_empty_output_behind(tmp_path, capsys):
+    inp = tmp_path / "in.txt"
+    inp.write_text("hello\n")
+    out = tmp_path / "new" / "emb"
+    code, _, err = _run_cli(["embed", str(inp), "--out", str(out), "--model", str(tmp_path / "nomodel")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "nomodel" in err, err
+    assert not (tmp_path / "new").exists()  # the folders the job made for OUTPUT are gone again
+    kept = tmp_path / "kept"
+    kept.mkdir()  # an OUTPUT folder that was there before stays
+    assert _run_cli(["embed", str(inp), "--out", str(kept), "--model", str(tmp_path / "nomodel")], capsys)[0] == 2
+    assert kept.is_dir() and not any(kept.iterdir())
+
+
 def test_embed_bad_input_shows_no_progress_bar(tmp_path, capsys):
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"text": "a"}\n')

@@ -288,6 +288,11 @@ def test_record_shapes_and_word_rules(bert):
     attn = bertscope.explain(bert, IT_ANIMAL, "attention")
     it, animal = attn.words.index("it"), attn.words.index("animal")
     assert attn.sources(it, 3, 1)[animal] > 0.5  # the seed's head, as `attend` shows it
+    # a word names its first occurrence (any case); a negative index counts from the end
+    np.testing.assert_array_equal(attn.sources("it", 3, 1), attn.sources(it, 3, 1))
+    np.testing.assert_array_equal(attn.sources("The", 3, 1), attn.sources(attn.words.index("The"), 3, 1))
+    np.testing.assert_array_equal(attn.sources(-1, 3, 1), attn.sources(len(attn.words) - 1, 3, 1))
+    assert attn.ranked("it", 3, 1, k=1)[0][1] == "animal"
 
 
 @pytest.mark.parametrize("call,fragment", [
@@ -297,6 +302,8 @@ def test_record_shapes_and_word_rules(bert):
     (lambda b: bertscope.explain(b, IT_ANIMAL, "grad-input"), "give text_b"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").sources(3, head=2), "not per head"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, layer=9), "layer 9 does not exist"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("zebra"), "no word 'zebra' in the text"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(99), "an index 0..14, got 99"),
 ])
 def test_errors_are_one_sentence(bert, call, fragment):
     with pytest.raises(InputError) as e:

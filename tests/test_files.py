@@ -28,6 +28,35 @@ def fill_with(files: dict[str, str], fail_after: int | None = None):
     return fill
 
 
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_an_output_keeps_the_mode_of_the_file_it_replaces_and_a_new_one_follows_the_umask(tmp_path):
+    private = tmp_path / "private.html"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_text_atomic(private, "new")
+    assert private.read_text() == "new" and oct(private.stat().st_mode & 0o777) == oct(0o600)
+    old = os.umask(0o027)
+    try:
+        fresh = write_text_atomic(tmp_path / "fresh.json", "{}")
+        folder = write_folder_atomic(tmp_path / "folder", fill_with({"a.json": "A"}))[0].parent
+    finally:
+        os.umask(old)
+    assert oct(fresh.stat().st_mode & 0o777) == oct(0o640)  # 0666 less the umask, as open() gives
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o750)
+
+
+def test_an_unwritable_folder_names_the_file_asked_for_not_the_temporary():
+    with pytest.raises(OSError) as e:  # Linux's /proc refuses new files, even to root
+        write_text_atomic("/proc/bertscope-out.json", "{}")
+    assert e.value.filename == "/proc/bertscope-out.json" and TEMP_SUFFIX not in str(e.value), e.value
+    assert e.value.strerror and e.value.strerror in str(e.value)  # the system's reason, untouched
+
+
 def test_a_new_folder_appears_whole(tmp_path):
     out = tmp_path / "new" / "report"
     seen = []
@@ -36,7 +65,7 @@ def test_a_new_folder_appears_whole(tmp_path):
     assert seen == [False]  # nothing at OUT until everything was written
     assert paths == [out / "a.json", out / "img" / "b.png"]
     assert snapshot(out) == {"a.json": b"A", "img/b.png": b"B"}
-    assert oct(out.stat().st_mode & 0o777) == oct(0o755)
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~current_umask())  # as mkdir would make it
     assert [p.name for p in out.parent.iterdir()] == ["report"]  # no staging folder left
 
 

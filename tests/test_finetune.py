@@ -103,6 +103,31 @@ def test_predict_agrees_with_classify_and_reports_bad_lines(trained, tmp_path, c
     assert len(table) == len(body) + 1 and table[4].split("\t")[:3] == ["4", "bad_json", ""]
 
 
+def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys):
+    """A blank line of a text file is a record with status "empty", as `embed` gives it, so the
+    output's rows line up with the input's lines; a file whose every non-blank line fails is
+    refused (one line, exit 2)."""
+    out, _ = trained
+    inp = tmp_path / "in.txt"
+    inp.write_bytes(b"hello world\nThe cat sat.\n\n   \nthird line here\n\xff bad\n")
+    assert main(["predict", str(out), str(inp)]) == 0  # stderr is not a terminal here: no bar
+    cap = capsys.readouterr()
+    assert "\r" not in cap.err and "predict:" not in cap.err
+    rows = [r.split("\t") for r in cap.out.splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("1", "ok"), ("2", "ok"), ("3", "empty"), ("4", "empty"),
+                                            ("5", "ok"), ("6", "undecodable")]
+    assert "2 empty record(s): line 3, 4" in cap.err
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    assert main(["predict", str(out), str(blank), "--quiet"]) == 0  # nothing failed: zero texts, two rows
+    assert [r.split("\t")[1] for r in capsys.readouterr().out.splitlines()[1:]] == ["empty", "empty"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\n\xff\xfe\n")
+    assert main(["predict", str(out), str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no record of" in err and "line 2 is undecodable" in err
+
+
 def _run_cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "bertscope", *args], capture_output=True, text=True, env=env,
@@ -210,6 +235,13 @@ def test_refuses_max_length_over_the_positions(tmp_path, tiny, good_train, capsy
     out = tmp_path / "out"
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--max-length", "257"],
              "--max-length 257 is over the model's 256 positions", out)
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 64)])
+def test_refuses_a_seed_out_of_torchs_range(tmp_path, tiny, good_train, capsys, seed):
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--seed", seed],
+             f"--seed must be a whole number from 0 to 2**64 - 1 (torch's seed range), got {seed}", out)
 
 
 def test_refuses_an_unwritable_out(tmp_path, tiny, good_train, capsys):

@@ -99,7 +99,10 @@ def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
     assert out.read_bytes()[:4] == b"\x89PNG"
     capsys.readouterr()
     for args, why in ((["--vmax", "0"], "--vmax"), (["--vmax", "nan"], "--vmax"), (["--per-panel"], "--grid"),
-                      (["--span", "50:60"], "selects no token"), (["--span", "x"], "START:END")):
+                      (["--grid", "--layer", "2"], "leave out --layer and --head"),
+                      (["--span", "50:60"], "selects no token (the text has 15 tokens, 0..14)"),
+                      (["--span", "5:2"], "--span 5:2 selects no token (END must be after START)"),
+                      (["--span", "x"], "START:END")):
         assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, (args, err)
@@ -145,8 +148,11 @@ def test_measure_figures_show_explains_maps(bert):
     ax = head_figure(rt, 4, None, measure="alti").axes[0]
     np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), alti[4], atol=1e-6)
     assert ax.get_title().startswith("alti, layer 4")
-    ax = head_figure(rt, 3, 1, measure="norm").axes[0]
+    fig = head_figure(rt, 3, 1, measure="norm")
+    ax = fig.axes[0]
     np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), norm[3, 1], atol=1e-5)
+    assert fig.axes[1].get_ylabel() == "norm"  # the colour bar names what it measures
+    assert head_figure(rt, 3, 1).axes[1].get_ylabel() == "attention weight"
     fig = grid_figure(rt, measure="alti")
     panels = [a for a in fig.axes if a.images]
     assert len(panels) == rt.attentions.shape[0]  # a panel per layer, no heads

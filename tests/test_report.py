@@ -213,6 +213,11 @@ def test_parse_span():
     for bad in ("5", "a:b", "5:5", "9:2", "20:30"):
         with pytest.raises(bertscope.InputError):
             parse_span(bad, 10)
+    # before the text is tokenized: the form, and END not after START (same sign), nothing else
+    assert parse_span("2:5", None) is None and parse_span("20:30", None) is None and parse_span("-3:2", None) is None
+    for bad in ("5", "a:b", "5:5", "9:2", "-1:-3"):
+        with pytest.raises(bertscope.InputError, match="START:END|END must be after START"):
+            parse_span(bad, None)
 
 
 def test_cli_view_pair_uses_segments_like_hf(tmp_path, bert, hf_model):

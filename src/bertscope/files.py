@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
@@ -11,7 +12,7 @@ from typing import BinaryIO, Callable, Iterable
 from .errors import InputError
 
 __all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines", "update_section",
-           "write_atomic", "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
+           "why_not_a_file", "write_atomic", "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
@@ -32,14 +33,17 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         folder.mkdir(parents=True, exist_ok=True)
     elif not folder.is_dir():
         raise InputError(f"the folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=folder)
+    except OSError as e:  # name the file asked for, not the temporary beside it
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; outputs are ordinary files
+        os.chmod(tmp, _new_mode(path))  # mkstemp makes 0600 files; outputs are ordinary files
         if before_rename is not None:
             before_rename()
         os.replace(tmp, path)
@@ -47,6 +51,29 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status);
+    elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _new_mode(path: Path) -> int:
+    """The permission bits an output gets: those of the file it replaces, if there is one (a
+    private file stays private), else what ``open()`` would give a new file (0666 less the umask)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
 
 
 def move_into_place(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
@@ -97,7 +124,7 @@ def write_folder_atomic(path: str | os.PathLike, fill: Callable[[Path], Iterable
         if before_commit is not None:
             before_commit()
         if fresh:
-            os.chmod(stage, 0o755)  # mkdtemp makes 0700 folders; outputs are ordinary folders
+            os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700 folders; outputs are ordinary folders
             try:
                 os.rename(stage, path)
                 return [path / r for r in rel]
@@ -190,11 +217,20 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
     return lines, warnings
 
 
+def why_not_a_file(path: str | os.PathLike) -> str:
+    """Why ``path`` cannot be read as an input file, in words: "X does not exist", "X is a
+    folder, not a file" or "X is not a regular file"."""
+    p = Path(path)
+    if not p.exists():
+        return f"{p} does not exist"
+    return f"{p} is a folder, not a file" if p.is_dir() else f"{p} is not a regular file"
+
+
 def read_input_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of a user's input file; a missing or unreadable file is a one-line InputError."""
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"{p} does not exist or is not a file")
+        raise InputError(why_not_a_file(p))
     try:
         return p.read_bytes()
     except OSError as e:

@@ -13,7 +13,7 @@ import torch
 
 from ..core.config import BertConfig
 from ..errors import InputError
-from ..files import movie_review_rows, read_lines
+from ..files import movie_review_rows, read_lines, why_not_a_file
 
 __all__ = ["make_texts", "mixed_lengths", "read_corpus", "review_corpus", "save_random_checkpoint", "vocab_words"]
 
@@ -50,7 +50,7 @@ def review_corpus(n: int = 300, seed: int = 0) -> list[str]:
 def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     """The non-blank lines of a --corpus file, and warnings for lines skipped (not UTF-8)."""
     if not Path(path).is_file():
-        raise InputError(f"--corpus {path} does not exist or is not a file")
+        raise InputError(f"--corpus: {why_not_a_file(path)}")
     lines, warns = read_lines(path)
     if not lines:
         raise InputError(f"--corpus {path} has no non-empty UTF-8 lines")

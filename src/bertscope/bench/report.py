@@ -32,7 +32,9 @@ def plot_scaling(result: dict, path: Path) -> Path:
 
 def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[str]:
     """Markdown rows comparing the systems of one timed workload (as compare_and_time returns it)."""
-    lines = ["| system | median s | real tokens/s | useful GFLOP/s | bertscope speed-up | paired | "
+    # speed-up: the system's time over bertscope fp32's (above 1: bertscope fp32 is faster; a
+    # bertscope int8 or bf16 row below 1 is that mode's gain over fp32)
+    lines = ["| system | median s | real tokens/s | useful GFLOP/s | its time / bertscope fp32's | paired | "
              "max abs diff vs bertscope |", "|---|---:|---:|---:|---:|---:|---:|"]
     x = lambda v: "—" if v is None else f"{v:.2f}×"  # noqa: E731
     for name, s in w["systems"].items():

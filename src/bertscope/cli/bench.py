@@ -35,7 +35,7 @@ examples:
   bertscope bench
   bertscope bench --json > bench.json
   bertscope bench --preset minilm-l6 --corpus my_texts.txt --plot s13.png
-  bertscope bench --quick --json          # a smoke run in seconds, tiny model
+  bertscope bench --quick --json          # a smoke run (about a minute on 2 cores), tiny sizes
 """
 
 

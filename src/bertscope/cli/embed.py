@@ -77,7 +77,9 @@ def register(sub) -> None:
                    help='the JSON Lines field or Parquet column holding the text (default "text"; '
                         'implies JSON Lines for files that are not Parquet)')
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                   help="real tokens per batch (default 2048 on CPU, 16384 on CUDA)")
+                   help="real tokens per batch (default: on CPU the kernel choice's, measured on this "
+                        "machine (1024, 2048 or 4096; `bertscope doctor` shows it), 2048 without one; "
+                        "16384 on CUDA)")
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="fp32 (default, exact); int8 (CPU: int8 linears, cosine to fp32 >= 0.99 on the "
                         "contract corpus); bf16 (CPU with AMX or AVX512-BF16, else fp32 with a warning)")

@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.wsc_limit is not None and args.wsc_limit < 1:
         raise InputError("--wsc-limit must be at least 1")
     if args.wsc is not None and not Path(args.wsc).is_file():
-        raise InputError(f"--wsc: {args.wsc} does not exist or is not a file")
+        from ..files import why_not_a_file
+
+        raise InputError(f"--wsc: {why_not_a_file(args.wsc)}")
     out = check_output_dir(args.out)
     if not args.no_plots:
         from ..see.figures import require_matplotlib

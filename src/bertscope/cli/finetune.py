@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import MODEL_HELP
+from .progress import add_progress_args
 
 HELP = """\
 Fine-tune a BERT checkpoint (default: the bundled all-MiniLM-L6-v2) as a sequence classifier
@@ -58,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--save-every", type=int, default=200, metavar="STEPS",
                    help="steps between checkpoints (0: only at epoch ends; default 200)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..train.loop import FinetuneConfig, finetune
     from .common import check_output_dir
+    from .progress import progress_enabled
 
+    show = progress_enabled(args)  # a bar on a terminal (or with --progress), never into a log
     cfg = FinetuneConfig(
         train=args.train, dev=args.dev, model=args.model, text_field=args.text_field,
         pair_field=args.text_pair_field, label_field=args.label_field, max_length=args.max_length,
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     def on_start(total: int, done: int) -> None:
         nonlocal bar
-        bar = tqdm(total=total, initial=done, unit="step", file=sys.stderr, disable=args.quiet,
+        bar = tqdm(total=total, initial=done, unit="step", file=sys.stderr, disable=not show,
                    dynamic_ncols=True, desc="finetune")
 
     def on_step(info) -> None:
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                if "dev_accuracy" in row else "")
         line = (f"epoch {row['epoch']}: loss {row['train_loss']:.4f}{dev}, "
                 f"{row['tokens_per_s']:,.0f} tokens/s, {row['wall_seconds']:.1f} s")
-        if bar is not None and not args.quiet:
+        if bar is not None and show:
             bar.write(line, file=sys.stderr)
         else:
             print(line, file=sys.stderr)

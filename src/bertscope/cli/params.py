@@ -66,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
     biases = pc.per_layer_total - pc.per_layer_weights
     print(f"{'per layer':<12}{pc.per_layer_weights:>14,}{biases:>10,}{pc.per_layer_total:>14,}")
     print()
-    print(f"attention, all {N} layers: {pc.attention_total:>14,}")
-    print(f"whole model (with pooler): {pc.model_total:>14,}")
-    print(f"attention share:           {pc.attention_total / pc.model_total:>14.1%}")
+    rows = [(f"attention, all {N} layers:", f"{pc.attention_total:,}"),
+            ("whole model (with pooler):", f"{pc.model_total:,}"),
+            ("attention share:", f"{pc.attention_total / pc.model_total:.1%}")]
+    label = max(len(a) for a, _ in rows) + 1
+    value = max(len(b) for _, b in rows) + 4
+    for a, b in rows:  # labels left, figures right, one column whatever the layer count
+        print(f"{a:<{label}}{b:>{value}}")
     return 0

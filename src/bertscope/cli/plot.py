@@ -35,7 +35,7 @@ def register(sub) -> None:
     p = sub.add_parser("plot", help="save an attention heatmap (PNG, SVG, PDF)", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", metavar="TEXT", help="the text to run through the model")
-    p.add_argument("--layer", type=int, default=0, metavar="L", help="layer, from 0 (default 0)")
+    p.add_argument("--layer", type=int, default=None, metavar="L", help="layer, from 0 (default 0)")
     p.add_argument("--head", type=int, default=None, metavar="H", help="head, from 0 (default 0)")
     p.add_argument("--measure", default="attention", metavar="M",
                    help="attention (default), norm, norm-residual, value-zeroing, alti or rollout")
@@ -66,10 +66,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--dpi must be between 20 and 1200")
     if args.vmax is not None and not (math.isfinite(args.vmax) and args.vmax > 0):
         raise InputError(f"--vmax must be a number above 0, got {args.vmax}")
+    if args.grid and (args.layer is not None or args.head is not None):
+        raise InputError("--grid draws every layer and head; leave out --layer and --head")
+    if args.layer is None:
+        args.layer = 0
     if args.per_panel and not args.grid:
         raise InputError("--per-panel goes with --grid (one head is one panel)")
     if args.span is not None:
-        parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
+        parse_span(args.span, None)  # the form now; the range once the text is tokenized
     from ..explain import map_measures, method_kind, parse_measures
 
     names = parse_measures([args.measure])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .progress import add_progress_args
+
 HELP = """\
 Classify every record of INPUT with the fine-tuned classifier in DIR (a folder written by
 `bertscope finetune`, or any Hugging Face BertForSequenceClassification folder), in input order.
@@ -16,8 +18,10 @@ Output (stdout, or --out FILE, written atomically): a tab-separated table with a
 row per record: line, status, label, then one probability column per label. With --json, JSON
 Lines: {"line": 3, "status": "ok", "label": "pos", "probs": {"neg": 0.02, "pos": 0.98}}.
 A bad record gets no prediction and a status, as in `bertscope embed`: empty, undecodable (not
-UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). If no
-record holds a text, INPUT is refused (the wrong --text-field, or the wrong file).
+UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). In a
+text file every line is a record, so the output has one row per input line. If no record holds a
+text (blank lines aside), INPUT is refused (the wrong --text-field, or the wrong file); an input
+with no records at all gives the header alone.
 
 examples:
   bertscope predict sentiment/ reviews.txt
@@ -39,7 +43,7 @@ def register(sub) -> None:
     p.add_argument("--max-length", type=int, default=None, metavar="N",
                    help="cut texts to N tokens (default: the length the model was fine-tuned at)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N", help="real tokens per batch")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.data import read_records
     from .common import check_output_file
     from .guard import writing
+    from .progress import progress_enabled
 
     if not Path(args.input).is_file():
         raise InputError(f"input file {args.input} does not exist" if not Path(args.input).exists()
@@ -102,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--batch-tokens must be at least 1")
     out = check_output_file(args.out) if args.out is not None else None
     records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True)
-    if records and not any(r.status in ("ok", "empty") for r in records):
-        raise InputError(f"no record of {args.input} holds a text (first: line {records[0].line} is "
-                         f"{records[0].status}); check --text-field and the file's format")
+    failed = [r for r in records if r.status != "empty"]
+    if failed and not any(r.status == "ok" for r in failed):
+        raise InputError(f"no record of {args.input} holds a text (first: line {failed[0].line} is "
+                         f"{failed[0].status}); check --text-field and the file's format")
     bert = load(args.model_dir)
     if not bert.is_classifier:
         raise InputError(f"{args.model_dir} is not a classifier (its config.json does not name "
@@ -113,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--max-length must be 2..{bert.config.max_position_embeddings}, got {args.max_length}")
     from tqdm import tqdm
 
-    with tqdm(total=len(records), unit="text", file=sys.stderr, disable=args.quiet, dynamic_ncols=True,
+    with tqdm(total=len(records), unit="text", file=sys.stderr, disable=not progress_enabled(args), dynamic_ncols=True,
               desc="predict") as bar:
         rows = predictions(bert, records, max_length=args.max_length, batch_tokens=args.batch_tokens,
                            progress=bar.update)

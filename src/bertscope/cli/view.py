@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.span is not None:
         from ..see.report import parse_span
 
-        parse_span(args.span, 10**9)  # the form now; the range once the text is tokenized
+        parse_span(args.span, None)  # the form now; the range once the text is tokenized
     measures = None
     if args.measure is not None:
         from ..explain import map_measures, parse_measures

@@ -107,8 +107,24 @@ class Explanation:
             out = word_attention(m, self.token_words)  # (..., W, W)
         return out.float().numpy()
 
-    def sources(self, word: int | None = None, layer: int | None = None, head: int | None = None) -> np.ndarray:
-        """(W,) at word level: what ``word`` takes from every word.
+    def word_index(self, word: int | str) -> int:
+        """``word`` as an index into :attr:`words`: an index (negative counts from the end), or a
+        word (its first occurrence; the match ignores case). InputError when there is no such word."""
+        W = len(self.words)
+        if isinstance(word, str):
+            low = [w.lower() for w in self.words]
+            if word.lower() not in low:
+                shown = " ".join(self.words[:30]) + (" ..." if W > 30 else "")
+                raise InputError(f"no word {word!r} in the text; its words: {shown}")
+            return low.index(word.lower())
+        if isinstance(word, bool) or not isinstance(word, (int, np.integer)) or not -W <= word < W:
+            raise InputError(f"word must be a word of the text or an index 0..{W - 1}, got {word!r}")
+        return int(word) % W
+
+    def sources(self, word: int | str | None = None, layer: int | None = None,
+                head: int | None = None) -> np.ndarray:
+        """(W,) at word level: what ``word`` (an index into :attr:`words`, or the word itself:
+        its first occurrence) takes from every word.
 
         layer: default the last (for alti and rollout, the whole model's mixing);
         head:  per-head methods only; default the mean over heads.
@@ -123,6 +139,7 @@ class Explanation:
             return wm
         if word is None:
             raise InputError(f"{self.method} gives a row per word: say which word")
+        word = self.word_index(word)
         L = wm.shape[0]
         layer = L - 1 if layer is None else layer
         if not 0 <= layer < L:
@@ -140,7 +157,7 @@ class Explanation:
             raise InputError(f"{self.method} gives one map per layer, not per head; leave out the head")
         return m[word]
 
-    def ranked(self, word: int | None = None, layer: int | None = None, head: int | None = None,
+    def ranked(self, word: int | str | None = None, layer: int | None = None, head: int | None = None,
                k: int | None = None) -> list[tuple[int, str, float]]:
         """(word index, word, value), largest first, from :meth:`sources`."""
         row = self.sources(word, layer, head)

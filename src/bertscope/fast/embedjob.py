@@ -489,12 +489,21 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     check_has_text(plan)
     if before_model is not None:
         before_model()
+    made = [d for d in (out, *out.parents) if not d.exists()][::-1]  # the folders mkdir makes, outermost first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create the folder {out} ({e.strerror or e})") from None
     if not hasattr(bert, "config") and callable(bert):
-        bert = bert()
+        try:
+            bert = bert()
+        except BaseException:  # a model that does not load leaves no empty OUTPUT behind
+            for d in reversed(made):
+                try:
+                    d.rmdir()  # only if still empty
+                except OSError:
+                    break
+            raise
     lock = _Lock(out)
     try:
         return _open_job(bert, plan, out, fmt, batch_tokens, resume, engine, lock)

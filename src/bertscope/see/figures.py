@@ -162,7 +162,8 @@ def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = T
                 if v >= 0.05:
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
                             color="white" if v > 0.55 * top else "#1d2330")
-    fig.colorbar(im, ax=ax, shrink=0.7, label="attention weight" + (" (scale fixed by --vmax)" if vmax is not None else ""),
+    named = measure if measure not in (None, "attention") else "attention weight"
+    fig.colorbar(im, ax=ax, shrink=0.7, label=named + (" (scale fixed by --vmax)" if vmax is not None else ""),
                  extend="max" if vmax is not None and float(M.max()) > top else "neither")
     return fig
 

@@ -248,9 +248,12 @@ def dequantize(q: np.ndarray, scale: int = QUANT_SCALE) -> np.ndarray:
     return q.astype(np.float32) / scale
 
 
-def parse_span(span: str | tuple[int, int] | None, T: int) -> tuple[int, int] | None:
+def parse_span(span: str | tuple[int, int] | None, T: int | None) -> tuple[int, int] | None:
     """A window of tokens "START:END" (END excluded, either may be left out; negative counts from
-    the end, as Python slices) -> (start, end) within 0..T. InputError for an empty window."""
+    the end, as Python slices) -> (start, end) within 0..T. InputError for an empty window.
+
+    ``T`` None (the text not tokenized yet) checks what can be checked without it: the form, and
+    an END that is not after START when both count from the same end; it returns None."""
     if span is None:
         return None
     if isinstance(span, str):
@@ -264,6 +267,11 @@ def parse_span(span: str | tuple[int, int] | None, T: int) -> tuple[int, int] | 
             raise InputError(f"--span must be START:END with whole numbers, got {span!r}") from None
     else:
         lo, hi = span
+    if T is None:
+        if lo is not None and hi is not None and (lo < 0) == (hi < 0) and hi <= lo:
+            raise InputError(f"--span {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
+                             "(END must be after START)")
+        return None
     start, end, _ = slice(lo, hi).indices(T)
     if end <= start:
         raise InputError(f"--span {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "

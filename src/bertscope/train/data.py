@@ -169,7 +169,8 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
 def read_records(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,
                  label_field: str | None = None, lines_ok: bool = False) -> list[Record]:
     """Every record of a CSV, TSV or JSON Lines file (or, with ``lines_ok``, a text file: one
-    text per line), each with its line number and status, in file order. Blank lines are skipped.
+    text per line), each with its line number and status, in file order. Blank lines are skipped,
+    except in a text file, where every line is a record: a blank one has status "empty".
 
     A missing or unreadable file, or a CSV/TSV header without the named columns, is an InputError.
     """
@@ -187,8 +188,7 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
         except UnicodeDecodeError:
             out.append(Record(n, "", None, "undecodable"))
             continue
-        if line.strip():
-            out.append(Record(n, line, None, "ok"))
+        out.append(Record(n, line, None, "ok" if line.strip() else "empty"))
     return out
 
 

@@ -310,12 +310,18 @@ def test_bench_json_is_strict_even_with_a_nan_measurement(monkeypatch, capsys):
 
 # ---------------------------------------------------------------- absurd sizes, seeds
 
-def test_absurd_config_is_refused_before_allocating(tmp_path, bundled_path, capsys):
+def test_absurd_config_is_refused_before_allocating(tmp_path, bundled_path, capsys, monkeypatch):
     folder = tiny_folder(tmp_path, bundled_path)
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(hidden_size=12_000_000, num_attention_heads=12)
     (folder / "config.json").write_text(json.dumps(cfg))
-    started = time.monotonic()
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a model was built: the size check came too late")
+
+    # refused, not attempted: no model is ever built and no weights read (a tripwire, not a clock)
+    monkeypatch.setattr(bertscope.BertModel, "__init__", tripwire)
+    monkeypatch.setattr("safetensors.torch.load_file", tripwire)
     with pytest.raises(CheckpointError) as e:
         bertscope.load(folder)
     msg = str(e.value)
@@ -323,7 +329,6 @@ def test_absurd_config_is_refused_before_allocating(tmp_path, bundled_path, caps
     assert f"{n:,} parameters" in msg and "memory available" in msg
     assert re.search(r"\(\d+\.\d [KMGTP]iB in float32\)", msg), msg
     cli_error(capsys, ["attend", "the cat", "--token", "cat", "--model", str(folder)], "parameters")
-    assert time.monotonic() - started < 60  # refused, not attempted (an attempt would take far longer or die)
 
 
 def test_memory_check_compares_the_float32_size_with_what_is_available():
@@ -359,12 +364,22 @@ VALID_SCHEMA = ("<schema><text><txt1>The trophy doesn't fit into the suitcase be
 
 @pytest.mark.parametrize("junk", ["<schema>", "<schema ", "<schema>\n"], ids=["tags", "unclosed-tags", "lines"])
 def test_wsc_parse_is_linear_in_unclosed_tags(junk):
-    """50,000 unclosed tags took 125 s with a lazy regex (quadratic); a linear parse takes well
-    under a second. The budget is generous (20 s for 200,000 tags)."""
+    """50,000 unclosed tags took 125 s with a lazy regex (quadratic). The check is of growth, not
+    of speed: 8 times the tags must cost well under 64 times the time (a quadratic parse) on
+    whatever CPU runs it; a linear one costs about 8 (best of 3 each, in the same process)."""
+    def cost(n: int) -> float:
+        data = (junk * n + VALID_SCHEMA).encode()
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            parse_wsc(data)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    growth = cost(200_000) / cost(25_000)
+    assert growth < 24, growth  # between linear (8) and quadratic (64)
     data = (junk * 200_000 + VALID_SCHEMA).encode()
-    started = time.monotonic()
     schemas, warnings = parse_wsc(data)
-    assert time.monotonic() - started < 20
     assert len(schemas) == 1 and schemas[0].pronoun == "it"
     if junk != "<schema ":
         assert warnings == ["the file: 200000 <schema> element(s) are not closed and were skipped"]

@@ -74,7 +74,7 @@ def test_embed_parquet_reads_back_equal_to_npy(tmp_path, capsys):
     b, sb = read_embeddings(tmp_path / "p")
     # Shards of 4 and of 10,000 rows batch the texts differently, and a GEMM's rounding may
     # depend on its shape and the CPU: equal within fp32 noise, not necessarily bit for bit.
-    assert sa == sb and a.shape == b.shape and np.abs(a - b).max() < 1e-6
+    assert sa == sb and a.shape == b.shape and np.abs(a - b).max() <= 1e-5
     table = pq.read_table(tmp_path / "p")  # the folder reads as one dataset
     assert table.column("line").to_pylist() == list(range(1, len(TEXTS) + 1))
     assert table.column("status").to_pylist() == sa

@@ -56,7 +56,7 @@ def test_int8_contract_on_a_fixed_mixed_length_corpus(bert, int8):
     assert cos.mean() >= 0.99 and cos.min() >= 0.97, (cos.mean(), cos.min())
     sims = []
     for e in (ref, got):
-        s = e @ e.T
+        s = e.astype(np.float64) @ e.T.astype(np.float64)  # as the library ranks: near-ties in float64
         np.fill_diagonal(s, -np.inf)
         sims.append(np.argsort(-s, axis=1)[:, :10])
     overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(sims[0], sims[1])])
@@ -592,7 +592,7 @@ def test_int8_is_declined_where_its_plan_is_no_faster_than_fp32(bundled_path, be
     from bertscope.fast.quant import Int8Linear
 
     slowed(monkeypatch, Int8Linear, 0.02)  # int8 GEMMs slower than fp32 ones, on any CPU
-    with pytest.warns(RuntimeWarning, match=r"int8 is off: measured 0\.\d\dx the speed of fp32 here "
+    with pytest.warns(RuntimeWarning, match=r"int8 is off: measured \d\.\d\dx the speed of fp32 here "
                       r"\(int8 \(\w+ kernel.*\); \d+ of 24 linears kept fp32, and 2 input channels of each int8 one\)"):
         b = bertscope.load(bundled_path, precision="int8")
     assert b.precision == "fp32" and b.fast.gemm.precision == "fp32"

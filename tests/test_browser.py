@@ -523,7 +523,8 @@ def test_512_token_page_works_and_records_its_paint_and_longest_tasks(browser, b
     page.add_init_script(OBSERVE)
     page.goto(path.as_uri(), wait_until="commit")
     page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
-    paint = page.evaluate("window.__paint")  # recorded in the artifact below, never asserted (a CPU's speed)
+    paint = page.evaluate("window.__paint")  # recorded in the artifact below, never judged (a CPU's speed)
+    assert "first-contentful-paint" in paint, paint  # the page painted, and the browser measured it
     page.evaluate("window.__longtasks = []")  # loading is not an interaction; what follows is
 
     def interact(action) -> float:
@@ -547,7 +548,6 @@ def test_512_token_page_works_and_records_its_paint_and_longest_tasks(browser, b
     with artifact("long-report.txt").open("w") as f:
         f.write(f"512 tokens, 12 layers x 12 heads: {size / 1e6:.1f} MB; first paint "
                 f"{paint.get('first-contentful-paint'):.0f} ms; longest main-thread task per interaction (ms): {worst}\n")
-    assert set(worst) and all(v >= 0 for v in worst.values()), worst  # every interaction ran and was observed
     assert not errors, errors
     # and the page tells the model's numbers: a token's row matches
     click_token(page, 150)

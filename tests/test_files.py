@@ -48,6 +48,9 @@ def test_an_output_keeps_the_mode_of_the_file_it_replaces_and_a_new_one_follows_
         os.umask(old)
     assert oct(fresh.stat().st_mode & 0o777) == oct(0o640)  # 0666 less the umask, as open() gives
     assert oct(folder.stat().st_mode & 0o777) == oct(0o750)
+    (folder / "a.json").chmod(0o600)  # a folder of outputs written again: its private file stays so
+    write_folder_atomic(folder, fill_with({"a.json": "A2", "b.json": "B"}))
+    assert (folder / "a.json").read_text() == "A2" and oct((folder / "a.json").stat().st_mode & 0o777) == oct(0o600)
 
 
 def test_an_unwritable_folder_names_the_file_asked_for_not_the_temporary():

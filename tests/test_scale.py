@@ -4,6 +4,7 @@ the local statistics; bad input is one line. One local Ray (2 CPUs) serves the w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -236,6 +237,22 @@ def test_heads_on_ray_equals_the_local_engine(cluster, tmp_path, bert, capsys):
     assert "line 15 is not UTF-8" in err
 
 
+@contextlib.contextmanager
+def hang_guard(seconds: int):
+    """Fail (rather than stall the suite) if the block has not returned after ``seconds``: a
+    guard against hanging, far above any machine's time for it, not a measure of speed."""
+    def hung(signum, frame):
+        raise TimeoutError(f"no answer after {seconds} s: hung")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--engine", "ray", "--workers", "0"], "--workers must be at least 1"),
     (["--engine", "ray", "--address", "127.0.0.1:1"], "cannot reach a Ray cluster at 127.0.0.1:1"),
@@ -247,8 +264,8 @@ def test_bad_engine_input_is_one_line(cluster, tmp_path, capsys, command, args, 
     inp = tmp_path / "in.txt"
     inp.write_text("one text\nanother\n")
     extra = ["--out", str(tmp_path / "o")] if command == "embed" else []
-    # an unreachable cluster is refused with a message (no timing asserted: a hang stops CI instead)
-    code, stdout, err = _cli([command, str(inp), *extra, *args], capsys)
+    with hang_guard(300):  # an unreachable cluster is refused with a message, not waited on forever
+        code, stdout, err = _cli([command, str(inp), *extra, *args], capsys)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and message in lines[0], err
     assert not (tmp_path / "o").exists()

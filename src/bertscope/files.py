@@ -11,8 +11,9 @@ from typing import BinaryIO, Callable, Iterable
 
 from .errors import InputError
 
-__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines", "update_section",
-           "why_not_a_file", "write_atomic", "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
+__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines",
+           "split_lines", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
+           "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
@@ -152,6 +153,7 @@ def _commit_files(stage: Path, path: Path, rel: list[Path]) -> None:
                 made.append(d)
             old = None
             if dst.exists():
+                os.chmod(src, _new_mode(dst))  # the output keeps the mode of the file it replaces
                 old = backup / r
                 old.parent.mkdir(parents=True, exist_ok=True)
                 try:
@@ -215,6 +217,19 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
         if text:
             lines.append((n, text))
     return lines, warnings
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of ``data`` as ``bertscope embed`` counts them: split at "\n" only (a "\r"
+    inside a line stays in it), the "\r" that ends a line before its "\n" dropped, and no
+    empty line after a final "\n" (nor for empty data)."""
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    if lines[-1] == b"" and data.endswith(b"\n"):
+        lines.pop()
+    return [ln.rstrip(b"\r") if k < len(lines) - 1 or data.endswith(b"\n") else ln
+            for k, ln in enumerate(lines)]
 
 
 def why_not_a_file(path: str | os.PathLike) -> str:

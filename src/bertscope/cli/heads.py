@@ -14,7 +14,8 @@ skipped): mean attention to [CLS], to [SEP], to punctuation, to the token itself
 previous and to the next token (after Clark et al. 2019); entropy in nats and its gap to
 uniform (ln T - entropy); mean attention distance in tokens; and a pattern class after
 Kovaleva et al. 2019 (vertical, diagonal, vertical+diagonal, block, heterogeneous) by stated
-rules: see `python -c "import bertscope.understand.headstats as h; print(h.__doc__)"` or docs/EXPERIMENTS.md.
+rules: see docs/EXPERIMENTS.md, or
+  python -c "import bertscope.understand.headstats as h; print(h.__doc__)"
 
 With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs matplotlib:
 pip install 'bertscope[plot]'; checked before any work), the class map, and heads.json.

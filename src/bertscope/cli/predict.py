@@ -19,9 +19,10 @@ row per record: line, status, label, then one probability column per label. With
 Lines: {"line": 3, "status": "ok", "label": "pos", "probs": {"neg": 0.02, "pos": 0.98}}.
 A bad record gets no prediction and a status, as in `bertscope embed`: empty, undecodable (not
 UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). In a
-text file every line is a record, so the output has one row per input line. If no record holds a
-text (blank lines aside), INPUT is refused (the wrong --text-field, or the wrong file); an input
-with no records at all gives the header alone.
+text file every line is a record, so the output has one row per input line. If records fail and
+none holds a text (a blank line of a text file fails nothing), INPUT is refused: the wrong
+--text-field, or the wrong file. A file of blank lines gives rows of status empty; an empty file,
+the header alone.
 
 examples:
   bertscope predict sentiment/ reviews.txt
@@ -94,21 +95,23 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bert import load
     from ..errors import InputError
-    from ..files import write_text_atomic
-    from ..train.data import read_records
+    from ..files import why_not_a_file, write_text_atomic
+    from ..train.data import file_format, read_records
     from .common import check_output_file
     from .guard import writing
     from .progress import progress_enabled
 
     if not Path(args.input).is_file():
-        raise InputError(f"input file {args.input} does not exist" if not Path(args.input).exists()
-                         else f"{args.input} is not a file")
+        raise InputError(why_not_a_file(args.input))
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise InputError("--batch-tokens must be at least 1")
     out = check_output_file(args.out) if args.out is not None else None
     records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True)
-    failed = [r for r in records if r.status != "empty"]
-    if failed and not any(r.status == "ok" for r in failed):
+    # as `embed` judges: refused when records fail and none holds a text; a blank line of a text
+    # file fails nothing, and an empty text field ("") counts as a text
+    blank = file_format(args.input, lines_ok=True) == "lines"
+    failed = [r for r in records if not (blank and r.status == "empty")]
+    if failed and not any(r.status in ("ok", "empty") for r in failed):
         raise InputError(f"no record of {args.input} holds a text (first: line {failed[0].line} is "
                          f"{failed[0].status}); check --text-field and the file's format")
     bert = load(args.model_dir)

@@ -109,7 +109,8 @@ class Explanation:
 
     def word_index(self, word: int | str) -> int:
         """``word`` as an index into :attr:`words`: an index (negative counts from the end), or a
-        word (its first occurrence; the match ignores case). InputError when there is no such word."""
+        word (its first occurrence; the match ignores case). InputError when there is no such
+        word."""
         W = len(self.words)
         if isinstance(word, str):
             low = [w.lower() for w in self.words]

@@ -489,18 +489,22 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     check_has_text(plan)
     if before_model is not None:
         before_model()
-    made = [d for d in (out, *out.parents) if not d.exists()][::-1]  # the folders mkdir makes, outermost first
+    target = Path(os.path.abspath(out))  # ".." resolved by name, so no existing folder counts as new
+    new = [d for d in (target, *target.parents) if not d.exists()]  # what mkdir makes, innermost first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create the folder {out} ({e.strerror or e})") from None
     if not hasattr(bert, "config") and callable(bert):
+        made = {d: _identity(d) for d in new}
         try:
             bert = bert()
         except BaseException:  # a model that does not load leaves no empty OUTPUT behind
-            for d in reversed(made):
+            for d in new:  # innermost first; only the very folders made above, and only while empty
                 try:
-                    d.rmdir()  # only if still empty
+                    if _identity(d) != made[d]:
+                        break
+                    d.rmdir()
                 except OSError:
                     break
             raise
@@ -510,6 +514,15 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     except BaseException:
         lock.close()
         raise
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``folder``, or None: the same pair later means the same folder."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | None, resume: bool,

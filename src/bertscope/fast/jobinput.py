@@ -38,6 +38,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InputError
+from ..files import split_lines, why_not_a_file
 
 __all__ = ["InputFile", "InputPlan", "Piece", "Shard", "iter_records", "plan_input", "read_shard",
            "read_shard_bytes", "resolve_inputs"]
@@ -161,7 +162,7 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
         elif p.is_file():
             names = [str(p)]
         else:
-            raise InputError(f"input file {spec} does not exist" if not p.exists() else f"{spec} is not a file")
+            raise InputError(f"input file {spec} does not exist" if not p.exists() else why_not_a_file(spec))
     files = [InputFile(n, _kind(n, field_name), fs_uri) for n in names]
     kinds = sorted({f.kind for f in files})
     if len(kinds) > 1:
@@ -388,15 +389,6 @@ def plan_input(spec: str | os.PathLike, *, field_name: str | None = None, shard_
                      shard_rows=shard_rows, rows=cut.rows, shards=tuple(cut.shards))
 
 
-def _split_lines(data: bytes) -> list[bytes]:
-    """Lines of a byte range that ends just after a "\\n" (or at the end of the file)."""
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"" and data.endswith(b"\n"):
-        lines.pop()
-    return [ln.rstrip(b"\r") if k < len(lines) - 1 or data.endswith(b"\n") else ln
-            for k, ln in enumerate(lines)]
-
-
 def read_shard(plan: InputPlan, shard: Shard, *, verify: bool = True) -> list[bytes | None]:
     """The raw records of one shard, in order: bytes of each line (without its line ending),
     or each Parquet value's bytes (None for a null). With ``verify``, the content must still
@@ -415,7 +407,7 @@ def read_shard(plan: InputPlan, shard: Shard, *, verify: bool = True) -> list[by
             fh.seek(piece.start)
             data = fh.read(piece.stop - piece.start)
         h.update(data)
-        out.extend(_split_lines(data))
+        out.extend(split_lines(data))  # a byte range that ends after a "\n" or at the end
     if len(out) != shard.rows or (verify and h.hexdigest() != shard.sha256):
         raise InputError(f"the input changed while the job ran: records {shard.first_row}.."
                          f"{shard.first_row + shard.rows - 1} differ from when it was planned")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from ..files import read_input_bytes
+from ..files import read_input_bytes, split_lines
 
 __all__ = ["Example", "LabelSet", "Record", "STATUSES", "read_examples", "read_records", "file_format"]
 
@@ -112,7 +112,7 @@ def _from_fields(line: int, get, text_field: str, pair_field: str | None,
 
 
 def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: str | None) -> Iterator[Record]:
-    for n, raw in enumerate(data.splitlines(), start=1):
+    for n, raw in enumerate(split_lines(data), start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -182,7 +182,7 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
     if fmt in ("csv", "tsv"):
         return list(_delimited(path, data, "," if fmt == "csv" else "\t", text_field, pair_field, label_field))
     out = []
-    for n, raw in enumerate(data.splitlines(), start=1):
+    for n, raw in enumerate(split_lines(data), start=1):
         try:
             line = raw.decode("utf-8").lstrip("\ufeff") if n == 1 else raw.decode("utf-8")
         except UnicodeDecodeError:

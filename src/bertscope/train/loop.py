@@ -101,8 +101,7 @@ class FinetuneConfig:
         whole("max_length", 2)
         whole("save_every", 0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
-            raise InputError("--seed must be a whole number from 0 to 2**64 - 1 (torch's seed range), "
-                             f"got {self.seed!r}")
+            raise InputError(f"--seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}")
         if self.batch_tokens is not None:
             whole("batch_tokens", 1)
         if self.batch_size is not None:

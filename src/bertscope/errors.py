@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError"]
+__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "check_seed"]
 
 
 class BertscopeError(Exception):
@@ -23,3 +23,11 @@ class InputTypeError(InputError, TypeError):
 
 class NonFiniteError(BertscopeError):
     """The model computed NaN or infinity (e.g. fp16 overflow); nothing is returned or written."""
+
+
+def check_seed(seed: object, flag: str = "--seed") -> int:
+    """``seed`` if it is a whole number torch's generators take (0 to 2**64 - 1; numpy's take no
+    negative one either), else an InputError naming ``flag``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise InputError(f"{flag} must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+    return seed

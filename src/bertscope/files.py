@@ -220,7 +220,7 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
 
 
 def split_lines(data: bytes) -> list[bytes]:
-    """The lines of ``data`` as ``bertscope embed`` counts them: split at "\n" only (a "\r"
+    r"""The lines of ``data`` as ``bertscope embed`` counts them: split at "\n" only (a "\r"
     inside a line stays in it), the "\r" that ends a line before its "\n" dropped, and no
     empty line after a final "\n" (nor for empty data)."""
     if not data:

@@ -41,7 +41,7 @@ from torch import nn
 from ..bert import Bert, load
 from ..core.checkpoint import bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, InputError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
 from ..files import write_atomic, write_text_atomic
@@ -100,8 +100,7 @@ class FinetuneConfig:
         whole("epochs", 1)
         whole("max_length", 2)
         whole("save_every", 0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
-            raise InputError(f"--seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}")
+        check_seed(self.seed)
         if self.batch_tokens is not None:
             whole("batch_tokens", 1)
         if self.batch_size is not None:

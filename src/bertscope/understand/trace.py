@@ -22,7 +22,7 @@ from ..bert import Bert
 from ..core.masks import mask_to_bias
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
-from ..errors import InputError
+from ..errors import InputError, check_seed
 
 __all__ = ["Trace", "trace"]
 
@@ -126,8 +126,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     _check_range("head", head, cfg.num_attention_heads)
     if pad < 0:
         raise InputError("--pad must be 0 or more")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-        raise InputError(f"--seed must be a whole number from 0 to 2**64 - 1 (torch's seed range), got {seed!r}")
+    check_seed(seed)
     batch = bert.encode([text])
     words = group_words(batch, text)
     w = find_word(words.words, token, occurrence)

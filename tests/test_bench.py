@@ -74,6 +74,7 @@ def test_bench_quick_json(tmp_path, capsys, monkeypatch):
 
     md = write_markdown(r)
     assert "T^-" not in md
+    assert "| its time / bertscope fp32's |" in md  # the column says which way its ratio reads
     for kind in ("attention", "model"):
         e = s[kind]
         if e["time_exponent"] is None:

@@ -56,6 +56,9 @@ def test_params_table(capsys, bundled_path):
     assert main(["params", "--model", str(bundled_path)]) == 0
     out = capsys.readouterr().out
     assert "W_Q" in out and "W_O" in out and "591,360" in out  # 4 x (384 x 384 + 384) per layer
+    totals = out.strip().splitlines()[-3:]  # the totals' figures end in one column
+    assert [t.split()[-1] for t in totals] == ["3,548,160", "22,713,216", "15.6%"]
+    assert len({len(t) for t in totals}) == 1, totals
 
 
 @pytest.mark.parametrize("args,fragment", [

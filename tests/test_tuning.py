@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -323,6 +324,37 @@ before = info().hblkhd  # bytes in blocks glibc mapped from the system for one a
 t = torch.empty(size, dtype=torch.uint8)
 print("mapped" if info().hblkhd - before >= size else "heap")
 """
+
+
+def test_a_hopeless_candidate_stops_racing_but_the_baseline_never_does(monkeypatch):
+    # A clock that only the candidates move: each call costs its stated seconds (binary fractions,
+    # so the sums are exact), and the rule is checked without timing anything: no CPU's speed
+    # decides this test.
+    now = [0.0]
+
+    def costs(seconds):
+        def run():
+            now[0] += seconds
+        return run
+
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(perf_counter=lambda: now[0], time=time.time))
+    monkeypatch.setattr(tuning, "settle_allocator", lambda: None)
+    runs = {"plain": costs(1.0), "close": costs(1.875), "slow": costs(2.0), "very slow": costs(36.0)}
+    times = race(runs, budget_s=1e9, min_rounds=3, max_rounds=6, keep="plain")
+    assert times["plain"] == [1.0] * 6 and times["close"] == [1.875] * 6  # under 2x the fastest: raced on
+    assert times["slow"] == [2.0] and times["very slow"] == [36.0]  # at 2x or more: one round, then dropped
+    assert tuning.ratios(times, "plain") == {"plain": 1.0, "close": 1.875, "slow": 2.0, "very slow": 36.0}
+    assert pick(times, baseline="plain") == "plain"
+    # the baseline stays in every round even when another candidate is far faster, so that every
+    # candidate's paired ratio has its rounds; the fast one wins on them
+    now[0] = 0.0
+    times = race({"plain": costs(5.0), "fast": costs(1.0)}, budget_s=1e9, min_rounds=3, max_rounds=4, keep="plain")
+    assert times == {"plain": [5.0] * 4, "fast": [1.0] * 4}
+    assert pick(times, baseline="plain") == "fast"
+    # without a baseline to keep, every candidate is held to the rule
+    now[0] = 0.0
+    assert race({"a": costs(5.0), "b": costs(1.0)}, budget_s=1e9, min_rounds=3, max_rounds=4) == \
+        {"a": [5.0], "b": [1.0] * 4}
 
 
 def test_races_start_with_the_allocator_settled(monkeypatch):

@@ -90,6 +90,7 @@ log = logging.getLogger(__name__)
 FORMAT = 7
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
+HOPELESS = 2.0  # a candidate this many times the fastest one's time in a round runs no more rounds
 BUDGET_S = 2.0
 RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
 BATCH_TOKENS = (1024, 2048, 4096)
@@ -329,13 +330,22 @@ def settle_allocator() -> None:
 
 
 def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
-         max_rounds: int = 15) -> dict:
+         max_rounds: int = 15, keep: str | None = None) -> dict:
     """Round-robin timing: {name: [seconds in round 1, round 2, ...]}, or {name: "error: ..."} for
     a candidate that raised.
 
     At least ``min_rounds`` rounds; then more while ``budget_s`` lasts, at most ``max_rounds``
     (a small model is measured in a fraction of the budget). Every live candidate runs once in
-    every round, so the lists line up: entry i of each was measured in round i."""
+    every round, so the lists line up: entry i of each was measured in round i.
+
+    A candidate that took :data:`HOPELESS` times as long as the round's fastest one or longer
+    runs no more rounds (its list stops there; it still lines up with the others' first
+    entries), except ``keep``, the baseline every other candidate is compared with. It could
+    only be picked if it came within 5% of the baseline, and at that distance no round's noise
+    (15% at most, on a shared VM) brings it there. It saves minutes where a kernel has no fast
+    path on a CPU: ``torch._int_mm`` ran 40x slower than oneDNN's int8 matmul on an AVX2-only
+    AMD EPYC (no VNNI), and ``bertscope doctor --preset bert-base --precision int8`` measured its
+    choice in 39.1 s when it raced every round, 22.3 s when it ran one (docs/BENCHMARKS.md)."""
     out: dict[str, list[float] | str] = {}
     live = dict(candidates)
     settle_allocator()
@@ -356,6 +366,11 @@ def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_round
             run()
             out[name].append(time.perf_counter() - t)
         rounds += 1
+        fastest = min(out[name][-1] for name in live)
+        for name in [n for n in live if n != keep and out[n][-1] >= HOPELESS * fastest]:
+            log.info("kernel candidate %s took %.1fx the fastest one's time: no more rounds",
+                     name, out[name][-1] / fastest)
+            del live[name]
     return out
 
 
@@ -444,7 +459,7 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
 
     def timed(step: str, runs: dict, n_tokens: dict, baseline: str) -> str:
         """Race ``runs``, record their median times per 1,000 tokens and paired ratios; the pick."""
-        raw = race(runs, shares.get(step, budget_s / 2 / others))
+        raw = race(runs, shares.get(step, budget_s / 2 / others), keep=baseline)
         per_round = {k: ([per_k(t, n_tokens[k]) for t in v] if isinstance(v, list) else v) for k, v in raw.items()}
         choice.timings[step] = {k: (statistics.median(v) if isinstance(v, list) else v) for k, v in per_round.items()}
         choice.ratios[step] = ratios(per_round, baseline)
@@ -551,7 +566,7 @@ def measured_speedup(fast: Callable[[], object], base: Callable[[], object],
     """How many times faster ``fast`` runs than ``base`` here: the median over paired rounds
     (:func:`race`, at least three) of base's time / fast's time in the same round. None when
     either raised (logged)."""
-    times = race({"base": base, "fast": fast}, budget_s)
+    times = race({"base": base, "fast": fast}, budget_s, keep="base")
     rel = ratios(times, "base")
     if "fast" not in rel:
         return None

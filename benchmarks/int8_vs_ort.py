@@ -3,7 +3,7 @@ margin from this machine's noise (issue 9's targets: int8 >= 1.0x ONNX Runtime i
 ``--st``, int8 >= 2x sentence-transformers fp32).
 
     PYTHONPATH=src python benchmarks/int8_vs_ort.py [--rounds 21] [--workloads T128 mixed] \
-        [--compiled] [--st] [--out benchmarks/results/<kind>/int8_vs_ort.json]
+        [--compiled] [--st] [--fp32] [--out benchmarks/results/<kind>/int8_vs_ort.json]
 
 The full bench (`run_bench.py`) times every system for 5 rounds; on a 2-CPU virtual machine one
 round can differ from the next by 10% or more, so a ratio near 1.0 from 5 rounds lands on either
@@ -21,6 +21,9 @@ this machine (``bertscope doctor --retune`` measures them again); the JSON recor
 With ``--st``, sentence-transformers fp32 (batches of 32, as in the bench) joins the round-robin
 and a second table gives the same statistics for its time / bertscope int8's, against the
 issue's 2x.
+
+With ``--fp32``, ONNX Runtime fp32 (the optimised, fused graph of the bench) joins as well, and a
+third table gives ONNX Runtime fp32's time / bertscope fp32's, against the issue's 1.0x for fp32.
 
 Workloads, as in the bench: ``mixed`` (256 texts of 5 to 256 tokens, bundled all-MiniLM-L6-v2)
 and ``T128`` (32 texts of 128 tokens, BERT-base size with random weights).
@@ -52,6 +55,7 @@ from bertscope.core.config import BertConfig  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 
 ORT = "onnxruntime int8"
+ORT_FP32 = "onnxruntime"
 ST = "sentence-transformers"
 
 
@@ -90,6 +94,8 @@ def main() -> int:
     p.add_argument("--compiled", action="store_true", help="also time int8 with compile=True (compiles: slow)")
     p.add_argument("--st", action="store_true",
                    help="also time sentence-transformers fp32 and report int8 against its 2x target")
+    p.add_argument("--fp32", action="store_true",
+                   help="also time ONNX Runtime fp32 and report bertscope fp32 against it (target 1.0x)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args()
     if a.rounds < 3:
@@ -103,7 +109,7 @@ def main() -> int:
         check_output_file(a.out, suffixes=(".json",))  # a folder, or not writable: one line, exit 2
     threads = torch.get_num_threads()
     ours = ["bertscope int8"] + (["bertscope int8 compiled"] if a.compiled else [])
-    wanted = ours + [ORT] + ([ST] if a.st else [])
+    wanted = ours + [ORT] + ([ST] if a.st else []) + ([ORT_FP32] if a.fp32 else [])
     result: dict = {"machine": machine(), "rounds": a.rounds, "workloads": {}}
     m = result["machine"]
     print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {threads} threads, torch {torch.__version__}; "
@@ -133,6 +139,8 @@ def main() -> int:
             entry["vs_onnxruntime_int8"] = {s: summarise(entry, s) for s in ours}
             if a.st:
                 entry["vs_sentence_transformers"] = {s: summarise(entry, s, ST, 2.0) for s in ours}
+            if a.fp32:
+                entry["fp32_vs_onnxruntime_fp32"] = summarise(entry, "bertscope", ORT_FP32)
             for name, f in systems.items():  # what each bertscope system measured and decided, as the bench records
                 b = getattr(f, "bert", None)
                 if b is not None:
@@ -157,6 +165,15 @@ def main() -> int:
                 print(row(wname, s, entry["systems"][s]["median_s"], entry["vs_sentence_transformers"][s],
                           f"{entry['quality_vs_fp32'][s]['top10_overlap']:.3f}"))
             print(f"| {wname} | {ST} | {entry['systems'][ST]['median_s']:.3f} | 1 | | | | |")
+    if a.fp32:
+        print("\n| workload | system | median s | vs ONNX Runtime fp32, median of paired ratios "
+              "| quartiles | rounds faster | 95% interval | max abs diff |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for wname, entry in result["workloads"].items():
+            diff = entry["max_abs_diff_vs_bertscope"][ORT_FP32]
+            print(row(wname, "bertscope fp32", entry["systems"]["bertscope"]["median_s"],
+                      entry["fp32_vs_onnxruntime_fp32"], f"{diff:.1e}"))
+            print(f"| {wname} | {ORT_FP32} fp32 | {entry['systems'][ORT_FP32]['median_s']:.3f} | 1 | | | | |")
     print("\nMinor page faults per call (median over rounds):")
     for wname, entry in result["workloads"].items():
         counts = {s: v["minor_faults_per_call"] for s, v in entry["systems"].items()}

@@ -374,16 +374,17 @@ def test_paired_summary_of_int8_vs_ort_counts_rounds_against_its_target():
     assert 1.5 <= lo <= vs_st["median"] <= hi <= 2.5
 
 
-def test_int8_vs_ort_with_st_times_all_three_in_the_same_rounds(tmp_path, capsys, monkeypatch):
-    """benchmarks/int8_vs_ort.py --st end to end, on a smaller mixed corpus: sentence-transformers
-    joins the round-robin, both summaries are computed from the times the JSON records for the
-    same rounds, and both tables are printed (the figures in docs/BENCHMARKS.md come from it)."""
+def test_int8_vs_ort_with_st_and_fp32_times_all_in_the_same_rounds(tmp_path, capsys, monkeypatch):
+    """benchmarks/int8_vs_ort.py --st --fp32 end to end, on a smaller mixed corpus:
+    sentence-transformers and ONNX Runtime fp32 join the round-robin, every summary is computed
+    from the times the JSON records for the same rounds, and every table is printed (the figures
+    in docs/BENCHMARKS.md come from it)."""
     mod = benchmark_script("int8_vs_ort")
     full = mod.mixed_lengths
     monkeypatch.setattr(mod, "mixed_lengths", lambda n, lo, hi: full(24, lo, 64))  # 24 texts, not 256
     out = tmp_path / "r.json"
     monkeypatch.setattr(sys, "argv", ["int8_vs_ort.py", "--rounds", "3", "--workloads", "mixed", "--st",
-                                      "--out", str(out)])
+                                      "--fp32", "--out", str(out)])
     assert mod.main() == 0
     printed = capsys.readouterr().out
     r = json.loads(out.read_text())
@@ -406,3 +407,10 @@ def test_int8_vs_ort_with_st_times_all_three_in_the_same_rounds(tmp_path, capsys
     med = w["vs_sentence_transformers"]["bertscope int8"]["median"]
     assert f"| mixed | bertscope int8 | {w['systems']['bertscope int8']['median_s']:.3f} | **{med:.3f}×**" in st_table
     assert f"| mixed | {mod.ST} | " in st_table
+    # --fp32: ONNX Runtime fp32 in the same rounds, bertscope fp32 summarised against it (1.0x)
+    f = w["fp32_vs_onnxruntime_fp32"]
+    assert f["target"] == 1.0 and f["rounds"] == 3
+    assert f["per_round"] == pytest.approx([t / o for o, t in zip(times["bertscope"], times[mod.ORT_FP32])])
+    assert w["max_abs_diff_vs_bertscope"][mod.ORT_FP32] < 1e-4  # the fp32 systems agree before they are timed
+    fp32_table = printed.split("vs ONNX Runtime fp32, median of paired ratios")[1]
+    assert f"| mixed | bertscope fp32 | {w['systems']['bertscope']['median_s']:.3f} | **{f['median']:.3f}×**" in fp32_table

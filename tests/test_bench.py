@@ -414,3 +414,24 @@ def test_int8_vs_ort_with_st_and_fp32_times_all_in_the_same_rounds(tmp_path, cap
     assert w["max_abs_diff_vs_bertscope"][mod.ORT_FP32] < 1e-4  # the fp32 systems agree before they are timed
     fp32_table = printed.split("vs ONNX Runtime fp32, median of paired ratios")[1]
     assert f"| mixed | bertscope fp32 | {w['systems']['bertscope']['median_s']:.3f} | **{f['median']:.3f}×**" in fp32_table
+
+
+def test_mkl_packed_times_every_linear_shape_after_checking_the_outputs_agree(tmp_path, capsys, monkeypatch):
+    """benchmarks/mkl_packed.py (the MKL packed-GEMM figures in docs/BENCHMARKS.md): every linear
+    shape of both models at every row count, each with MKL's output checked against F.linear's
+    before it is timed; bad arguments are a usage error."""
+    mod = benchmark_script("mkl_packed")
+    out = tmp_path / "mkl.json"
+    monkeypatch.setattr(sys, "argv", ["mkl_packed.py", "--rounds", "2", "--rows", "8", "24", "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["rounds"] == 2
+    assert [(x["k"], x["m"], x["rows"]) for x in r["results"]] == \
+        [(k, m, rows) for k, m in mod.SHAPES.values() for rows in (8, 24)]
+    assert all(x["max_abs_diff"] < 1e-3 and x["packed_over_linear"] > 0 for x in r["results"])
+    assert all(f"| {x['linear']} | {x['k']} x {x['m']} | {x['rows']} |" in printed for x in r["results"])
+    monkeypatch.setattr(sys, "argv", ["mkl_packed.py", "--rounds", "0"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2

@@ -1,0 +1,95 @@
+"""MKL's packed fp32 GEMM against plain ``F.linear``, on every linear shape of the bench's models.
+
+    PYTHONPATH=src python benchmarks/mkl_packed.py [--rounds 15] [--rows 1024 2048 4096]
+        [--out benchmarks/results/<kind>/mkl_packed.json]
+
+torch ships ``torch.ops.mkl._mkl_linear``: a linear whose weight MKL has packed once, for a given
+row count, into its own blocked layout (``torch.ops.mkl._mkl_reorder_linear_weight``), which saves
+the packing a plain GEMM does on each call. Is that a candidate worth racing in the kernel choice?
+For each shape (the fused Q/K/V, attention output, FFN in and FFN out linears of BERT-base and of
+all-MiniLM-L6-v2) and row count, the two run in turn, round after round, on the same input; the
+outputs are checked to agree first. Printed: each one's median GFLOP/s and the median of the
+paired per-round ratios (packed time / F.linear time: below 1, packed is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.files import write_text_atomic  # noqa: E402
+
+SHAPES = {  # name -> (in features K, out features M)
+    "BERT-base Q/K/V": (768, 2304), "BERT-base attention out": (768, 768),
+    "BERT-base FFN in": (768, 3072), "BERT-base FFN out": (3072, 768),
+    "MiniLM Q/K/V": (384, 1152), "MiniLM attention out": (384, 384),
+    "MiniLM FFN in": (384, 1536), "MiniLM FFN out": (1536, 384),
+}
+
+
+def measure(k: int, m: int, rows: int, rounds: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, k, generator=g)  # (N, K)
+    w = torch.randn(m, k, generator=g) / k ** 0.5  # (M, K)
+    b = torch.randn(m, generator=g)  # (M,)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)  # MKL's blocked layout, for N rows
+    runs = {"F.linear": lambda: F.linear(x, w, b),  # (N, K)@(K, M) + b -> (N, M)
+            "mkl packed": lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, rows)}  # the same, packed
+    diff = (runs["F.linear"]() - runs["mkl packed"]()).abs().max().item()
+    if diff > 1e-3:
+        raise SystemExit(f"outputs disagree for {k}x{m} at {rows} rows: max abs diff {diff:.2e}")
+    for run in runs.values():  # warm-up
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t)
+    flop = 2.0 * rows * k * m
+    return {"gflops": {n: flop / statistics.median(t) / 1e9 for n, t in times.items()},
+            "packed_over_linear": statistics.median(p / f for p, f in zip(times["mkl packed"], times["F.linear"])),
+            "max_abs_diff": diff}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=15, help="paired rounds per shape (default 15)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1024, 2048, 4096],
+                   help="row counts (tokens per batch) to time (default 1024 2048 4096)")
+    p.add_argument("--out", help="write the results as JSON here")
+    a = p.parse_args()
+    if a.rounds < 1 or any(r < 1 for r in a.rows):
+        p.error("--rounds and --rows must be positive")
+    m = machine()
+    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| linear | K x M | rows | F.linear GFLOP/s | packed GFLOP/s | packed time / F.linear's |")
+    print("|---|---|---:|---:|---:|---:|")
+    results = []
+    with torch.inference_mode():
+        for name, (k, mm) in SHAPES.items():
+            for rows in a.rows:
+                r = measure(k, mm, rows, a.rounds)
+                results.append({"linear": name, "k": k, "m": mm, "rows": rows, **r})
+                print(f"| {name} | {k} x {mm} | {rows} | {r['gflops']['F.linear']:.0f} | "
+                      f"{r['gflops']['mkl packed']:.0f} | {r['packed_over_linear']:.2f} |", flush=True)
+    ratios = [r["packed_over_linear"] for r in results]
+    print(f"packed time / F.linear's: {min(ratios):.2f}-{max(ratios):.2f}, median {statistics.median(ratios):.2f}")
+    if a.out:
+        write_text_atomic(a.out, json.dumps({"machine": m, "rounds": a.rounds, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -355,6 +355,10 @@ def test_a_hopeless_candidate_stops_racing_but_the_baseline_never_does(monkeypat
     now[0] = 0.0
     assert race({"a": costs(5.0), "b": costs(1.0)}, budget_s=1e9, min_rounds=3, max_rounds=4) == \
         {"a": [5.0], "b": [1.0] * 4}
+    # a round too fast for the clock (fastest time 0) judges nobody: 0 >= 2 x 0 would drop them all
+    now[0] = 0.0
+    assert race({"a": costs(0.0), "b": costs(0.5)}, budget_s=1e9, min_rounds=3, max_rounds=3) == \
+        {"a": [0.0] * 3, "b": [0.5] * 3}
 
 
 def test_races_start_with_the_allocator_settled(monkeypatch):

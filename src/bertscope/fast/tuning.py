@@ -367,7 +367,8 @@ def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_round
             out[name].append(time.perf_counter() - t)
         rounds += 1
         fastest = min(out[name][-1] for name in live)
-        for name in [n for n in live if n != keep and out[n][-1] >= HOPELESS * fastest]:
+        hopeless = [n for n in live if n != keep and out[n][-1] >= HOPELESS * fastest] if fastest > 0 else []
+        for name in hopeless:  # (a round too fast for the clock to see judges nobody)
             log.info("kernel candidate %s took %.1fx the fastest one's time: no more rounds",
                      name, out[name][-1] / fastest)
             del live[name]

@@ -28,6 +28,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.cli.common import check_output_file, run_script  # noqa: E402
+from bertscope.errors import InputError  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 
 SHAPES = {  # name -> (in features K, out features M)
@@ -72,6 +74,10 @@ def main() -> int:
     a = p.parse_args()
     if a.rounds < 1 or any(r < 1 for r in a.rows):
         p.error("--rounds and --rows must be positive")
+    if a.out:
+        check_output_file(a.out, suffixes=(".json",))  # a folder, or not writable: one line, exit 2
+    if not torch.backends.mkl.is_available():
+        raise InputError(f"this torch build ({torch.__version__}) has no MKL: there is no packed MKL GEMM to time")
     m = machine()
     print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| linear | K x M | rows | F.linear GFLOP/s | packed GFLOP/s | packed time / F.linear's |")
@@ -92,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)  # a bad --out, or no MKL in this torch: one line, exit 2

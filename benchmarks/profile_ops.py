@@ -8,9 +8,10 @@ Workloads as in `bertscope bench`: (a) 32 texts of exactly 128 tokens on a BERT-
 embedded once to warm up (and to make the kernel choice), once timed without the profiler, then
 once under it. The table lists ops by self CPU time; "GEMM" rows are the linears, "attention"
 SDPA, and the rest is the overhead around them; the heading says how much of the call the ops
-fill (the rest is Python between ops and the profiler's own bookkeeping). "int8-compiled" is ``load(..., precision="int8", compile=True)`` with the
-compiled kernel forced on (its fused loops show as "CompiledFxGraph" rows). Writes the tables
-into the --section section of --doc ("profile", the Xeon's; one section per machine kind).
+fill (the rest is Python between ops and the profiler's own bookkeeping). "int8-compiled" is
+``load(..., precision="int8", compile=True)`` with the compiled kernel forced on (its fused loops
+show as "CompiledFxGraph" rows). Writes the tables into the --section section of --doc
+("profile", the Xeon's; one section per machine kind).
 """
 
 from __future__ import annotations

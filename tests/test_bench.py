@@ -435,3 +435,12 @@ def test_mkl_packed_times_every_linear_shape_after_checking_the_outputs_agree(tm
     with pytest.raises(SystemExit) as e:
         mod.main()
     assert e.value.code == 2
+    from bertscope.errors import InputError
+
+    monkeypatch.setattr(sys, "argv", ["mkl_packed.py", "--rounds", "1", "--out", str(tmp_path)])  # a folder
+    with pytest.raises(InputError):
+        mod.main()
+    monkeypatch.setattr(sys, "argv", ["mkl_packed.py", "--rounds", "1"])
+    monkeypatch.setattr(mod.torch.backends.mkl, "is_available", lambda: False)  # a torch built without MKL
+    with pytest.raises(InputError, match="no MKL"):
+        mod.main()

@@ -444,3 +444,28 @@ def test_mkl_packed_times_every_linear_shape_after_checking_the_outputs_agree(tm
     monkeypatch.setattr(mod.torch.backends.mkl, "is_available", lambda: False)  # a torch built without MKL
     with pytest.raises(InputError, match="no MKL"):
         mod.main()
+
+
+def test_act_placement_times_both_places_after_checking_they_agree(tmp_path, capsys, monkeypatch):
+    """benchmarks/act_placement.py (the activation-placement figures in docs/BENCHMARKS.md): W1's
+    compiled epilogue with GELU fused and apart, on both models' FFN widths at every row count,
+    their outputs checked to agree before they are timed; bad arguments are a usage error."""
+    mod = benchmark_script("act_placement")
+    out = tmp_path / "act.json"
+    monkeypatch.setattr(sys, "argv", ["act_placement.py", "--rounds", "2", "--rows", "8", "70", "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["rounds"] == 2
+    assert [(x["width"], x["rows"]) for x in r["results"]] == [(w, rows) for w in mod.WIDTHS.values() for rows in (8, 70)]
+    assert all(set(x["ms"]) == {"fused", "apart"} and x["apart_over_fused"] > 0 for x in r["results"])
+    assert all(f"| {x['linear']} | {x['width']} | {x['rows']} |" in printed for x in r["results"])
+    monkeypatch.setattr(sys, "argv", ["act_placement.py", "--rows", "0"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2
+    from bertscope.errors import InputError
+
+    monkeypatch.setattr(sys, "argv", ["act_placement.py", "--rounds", "1", "--out", str(tmp_path)])  # a folder
+    with pytest.raises(InputError):
+        mod.main()

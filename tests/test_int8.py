@@ -353,6 +353,39 @@ def test_compiled_int8_steps_compute_what_the_eager_steps_do(compiled, bert):
     assert embedding_agreement(ref, got)["top10_overlap"] >= 0.9
 
 
+def test_both_activation_placements_on_the_compiled_steps_agree(compiled):
+    """W1's epilogue on the compiled steps with GELU fused into the compiled loop, and with
+    PyTorch's GELU applied after it (the two places the kernel choice races), agree within fp32
+    rounding: on the same 8-bit rows only where erf is computed differs. Each stays within the
+    calibration's error limit of the fp32 linear."""
+    if compiled_refused_here(compiled):
+        return
+    from bertscope.fast.gemm import layer_weights
+    from bertscope.fast.quant import ACT_PLACEMENTS
+
+    w, b, act = layer_weights(compiled.model)[0]["ff_in"]
+    assert act == "gelu"
+    lin = compiled.fast.gemm.int8_linear(w, b, act)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, w.shape[1], generator=g)  # (N, C)
+    x[:, 5] *= 20  # an outlier channel
+    ref = torch.nn.functional.gelu(x @ w.detach().T + b.detach())  # (N, I) fp32
+    was = lin.steps.act_placement
+    got = {}
+    try:
+        for placement in ACT_PLACEMENTS:
+            lin.steps.act_placement = placement
+            with torch.inference_mode():
+                got[placement] = lin(x).clone()
+    finally:
+        lin.steps.act_placement = was
+    fused, apart = got["fused"], got["apart"]
+    assert torch.allclose(fused, apart, rtol=1e-5, atol=1e-5 * float(fused.abs().max())), \
+        float((fused - apart).abs().max())
+    for y in got.values():
+        assert float((y - ref).norm() / ref.norm()) < ERROR_LIMIT
+
+
 def test_fused_int8_layers_follow_the_layer_recipe(compiled, bert, monkeypatch):
     """With all four linears of a layer int8 on compiled steps, the encoder runs
     CompiledSteps.run_layer: BertLayer.run's recipe with the steps between the integer GEMMs

@@ -248,6 +248,61 @@ def test_the_8bit_cast_is_raced_recorded_and_applied(cache, small_model, monkeyp
     assert tuning.load_choice(c.key) is None
 
 
+def test_the_activation_placement_is_raced_on_one_shared_compiled_object_and_applied(cache, small_model, monkeypatch):
+    """With the compiled int8 kernel among the candidates, where the compiled steps apply W1's
+    activation is raced first (act_runs): a stand-in steps object whose fused epilogue is slowed
+    makes "apart" win; the race makes ONE steps object for all its candidates; a compiled
+    candidate whose steps fail (here: the stand-in cannot run a layer) is recorded and never chosen;
+    the encoder applies the placement, and a cache file naming an unknown one is measured again."""
+    from bertscope.fast import quant
+    from bertscope.fast.quant import ACT_PLACEMENTS, COMPILED_KERNEL
+
+    made = []
+
+    class StandInSteps:
+        def __init__(self, levels, *, check=True, act_placement="fused"):
+            self.levels, self.act_placement = levels, act_placement
+            made.append(self)
+
+        def epilogue(self, act_name):
+            def f(y, step, lo, w_sum, bias, xs=None, w_s=None):
+                assert act_name == small_model.config.hidden_act and torch.is_inference_mode_enabled()
+                if self.act_placement == "fused":
+                    time.sleep(0.01)
+                return y
+            return f
+
+        def quantize(self, *args, **kwargs):
+            raise RuntimeError("stand-in steps cannot quantize")
+
+        run_layer = quantize  # (the encoder runs whole layers on compiled steps)
+
+    monkeypatch.setattr(quant, "CompiledSteps", StandInSteps)
+    cands = dict(FAST, int8_kernel=["onednn", COMPILED_KERNEL], batch_tokens=[512], slack=[0.0])
+    c = tuning.measure_choice(small_model, precision="int8", budget_s=0.4, candidates=cands, compile=True)
+    assert set(c.timings["int8_act"]) == set(ACT_PLACEMENTS) and c.int8_act == "apart", c.timings["int8_act"]
+    assert c.ratios["int8_act"]["apart"] < 1 - NOISE_MARGIN
+    assert len(made) == 1, "every candidate shares the race's one compiled object"
+    assert str(c.timings["int8_kernel"][COMPILED_KERNEL]).startswith("error: RuntimeError")
+    assert c.int8_kernel == "onednn"
+    enc = PackedEncoder(gemm=GemmBackend(precision="int8"))
+    enc.apply(c)
+    assert enc.gemm.int8_act == "apart"
+    assert KernelChoice.from_json(json.loads(json.dumps(c.to_json()))).int8_act == "apart"
+    with pytest.raises(ValueError, match="unknown activation placement"):
+        enc.gemm.use_int8_act("elsewhere")
+    # without the compiled kernel among the candidates, nothing is raced and the baseline stays
+    plain = tuning.measure_choice(small_model, precision="int8", budget_s=0.2,
+                                  candidates=dict(cands, int8_kernel=["onednn"]))
+    assert "int8_act" not in plain.timings and plain.int8_act == BASELINE["int8_act"] == "fused"
+    tuning.save_choice(c)
+    path = Path(tuning.load_choice(c.key).path)
+    bad = json.loads(path.read_text())
+    bad["int8_act"] = "elsewhere"
+    path.write_text(json.dumps(bad))
+    assert tuning.load_choice(c.key) is None
+
+
 def test_a_kernel_race_probes_the_8bit_grid_once_and_says_so_once(cache, small_model, monkeypatch, caplog):
     """Where the 8-bit grid saturates (x86 without VNNI; here a stand-in probe), every int8
     backend of a race uses 7 bits, and the warning comes once per int8 GEMM, not once per

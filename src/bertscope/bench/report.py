@@ -46,12 +46,13 @@ def systems_table(w: dict, seconds: str = ".3f", gflops: str = ".1f") -> list[st
     return lines
 
 
-def eager_steps_text(c: dict) -> str:
-    """How a kernel choice (as JSON) runs the int8 eager steps: ", 8-bit cast X"; "" for compiled
-    steps, and for a choice that did not record it."""
-    if c.get("int8_kernel") not in INT8_KERNELS:
-        return ""
-    return f", 8-bit cast {c['int8_cast']}" if "int8_cast" in c else ""
+def int8_steps_text(c: dict) -> str:
+    """How a kernel choice (as JSON) runs the int8 steps around the integer GEMM: ", 8-bit cast X"
+    for the eager steps, ", activation fused|apart" for the compiled ones; "" for a choice that
+    did not record it."""
+    if c.get("int8_kernel") in INT8_KERNELS:
+        return f", 8-bit cast {c['int8_cast']}" if "int8_cast" in c else ""
+    return f", activation {c['int8_act']}" if "int8_act" in c else ""
 
 
 def setup_lines(w: dict) -> list[str]:
@@ -65,7 +66,7 @@ def setup_lines(w: dict) -> list[str]:
                     f"attention slack {c['slack']:g}")
             if info.get("precision") == "int8":
                 txt += f", int8 kernel {c['int8_kernel']}"
-                txt += eager_steps_text(c)
+                txt += int8_steps_text(c)
         if info.get("note"):
             txt += f"; {info['note']}"
         out.append(txt)

@@ -65,7 +65,7 @@ def _timings(choice: dict) -> list[str]:
     lines = []
     winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
                "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"],
-               "int8_cast": choice.get("int8_cast", "direct")}
+               "int8_cast": choice.get("int8_cast", "direct"), "int8_act": choice.get("int8_act", "fused")}
     for step, times in choice.get("timings", {}).items():
         cells = []
         rel = choice.get("ratios", {}).get(step, {})
@@ -79,7 +79,7 @@ def _timings(choice: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
-    from ..bench.report import eager_steps_text
+    from ..bench.report import int8_steps_text
     from ..fast.tuning import BATCH_RACE_LAYERS
 
     check_preset(args.preset)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}): "
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
-                  + (eager_steps_text(c) if precision == "int8" else "")
+                  + (int8_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
             print(f"  candidates (s per 1,000 tokens, one layer; batch sizes: the first {BATCH_RACE_LAYERS} layers; * = chosen):")
             for line in _timings(c):

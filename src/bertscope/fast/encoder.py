@@ -84,13 +84,14 @@ class PackedEncoder:
         return self.choice
 
     def apply(self, choice: KernelChoice) -> None:
-        """Use ``choice`` from now on: its GEMM library, int8 kernel and 8-bit conversion, and
-        attention slack."""
+        """Use ``choice`` from now on: its GEMM library, int8 kernel, 8-bit conversion and
+        activation placement, and attention slack."""
         self.choice = choice
         if os.environ.get("BERTSCOPE_ONEDNN", "1") != "0":  # the environment's "blas" wins
             self.gemm.prefer = choice.gemm
         self.gemm.int8_kernel = choice.int8_kernel
         self.gemm.use_int8_cast(choice.int8_cast)
+        self.gemm.use_int8_act(choice.int8_act)
 
     def encode(self, model, packed: PackedBatch, *, attention_impl: str = "auto",
                slack: float | None = None, linears: list[LayerLinears] | None = None,

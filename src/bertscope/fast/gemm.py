@@ -238,6 +238,7 @@ class GemmBackend:
         self.int8_cast = "direct"  # how their inputs become 8-bit integers (Scratch.narrow; measured)
         self.compile = compile  # may the kernel choice race torch.compile'd candidates (slow to build)
         self.steps = None  # int8 linears' compiled steps (bertscope.fast.quant.CompiledSteps), made with them
+        self.int8_act = "fused"  # where those steps apply W1's activation (CompiledSteps.epilogue; measured)
         # int8 GEMM -> activation levels measured here (int8_levels). Backends may share one dict
         # (``levels``): a kernel race's candidates and the model's own backend do, so the probe
         # runs, and warns, once per GEMM for them all
@@ -296,7 +297,7 @@ class GemmBackend:
         if self.scratch is None:
             self.scratch = Scratch(self.int8_cast)
         if kernel == COMPILED_KERNEL and self.steps is None:
-            self.steps = CompiledSteps(levels)
+            self.steps = CompiledSteps(levels, act_placement=self.int8_act)
         return Int8Linear(weight, bias, act, kernel=kernel, scratch=self.scratch,
                           steps=self.steps if kernel == COMPILED_KERNEL else None, levels=levels,
                           channels=channels)
@@ -309,6 +310,15 @@ class GemmBackend:
         self.int8_cast = check_cast(cast)
         if self.scratch is not None:
             self.scratch.cast = cast
+
+    def use_int8_act(self, placement: str) -> None:
+        """Apply W1's activation on the compiled int8 steps ``placement`` ("fused" or "apart")
+        from now on (:meth:`bertscope.fast.quant.CompiledSteps.epilogue`)."""
+        from .quant import check_act_placement
+
+        self.int8_act = check_act_placement(placement)
+        if self.steps is not None:
+            self.steps.act_placement = placement
 
     def int8_levels(self, kernel: str | None = None) -> int:
         """The top of the int8 activations' grid for ``kernel`` on this machine: 255 (8 bits) where

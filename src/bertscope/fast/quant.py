@@ -73,8 +73,8 @@ import torch.nn.functional as F
 from ..core.layer import activation
 from .packing import sentence_means
 
-__all__ = ["CASTS", "COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FP32_CHANNELS", "FULL_LEVELS",
-           "REDUCED_LEVELS", "check_cast", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
+__all__ = ["ACT_PLACEMENTS", "CASTS", "COMPILED_KERNEL", "COSINE_FLOOR", "CompiledSteps", "ERROR_LIMIT", "FP32_CHANNELS", "FULL_LEVELS",
+           "REDUCED_LEVELS", "check_act_placement", "check_cast", "compiled_steps_of", "fp32_channels", "int8_range_exact", "INT8_KERNELS", "Int8Linear",
            "Int8Plan", "Scratch", "calibrate", "int8_kernel_available", "quantize_weight"]
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,8 @@ COSINE_FLOOR = (0.995, 0.98)  # calibration embeddings vs fp32: (mean, minimum) 
 FP32_CHANNELS = 2  # input channels per linear that bypass the 8 bits: the largest |x| in calibration
 # fp32 -> 8-bit routes for the quantized activations (Scratch.narrow); "direct" is the baseline
 CASTS = ("direct", "int32")
+# where the compiled steps apply W1's activation (CompiledSteps.epilogue); "fused" is the baseline
+ACT_PLACEMENTS = ("fused", "apart")
 PACK_HINT = 2048  # rows oneDNN is told to expect when it lays out the int8 weight
 ROW_BUCKET = 64  # as for the fp32 oneDNN GEMM: one compiled GEMM per row count, so round up
 _TINY = 1e-12
@@ -157,6 +159,13 @@ def check_cast(cast: str) -> str:
     if cast not in CASTS:
         raise ValueError(f"unknown cast {cast!r}; choose one of {', '.join(CASTS)}")
     return cast
+
+
+def check_act_placement(placement: str) -> str:
+    """``placement`` if it is one of :data:`ACT_PLACEMENTS`, else ValueError."""
+    if placement not in ACT_PLACEMENTS:
+        raise ValueError(f"unknown activation placement {placement!r}; choose one of {', '.join(ACT_PLACEMENTS)}")
+    return placement
 
 
 class Scratch:
@@ -275,8 +284,10 @@ class CompiledSteps:
     compile; the kernel choice records that against the candidate, which is then never used.
     """
 
-    def __init__(self, levels: int = FULL_LEVELS, *, check: bool = True) -> None:
+    def __init__(self, levels: int = FULL_LEVELS, *, check: bool = True, act_placement: str = "fused") -> None:
         self.levels = levels
+        # where W1's activation runs (see epilogue); the kernel choice measures it per machine
+        self.act_placement = check_act_placement(act_placement)
 
         def quantize(x, keep=None):
             return _quantize_rows(x, levels, keep)
@@ -331,7 +342,22 @@ class CompiledSteps:
 
     def epilogue(self, act_name: str | None) -> Callable:
         """f(y, Δ, lo, Ŵ·1, b, x_S, W_Sᵀ) = act(Δ·y + lo·(Ŵ·1) + b + x_S·W_Sᵀ), compiled: (N, M) -> (N, M);
-        x_S (N, k) and W_Sᵀ (k, M) are the fp32 channels' inputs and weights, or None."""
+        x_S (N, k) and W_Sᵀ (k, M) are the fp32 channels' inputs and weights, or None.
+
+        With an activation, :attr:`act_placement` says where it runs: "fused" into the compiled
+        loop, or "apart": the compiled loop without it, then PyTorch's own in-place activation,
+        one more pass over the output. Fusing saves that pass, but inductor's erf can be the
+        slower one: on the AVX2-only AMD EPYC (no AVX-512) the W1 epilogue with GELU fused took
+        6.8 ms on 4096 x 1536 against 5.5 ms apart (``benchmarks/act_placement.py``;
+        docs/BENCHMARKS.md), so the kernel choice measures both
+        (:func:`bertscope.fast.tuning.act_runs`). The two differ in the last bits of erf only.
+        """
+        if act_name is not None and self.act_placement == "apart":
+            rescale, act = self.epilogue(None), activation(act_name, in_place=True)
+
+            def apart(y, step, lo, w_sum, bias, xs=None, w_s=None):
+                return act(rescale(y, step, lo, w_sum, bias, xs, w_s))  # (N, M), activated in place
+            return apart
         if act_name not in self._epilogues:
             act = activation(act_name) if act_name else None
 

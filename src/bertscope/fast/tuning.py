@@ -10,6 +10,9 @@ What is chosen, per machine and model shape:
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
     int8_cast     precision "int8": how quantized activations become 8-bit integers, fp32 -> uint8 in
                   one copy or through int32 (:meth:`bertscope.fast.quant.Scratch.narrow`; same bits)
+    int8_act      precision "int8" with ``compile``: whether the compiled steps fuse W1's activation
+                  into their loop or apply PyTorch's own after it
+                  (:meth:`bertscope.fast.quant.CompiledSteps.epilogue`; the last bits of erf differ)
     bf16_speedup  precision "bf16": bf16 GEMMs' time against fp32 (bf16 runs only if faster)
     int8_speedup  precision "int8": the calibrated int8 plan's speed against fp32, whole model,
                   on the calibration texts (:func:`measured_speedup`; int8 runs only if faster)
@@ -78,7 +81,7 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
-           "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
+           "act_runs", "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
@@ -86,8 +89,8 @@ log = logging.getLogger(__name__)
 # bump when what is measured changes: older cache files are then re-measured
 # (4: races start with the allocator settled, see settle_allocator; 5: the 8-bit conversion
 # raced; 6: batch sizes at or over the heap limit left out, see too_wide; 7: batch sizes raced
-# through BATCH_RACE_LAYERS layers)
-FORMAT = 7
+# through BATCH_RACE_LAYERS layers; 8: the activation's place on the compiled int8 steps raced)
+FORMAT = 8
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 HOPELESS = 2.0  # a candidate this many times the fastest one's time in a round runs no more rounds
@@ -96,7 +99,8 @@ RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
 BATCH_TOKENS = (1024, 2048, 4096)
 BATCH_RACE_LAYERS = 3  # layers the batch-budget candidates run (the other steps: one)
 SLACKS = (0.0, 0.1, 0.3)
-BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "int8_cast": "direct"}
+BASELINE = {"gemm": "blas", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "int8_cast": "direct",
+            "int8_act": "fused"}
 
 
 def cpu_name() -> str:
@@ -181,6 +185,7 @@ class KernelChoice:
     slack: float = BASELINE["slack"]
     int8_kernel: str = BASELINE["int8_kernel"]
     int8_cast: str = BASELINE["int8_cast"]
+    int8_act: str = BASELINE["int8_act"]
     bf16_speedup: float | None = None
     int8_speedup: dict = field(default_factory=dict)
     key: dict = field(default_factory=dict)
@@ -218,9 +223,9 @@ def load_choice(key: dict) -> KernelChoice | None:
         choice = KernelChoice.from_json(d)
     except TypeError:
         return None
-    from .quant import CASTS
+    from .quant import ACT_PLACEMENTS, CASTS
 
-    if choice.int8_cast not in CASTS:  # a hand-edited or damaged file: measure again
+    if choice.int8_cast not in CASTS or choice.int8_act not in ACT_PLACEMENTS:  # hand-edited or damaged: measure again
         return None
     age = time.time() - (choice.measured_at or 0.0)
     if not 0 <= age <= RECHECK_S:  # stale (or from the future: a clock that moved): measure again
@@ -429,10 +434,11 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
     """
     from .encoder import PackedEncoder
-    from .quant import CASTS, COMPILED_KERNEL, INT8_KERNELS
+    from .quant import ACT_PLACEMENTS, CASTS, COMPILED_KERNEL, INT8_KERNELS, CompiledSteps
 
     cands = {"gemm": ["blas", "onednn"], "batch_tokens": list(BATCH_TOKENS), "slack": list(SLACKS),
-             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else []), "int8_cast": list(CASTS)}
+             "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else []), "int8_cast": list(CASTS),
+             "int8_act": list(ACT_PLACEMENTS)}
     cands.update(candidates or {})
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
@@ -442,7 +448,7 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
                           measured_at=time.time())
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
-    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20}
+    shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20, "int8_act": budget_s / 10}
     if precision == "int8":  # the fp32 library serves only some linears there: a smaller share
         shares["gemm"] = budget_s / 4
     per_k = lambda secs, n: secs * 1000 / n  # noqa: E731  seconds per 1,000 tokens
@@ -480,9 +486,20 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     if levels is None:  # the 8-bit grid each int8 GEMM multiplies exactly: probed once, for all candidates
         levels = {}
 
+    compiled_steps: list = []  # the compiled int8 steps, made once (about 30 s the first time on a machine)
+
+    def shared_steps() -> CompiledSteps:
+        if not compiled_steps:
+            compiled_steps.append(CompiledSteps(GemmBackend(precision="int8", levels=levels).int8_levels(COMPILED_KERNEL)))
+        compiled_steps[0].act_placement = choice.int8_act
+        return compiled_steps[0]
+
     def int8_gemm(kernel: str, prefer: str = "onednn") -> GemmBackend:
         gemm = GemmBackend(prefer=prefer, precision="int8", int8_kernel=kernel, levels=levels)
         gemm.use_int8_cast(choice.int8_cast)  # the conversion raced first, for every int8 candidate
+        gemm.use_int8_act(choice.int8_act)  # and so was the activation's place on the compiled steps
+        if kernel == COMPILED_KERNEL:
+            gemm.steps = shared_steps()  # candidates share one compiled object, as one model's linears do
         return gemm
 
     if precision == "int8":
@@ -491,6 +508,9 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         runs = cast_runs(cands["int8_cast"], base_tokens, model.config)
         choice.int8_cast = timed("int8_cast", runs, {c: base_tokens for c in runs},
                                  BASELINE["int8_cast"])
+        if COMPILED_KERNEL in cands["int8_kernel"]:  # likewise W1's activation on the compiled steps
+            runs = act_runs(cands["int8_act"], base_tokens, model.config, shared_steps)
+            choice.int8_act = timed("int8_act", runs, {a: base_tokens for a in runs}, BASELINE["int8_act"])
         runs = {k: runner(lambda k=k: int8_gemm(k), base_batch, BASELINE["slack"]) for k in cands["int8_kernel"]}
         choice.int8_kernel = timed("int8_kernel", runs, {k: base_batch.num_tokens for k in runs},
                                    BASELINE["int8_kernel"])
@@ -560,6 +580,40 @@ def cast_runs(casts: list[str], rows: int, config) -> dict[str, Callable[[], obj
                     scratch.narrow(t, scratch.get(rows, k, dtype))  # (rows, K) -> 8 bits
         return run
     return {c: run_for(c) for c in casts}
+
+
+def act_runs(placements: list[str], rows: int, config,
+             make_steps: Callable[[], object]) -> dict[str, Callable[[], object]]:
+    """One timed call per place of W1's activation on the compiled int8 steps
+    (:attr:`bertscope.fast.quant.CompiledSteps.act_placement`): W1's epilogue -- rescale, offsets,
+    bias, fp32 channels and the model's activation -- on a (rows, I) GEMM output, the shape it has
+    in a layer. Everything else in a layer is the same for both places, so only this is timed (as
+    :func:`cast_runs` times only the conversion). All places share the one steps object that
+    ``make_steps`` makes at the first (warm-up) call; each call sets its own place first. Inputs
+    are made in inference mode, as the encoder's are, so the compiled code is the one it uses."""
+    from .gemm import ROW_BUCKET
+    from .quant import FP32_CHANNELS
+
+    rows = -(-rows // ROW_BUCKET) * ROW_BUCKET
+    g = torch.Generator().manual_seed(0)
+    width, k = config.intermediate_size, FP32_CHANNELS
+    with torch.inference_mode():
+        y = torch.randn(rows, width, generator=g).mul_(40.0)  # (rows, I): q·Ŵᵀ, 7-bit rows' products
+        step = torch.rand(rows, 1, generator=g).mul_(0.05)  # (rows, 1) Δ
+        lo = torch.rand(rows, 1, generator=g).neg_()  # (rows, 1)
+        w_sum, bias = torch.randn(width, generator=g), torch.randn(width, generator=g)  # (I,) each
+        xs, w_s = torch.randn(rows, k, generator=g), torch.randn(k, width, generator=g)  # (rows, k), (k, I)
+    steps: list = []
+
+    def run_for(placement: str) -> Callable[[], object]:
+        def run():
+            if not steps:
+                steps.append(make_steps())
+            steps[0].act_placement = placement
+            with torch.inference_mode():
+                return steps[0].epilogue(config.hidden_act)(y, step, lo, w_sum, bias, xs, w_s)  # (rows, I)
+        return run
+    return {p: run_for(p) for p in placements}
 
 
 def measured_speedup(fast: Callable[[], object], base: Callable[[], object],

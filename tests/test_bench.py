@@ -469,3 +469,34 @@ def test_act_placement_times_both_places_after_checking_they_agree(tmp_path, cap
     monkeypatch.setattr(sys, "argv", ["act_placement.py", "--rounds", "1", "--out", str(tmp_path)])  # a folder
     with pytest.raises(InputError):
         mod.main()
+
+
+def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, capsys, monkeypatch):
+    """benchmarks/int8_floor.py (the int8 floor figures in docs/BENCHMARKS.md): sentence-transformers
+    fp32, bertscope int8 and the floor, round by round on the same texts, after int8 is checked
+    against fp32 and the floor's shapes against the model's; paired ratios per round; bad
+    arguments are a usage error."""
+    mod = benchmark_script("int8_floor")
+    out = tmp_path / "floor.json"
+    monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "3", "--workloads", "mixed", "--texts", "12",
+                                      "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    e = json.loads(out.read_text())["workloads"]["mixed"]
+    assert e["texts"] == 12 and e["floor"]["batches"] >= 1 and e["floor"]["attention_groups"] >= 1
+    assert all(len(e["times_s"][n]) == 3 for n in (mod.ST, mod.INT8, mod.FLOOR))
+    for key, (num, den) in {"st_over_int8": (mod.ST, mod.INT8), "st_over_floor": (mod.ST, mod.FLOOR),
+                            "floor_over_int8": (mod.FLOOR, mod.INT8)}.items():
+        want = [a / b for a, b in zip(e["times_s"][num], e["times_s"][den])]
+        assert e[key]["per_round"] == pytest.approx(want)
+    assert e["cosine_int8"][0] >= 0.99
+    assert f"| mixed | {e['median_s'][mod.ST]:.3f} | {e['median_s'][mod.INT8]:.3f} |" in printed
+    monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "2"])
+    with pytest.raises(SystemExit) as exc:
+        mod.main()
+    assert exc.value.code == 2
+    from bertscope.errors import InputError
+
+    monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--out", str(tmp_path)])  # a folder
+    with pytest.raises(InputError):
+        mod.main()

@@ -1,7 +1,7 @@
 """How fast can int8 get here? The work no int8 path with fp32 attention can skip, timed against
 sentence-transformers fp32 and bertscope int8 in the same paired rounds.
 
-    PYTHONPATH=src python benchmarks/int8_floor.py [--rounds 15] [--workloads T128 mixed]
+    PYTHONPATH=src python benchmarks/int8_floor.py [--rounds 15] [--workloads T128 mixed] [--compiled]
         [--out benchmarks/results/<kind>/int8_floor.json]
 
 Issue 9 asks int8 for 2x sentence-transformers fp32. Where a CPU's int8 GEMM is only about twice
@@ -23,7 +23,8 @@ sentence-transformers' time / the floor's is the most any such int8 model could 
 runs sentence-transformers fp32, bertscope int8 (as loaded: its kernel choice) and the floor in
 turn on the same texts; ratios are paired per round (median, quartiles, a 95% bootstrap interval).
 bertscope int8's output is checked against bertscope fp32's before timing (cosine), and the floor's
-shapes against the model's.
+shapes against the model's. ``--compiled`` adds bertscope int8 with ``compile=True`` and the
+compiled steps forced on (the kernel race may have kept the eager ones), checked the same way.
 """
 
 from __future__ import annotations
@@ -55,11 +56,12 @@ from bertscope.core.layer import activation  # noqa: E402
 from bertscope.fast.batching import token_budget_batches  # noqa: E402
 from bertscope.fast.kernels import attention_plan  # noqa: E402
 from bertscope.fast.packing import pack_ids  # noqa: E402
-from bertscope.fast.quant import Int8Linear  # noqa: E402
+from bertscope.fast.quant import COMPILED_KERNEL, Int8Linear  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 from int8_vs_ort import ST, bootstrap_median  # noqa: E402
 
 INT8 = "bertscope int8"
+COMPILED = "bertscope int8 compiled"
 FLOOR = "int8 floor"
 
 
@@ -137,6 +139,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=15, help="paired rounds per workload (default 15)")
     p.add_argument("--workloads", nargs="+", choices=("mixed", "T128"), default=["T128", "mixed"])
+    p.add_argument("--compiled", action="store_true",
+                   help="also time int8 with compile=True, the compiled steps forced on (compiles: slow)")
     p.add_argument("--texts", type=int, default=None, help=argparse.SUPPRESS)  # fewer mixed texts (tests)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args()
@@ -160,35 +164,47 @@ def main() -> int:
                 lengths = [128] * (a.texts or 32)
             bert = bertscope.load(folder)
             texts = make_texts(bert.tokenizer, lengths, seed=3 if wname == "mixed" else 2)  # the bench's inputs
-            systems, skipped = build_systems(folder, bert, work / wname, threads, only=[ST, INT8])
-            if len(systems) < 3:
-                print(f"could not build {[s for s in (ST, INT8) if s not in systems]}: {skipped}", file=sys.stderr)
+            ours = [INT8] + ([COMPILED] if a.compiled else [])
+            systems, skipped = build_systems(folder, bert, work / wname, threads, only=[ST] + ours)
+            if any(s not in systems for s in [ST] + ours):
+                print(f"could not build {[s for s in [ST] + ours if s not in systems]}: {skipped}", file=sys.stderr)
                 return 1
+            if a.compiled:
+                systems[COMPILED].bert.fast.gemm.int8_kernel = COMPILED_KERNEL  # whatever the race picked
             bert8 = systems[INT8].bert
-            ref, got = systems["bertscope"](texts), systems[INT8](texts)
-            cos = (ref * got).sum(1)
-            if not (float(cos.mean()) >= 0.99 and float(cos.min()) >= 0.97):
-                raise SystemExit(f"bertscope int8 misses the quality contract here: cosine {cos.mean():.4f} "
-                                 f"mean, {cos.min():.4f} min")
+            ref = systems["bertscope"](texts)
+            cosines = {}
+            for s in ours:
+                cos = (ref * systems[s](texts)).sum(1)
+                if not (float(cos.mean()) >= 0.99 and float(cos.min()) >= 0.97):
+                    raise SystemExit(f"{s} misses the quality contract here: cosine {cos.mean():.4f} "
+                                     f"mean, {cos.min():.4f} min")
+                cosines[s] = [float(cos.mean()), float(cos.min())]
             assert float(np.abs(systems[ST](texts) - ref).max()) < 1e-4, "sentence-transformers disagrees with fp32"
             floor, info = floor_runner(bert8, texts)
-            runs = {ST: systems[ST], INT8: systems[INT8], FLOOR: lambda _texts: floor()}
+            runs = {ST: systems[ST], **{s: systems[s] for s in ours}, FLOOR: lambda _texts: floor()}
             times: dict[str, list[float]] = {n: [] for n in runs}
             for _ in range(a.rounds):
                 for n, f in runs.items():
                     t = time.perf_counter()
                     f(texts)
                     times[n].append(time.perf_counter() - t)
-            entry = {"texts": len(texts), "floor": info, "cosine_int8": [float(cos.mean()), float(cos.min())],
+            entry = {"texts": len(texts), "floor": info, "cosine_int8": cosines[INT8], "cosine": cosines,
                      "kernel_choice": bert8.fast.choice.to_json() if bert8.fast.choice else None,
                      "precision_note": bert8.precision_note,
                      "median_s": {n: statistics.median(t) for n, t in times.items()}, "times_s": times,
                      "st_over_int8": paired(times, ST, INT8), "st_over_floor": paired(times, ST, FLOOR),
                      "floor_over_int8": paired(times, FLOOR, INT8)}
+            if a.compiled:
+                c = systems[COMPILED].bert.fast
+                entry["compiled"] = {"kernel_choice": c.choice.to_json() if c.choice else None,
+                                     "act_placement": c.gemm.steps.act_placement if c.gemm.steps else None,
+                                     "st_over_compiled": paired(times, ST, COMPILED),
+                                     "compiled_over_int8": paired(times, COMPILED, INT8)}
             result["workloads"][wname] = entry
             print(f"{wname}: {info['batches']} batches of up to {info['batch_tokens']} tokens, "
-                  f"{info['attention_groups']} attention groups per layer pass; int8 cosine to fp32 "
-                  f"{cos.mean():.4f} mean, {cos.min():.4f} min", flush=True)
+                  f"{info['attention_groups']} attention groups per layer pass; cosine to fp32 "
+                  + ", ".join(f"{s} {c[0]:.4f} mean, {c[1]:.4f} min" for s, c in cosines.items()), flush=True)
     print("\n| workload | sentence-transformers s | bertscope int8 s | floor s | ST / int8 | ST / floor "
           "(95% interval) | rounds floor ≥ 2× | floor / int8 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -198,6 +214,16 @@ def main() -> int:
         print(f"| {wname} | {s[ST]:.3f} | {s[INT8]:.3f} | {s[FLOOR]:.3f} | {e['st_over_int8']['median']:.2f}× | "
               f"**{sf['median']:.2f}×** ({sf['bootstrap_95'][0]:.2f}-{sf['bootstrap_95'][1]:.2f}) | "
               f"{sf['rounds_over_2']} of {a.rounds} | {e['floor_over_int8']['median']:.2f} |")
+    if a.compiled:
+        print("\n| workload | bertscope int8 compiled s | ST / compiled (95% interval) | compiled / eager int8 "
+              "(95% interval) | W1's activation |")
+        print("|---|---:|---:|---:|---|")
+        for wname, e in result["workloads"].items():
+            c = e["compiled"]
+            sc, ce = c["st_over_compiled"], c["compiled_over_int8"]
+            print(f"| {wname} | {e['median_s'][COMPILED]:.3f} | **{sc['median']:.2f}×** ({sc['bootstrap_95'][0]:.2f}-"
+                  f"{sc['bootstrap_95'][1]:.2f}) | {ce['median']:.3f} ({ce['bootstrap_95'][0]:.3f}-"
+                  f"{ce['bootstrap_95'][1]:.3f}) | {c['act_placement']} |")
     if a.out:
         write_text_atomic(Path(a.out), json.dumps(result, indent=1))
     return 0

@@ -473,13 +473,14 @@ def test_act_placement_times_both_places_after_checking_they_agree(tmp_path, cap
 
 def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, capsys, monkeypatch):
     """benchmarks/int8_floor.py (the int8 floor figures in docs/BENCHMARKS.md): sentence-transformers
-    fp32, bertscope int8 and the floor, round by round on the same texts, after int8 is checked
+    fp32, bertscope int8 (eager and, forced, compiled) and the floor, round by round on the same
+    texts, after int8 is checked
     against fp32 and the floor's shapes against the model's; paired ratios per round; bad
     arguments are a usage error."""
     mod = benchmark_script("int8_floor")
     out = tmp_path / "floor.json"
     monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "3", "--workloads", "mixed", "--texts", "12",
-                                      "--out", str(out)])
+                                      "--compiled", "--out", str(out)])
     assert mod.main() == 0
     printed = capsys.readouterr().out
     e = json.loads(out.read_text())["workloads"]["mixed"]
@@ -489,8 +490,16 @@ def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, caps
                             "floor_over_int8": (mod.FLOOR, mod.INT8)}.items():
         want = [a / b for a, b in zip(e["times_s"][num], e["times_s"][den])]
         assert e[key]["per_round"] == pytest.approx(want)
-    assert e["cosine_int8"][0] >= 0.99
+    assert e["cosine_int8"][0] >= 0.99 and e["cosine"][mod.COMPILED][0] >= 0.99
     assert f"| mixed | {e['median_s'][mod.ST]:.3f} | {e['median_s'][mod.INT8]:.3f} |" in printed
+    # --compiled: int8 with compile=True, the compiled steps forced on, in the same rounds
+    from bertscope.fast.quant import ACT_PLACEMENTS
+
+    c = e["compiled"]
+    assert c["act_placement"] in ACT_PLACEMENTS and len(e["times_s"][mod.COMPILED]) == 3
+    assert c["st_over_compiled"]["per_round"] == pytest.approx(
+        [a / b for a, b in zip(e["times_s"][mod.ST], e["times_s"][mod.COMPILED])])
+    assert f"| mixed | {e['median_s'][mod.COMPILED]:.3f} |" in printed
     monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "2"])
     with pytest.raises(SystemExit) as exc:
         mod.main()
@@ -500,3 +509,22 @@ def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, caps
     monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--out", str(tmp_path)])  # a folder
     with pytest.raises(InputError):
         mod.main()
+
+
+def test_compiled_layer_norm_times_both_forms_after_checking_they_agree(tmp_path, capsys, monkeypatch):
+    """benchmarks/compiled_layer_norm.py (the LayerNorm figures in docs/BENCHMARKS.md): the fused
+    residual + LayerNorm + quantize step with inductor's Welford LayerNorm and with the two-pass
+    one, both widths at every row count, checked against F.layer_norm before timing."""
+    mod = benchmark_script("compiled_layer_norm")
+    out = tmp_path / "ln.json"
+    monkeypatch.setattr(sys, "argv", ["compiled_layer_norm.py", "--rounds", "2", "--rows", "8", "70", "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert [(x["width"], x["rows"]) for x in r["results"]] == [(w, n) for w in mod.WIDTHS.values() for n in (8, 70)]
+    assert all(set(x["ms"]) == {"welford", "two-pass"} and x["two_pass_over_welford"] > 0 for x in r["results"])
+    assert all(f"| {x['model']} | {x['width']} | {x['rows']} |" in printed for x in r["results"])
+    monkeypatch.setattr(sys, "argv", ["compiled_layer_norm.py", "--rounds", "0"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2

@@ -232,8 +232,9 @@ def _layer_norm(z, gamma, beta, eps: float):
     of squared deviations (two passes over the row, each a plain sum), where ``F.layer_norm`` would
     have inductor compute both in one pass of Welford updates: three times the arithmetic per
     element. With the residual, rescale and quantize fused around it, the two-pass form took
-    1.97 ms on 4096 x 384 against Welford's 3.06 ms on the AVX2-only AMD EPYC (docs/BENCHMARKS.md);
-    the same fp32 result within rounding (the squared deviations are summed, as Welford's are, so
+    0.60-0.71 of Welford's time on both models' widths at 1,024-4,096 rows on the AVX2-only AMD
+    EPYC (``benchmarks/compiled_layer_norm.py``; docs/BENCHMARKS.md); the same fp32 result within
+    rounding (the squared deviations are summed, as Welford's are, so
     no cancellation). The kernel choice still races the compiled steps against the eager ones."""
     mu = z.mean(-1, keepdim=True)  # (N, 1)
     d = z - mu  # (N, M)

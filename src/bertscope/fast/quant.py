@@ -54,6 +54,9 @@ fused with the residual add, the LayerNorm and the next linear's quantize step, 
 (N, C) tensors are written once instead of three to five times (int8 took 5-14% less time
 than with the eager steps on the 2-core Xeon over 21 paired rounds, on the mixed benchmark
 corpus and on BERT-base at 128 tokens; docs/BENCHMARKS.md).
+Two details follow inductor's code on CPUs measured so far: LayerNorm is written as two passes
+(:func:`_layer_norm`), not as inductor's Welford, and W1's activation runs fused or apart,
+whichever the kernel choice measures faster (:meth:`CompiledSteps.epilogue`).
 The arithmetic is the same (tests compare it with the eager steps and with ``BertLayer.run``);
 compiling takes about 30 s the first time on a machine (inductor then caches the code on disk),
 so it is a candidate only when asked for (``load(..., compile=True)``, ``embed --compile``)

@@ -17,25 +17,23 @@ median of the paired per-round ratios (apart / fused: below 1, apart is faster).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import torch  # noqa: E402
 
-from bertscope.bench.machine import machine  # noqa: E402
-from bertscope.cli.common import check_output_file, run_script  # noqa: E402
+from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.fast.heap import keep_heap  # noqa: E402
 from bertscope.fast.quant import ACT_PLACEMENTS, FULL_LEVELS, CompiledSteps  # noqa: E402
 from bertscope.fast.tuning import act_runs  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
+from microkit import micro_args, paired_ratio, round_robin  # noqa: E402
 
 WIDTHS = {"BERT-base FFN in": 3072, "MiniLM FFN in": 1536}  # name -> I, W1's output width
 
@@ -48,32 +46,16 @@ def measure(steps: CompiledSteps, width: int, rows: int, rounds: int) -> dict:
     scale = float(out["fused"].abs().max())
     if not diff <= 1e-5 * max(scale, 1.0):
         raise SystemExit(f"fused and apart disagree for width {width} at {rows} rows: max abs diff {diff:.2e}")
-    times: dict[str, list[float]] = {p: [] for p in runs}
-    for _ in range(rounds):
-        for p, run in runs.items():
-            t = time.perf_counter()
-            run()
-            times[p].append(time.perf_counter() - t)
+    times = round_robin(runs, rounds)
     return {"ms": {p: 1e3 * statistics.median(t) for p, t in times.items()},
-            "apart_over_fused": statistics.median(a / f for a, f in zip(times["apart"], times["fused"])),
+            "apart_over_fused": paired_ratio(times, "apart", "fused"),
             "max_abs_diff": diff}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=21, help="paired rounds per shape (default 21)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1024, 2048, 4096],
-                   help="row counts (tokens per batch) to time (default 1024 2048 4096)")
-    p.add_argument("--out", help="write the results as JSON here")
-    a = p.parse_args()
-    if a.rounds < 1 or any(r < 1 for r in a.rows):
-        p.error("--rounds and --rows must be positive")
-    if a.out:
-        check_output_file(a.out, suffixes=(".json",))  # a folder, or not writable: one line, exit 2
+    a, m = micro_args(__doc__, rounds=21)
     heap = keep_heap()  # as the fast path runs: freed activations stay in the process
     steps = CompiledSteps(FULL_LEVELS)  # compiled and checked against the eager steps (~30 s cold)
-    m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| linear | I | rows | fused ms | apart ms | apart / fused |")
     print("|---|---:|---:|---:|---:|---:|")
     results = []

@@ -17,24 +17,23 @@ and the median of the paired per-round ratios (two-pass / Welford: below 1, two-
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bertscope.bench.machine import machine  # noqa: E402
-from bertscope.cli.common import check_output_file, run_script  # noqa: E402
+from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.fast.heap import keep_heap  # noqa: E402
 from bertscope.fast.quant import REDUCED_LEVELS, _compile, _layer_norm, _quantize_rows, _rescale  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
+from microkit import micro_args, paired_ratio, round_robin  # noqa: E402
 
 WIDTHS = {"MiniLM": 384, "BERT-base": 768}  # the hidden size C: W_O's and W2's output width
 EPS = 1e-12
@@ -79,31 +78,15 @@ def measure(width: int, rows: int, rounds: int) -> dict:
         if not (torch.allclose(h, ref, rtol=1e-4, atol=1e-4) and int(flips.max()) <= 1
                 and float((flips > 0).float().mean()) < 0.01):
             raise SystemExit(f"{name} disagrees with F.layer_norm for width {width} at {rows} rows")
-    times: dict[str, list[float]] = {name: [] for name in FORMS}
     with torch.inference_mode():
-        for _ in range(rounds):
-            for name, f in FORMS.items():
-                t = time.perf_counter()
-                f(*args)
-                times[name].append(time.perf_counter() - t)
+        times = round_robin({name: (lambda f=f: f(*args)) for name, f in FORMS.items()}, rounds)
     return {"ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
-            "two_pass_over_welford": statistics.median(a / b for a, b in zip(times["two-pass"], times["welford"]))}
+            "two_pass_over_welford": paired_ratio(times, "two-pass", "welford")}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=21, help="paired rounds per shape (default 21)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1024, 2048, 4096],
-                   help="row counts (tokens per batch) to time (default 1024 2048 4096)")
-    p.add_argument("--out", help="write the results as JSON here")
-    a = p.parse_args()
-    if a.rounds < 1 or any(r < 1 for r in a.rows):
-        p.error("--rounds and --rows must be positive")
-    if a.out:
-        check_output_file(a.out, suffixes=(".json",))  # a folder, or not writable: one line, exit 2
+    a, m = micro_args(__doc__, rounds=21)
     heap = keep_heap()  # as the fast path runs
-    m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| model | C | rows | Welford ms | two-pass ms | two-pass / Welford |")
     print("|---|---:|---:|---:|---:|---:|")
     results = []

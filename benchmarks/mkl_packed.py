@@ -14,23 +14,22 @@ paired per-round ratios (packed time / F.linear time: below 1, packed is faster)
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bertscope.bench.machine import machine  # noqa: E402
-from bertscope.cli.common import check_output_file, run_script  # noqa: E402
+from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.errors import InputError  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
+from microkit import micro_args, paired_ratio, round_robin  # noqa: E402
 
 SHAPES = {  # name -> (in features K, out features M)
     "BERT-base Q/K/V": (768, 2304), "BERT-base attention out": (768, 768),
@@ -53,33 +52,17 @@ def measure(k: int, m: int, rows: int, rounds: int) -> dict:
         raise SystemExit(f"outputs disagree for {k}x{m} at {rows} rows: max abs diff {diff:.2e}")
     for run in runs.values():  # warm-up
         run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            t = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t)
+    times = round_robin(runs, rounds)
     flop = 2.0 * rows * k * m
     return {"gflops": {n: flop / statistics.median(t) / 1e9 for n, t in times.items()},
-            "packed_over_linear": statistics.median(p / f for p, f in zip(times["mkl packed"], times["F.linear"])),
+            "packed_over_linear": paired_ratio(times, "mkl packed", "F.linear"),
             "max_abs_diff": diff}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=15, help="paired rounds per shape (default 15)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1024, 2048, 4096],
-                   help="row counts (tokens per batch) to time (default 1024 2048 4096)")
-    p.add_argument("--out", help="write the results as JSON here")
-    a = p.parse_args()
-    if a.rounds < 1 or any(r < 1 for r in a.rows):
-        p.error("--rounds and --rows must be positive")
-    if a.out:
-        check_output_file(a.out, suffixes=(".json",))  # a folder, or not writable: one line, exit 2
+    a, m = micro_args(__doc__, rounds=15)
     if not torch.backends.mkl.is_available():
         raise InputError(f"this torch build ({torch.__version__}) has no MKL: there is no packed MKL GEMM to time")
-    m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| linear | K x M | rows | F.linear GFLOP/s | packed GFLOP/s | packed time / F.linear's |")
     print("|---|---|---:|---:|---:|---:|")
     results = []

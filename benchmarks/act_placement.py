@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 from bertscope.cli.common import run_script  # noqa: E402
+from bertscope.errors import BertscopeError  # noqa: E402
 from bertscope.fast.heap import keep_heap  # noqa: E402
 from bertscope.fast.quant import ACT_PLACEMENTS, FULL_LEVELS, CompiledSteps  # noqa: E402
 from bertscope.fast.tuning import act_runs  # noqa: E402
@@ -55,7 +56,10 @@ def measure(steps: CompiledSteps, width: int, rows: int, rounds: int) -> dict:
 def main() -> int:
     a, m = micro_args(__doc__, rounds=21)
     heap = keep_heap()  # as the fast path runs: freed activations stay in the process
-    steps = CompiledSteps(FULL_LEVELS)  # compiled and checked against the eager steps (~30 s cold)
+    try:
+        steps = CompiledSteps(FULL_LEVELS)  # compiled and checked against the eager steps (~30 s cold)
+    except RuntimeError as e:  # compiling failed, or the steps disagree with the eager ones on this CPU
+        raise BertscopeError(f"the compiled int8 steps are not usable here, so there is nothing to time: {e}") from e
     print("| linear | I | rows | fused ms | apart ms | apart / fused |")
     print("|---|---:|---:|---:|---:|---:|")
     results = []
@@ -74,4 +78,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    run_script(main)  # a bad --out: one line, exit 2
+    run_script(main)  # a bad --out, or compiled steps unusable here: one line, exit 2

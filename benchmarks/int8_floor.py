@@ -56,7 +56,8 @@ from bertscope.core.layer import activation  # noqa: E402
 from bertscope.fast.batching import token_budget_batches  # noqa: E402
 from bertscope.fast.kernels import attention_plan  # noqa: E402
 from bertscope.fast.packing import pack_ids  # noqa: E402
-from bertscope.fast.quant import COMPILED_KERNEL, Int8Linear  # noqa: E402
+from bertscope.errors import BertscopeError  # noqa: E402
+from bertscope.fast.quant import COMPILED_KERNEL, Int8Linear, int8_kernel_available  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 from int8_vs_ort import ST, bootstrap_median  # noqa: E402
 
@@ -170,6 +171,9 @@ def main() -> int:
                 print(f"could not build {[s for s in [ST] + ours if s not in systems]}: {skipped}", file=sys.stderr)
                 return 1
             if a.compiled:
+                if not int8_kernel_available(COMPILED_KERNEL):
+                    raise BertscopeError("--compiled: the compiled int8 steps are not usable on this machine "
+                                         "(compiling failed, or they disagree with the eager steps)")
                 systems[COMPILED].bert.fast.gemm.int8_kernel = COMPILED_KERNEL  # whatever the race picked
             bert8 = systems[INT8].bert
             ref = systems["bertscope"](texts)
@@ -180,7 +184,9 @@ def main() -> int:
                     raise SystemExit(f"{s} misses the quality contract here: cosine {cos.mean():.4f} "
                                      f"mean, {cos.min():.4f} min")
                 cosines[s] = [float(cos.mean()), float(cos.min())]
-            assert float(np.abs(systems[ST](texts) - ref).max()) < 1e-4, "sentence-transformers disagrees with fp32"
+            st_diff = float(np.abs(systems[ST](texts) - ref).max())
+            if st_diff >= 1e-4:
+                raise SystemExit(f"sentence-transformers disagrees with bertscope fp32: max abs diff {st_diff:.1e}")
             floor, info = floor_runner(bert8, texts)
             runs = {ST: systems[ST], **{s: systems[s] for s in ours}, FLOOR: lambda _texts: floor()}
             times: dict[str, list[float]] = {n: [] for n in runs}
@@ -230,4 +236,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    run_script(main)  # a bad --out: one line, exit 2
+    run_script(main)  # a bad --out, or --compiled where the steps are unusable: one line, exit 2

@@ -450,9 +450,16 @@ def test_act_placement_times_both_places_after_checking_they_agree(tmp_path, cap
     """benchmarks/act_placement.py (the activation-placement figures in docs/BENCHMARKS.md): W1's
     compiled epilogue with GELU fused and apart, on both models' FFN widths at every row count,
     their outputs checked to agree before they are timed; bad arguments are a usage error."""
+    from bertscope.errors import BertscopeError
+    from bertscope.fast.quant import COMPILED_KERNEL, int8_kernel_available
+
     mod = benchmark_script("act_placement")
     out = tmp_path / "act.json"
     monkeypatch.setattr(sys, "argv", ["act_placement.py", "--rounds", "2", "--rows", "8", "70", "--out", str(out)])
+    if not int8_kernel_available(COMPILED_KERNEL):  # a CPU whose compiled steps fail their check: one line
+        with pytest.raises(BertscopeError, match="not usable"):
+            mod.main()
+        return
     assert mod.main() == 0
     printed = capsys.readouterr().out
     r = json.loads(out.read_text())
@@ -477,10 +484,14 @@ def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, caps
     texts, after int8 is checked
     against fp32 and the floor's shapes against the model's; paired ratios per round; bad
     arguments are a usage error."""
+    from bertscope.errors import BertscopeError
+    from bertscope.fast.quant import COMPILED_KERNEL, int8_kernel_available
+
     mod = benchmark_script("int8_floor")
     out = tmp_path / "floor.json"
+    compiled_ok = int8_kernel_available(COMPILED_KERNEL)
     monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "3", "--workloads", "mixed", "--texts", "12",
-                                      "--compiled", "--out", str(out)])
+                                      "--out", str(out)] + (["--compiled"] if compiled_ok else []))
     assert mod.main() == 0
     printed = capsys.readouterr().out
     e = json.loads(out.read_text())["workloads"]["mixed"]
@@ -490,16 +501,21 @@ def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, caps
                             "floor_over_int8": (mod.FLOOR, mod.INT8)}.items():
         want = [a / b for a, b in zip(e["times_s"][num], e["times_s"][den])]
         assert e[key]["per_round"] == pytest.approx(want)
-    assert e["cosine_int8"][0] >= 0.99 and e["cosine"][mod.COMPILED][0] >= 0.99
+    assert e["cosine_int8"][0] >= 0.99
     assert f"| mixed | {e['median_s'][mod.ST]:.3f} | {e['median_s'][mod.INT8]:.3f} |" in printed
-    # --compiled: int8 with compile=True, the compiled steps forced on, in the same rounds
-    from bertscope.fast.quant import ACT_PLACEMENTS
+    if compiled_ok:  # --compiled: int8 with compile=True, the compiled steps forced on, in the same rounds
+        from bertscope.fast.quant import ACT_PLACEMENTS
 
-    c = e["compiled"]
-    assert c["act_placement"] in ACT_PLACEMENTS and len(e["times_s"][mod.COMPILED]) == 3
-    assert c["st_over_compiled"]["per_round"] == pytest.approx(
-        [a / b for a, b in zip(e["times_s"][mod.ST], e["times_s"][mod.COMPILED])])
-    assert f"| mixed | {e['median_s'][mod.COMPILED]:.3f} |" in printed
+        c = e["compiled"]
+        assert c["act_placement"] in ACT_PLACEMENTS and len(e["times_s"][mod.COMPILED]) == 3
+        assert e["cosine"][mod.COMPILED][0] >= 0.99
+        assert c["st_over_compiled"]["per_round"] == pytest.approx(
+            [a / b for a, b in zip(e["times_s"][mod.ST], e["times_s"][mod.COMPILED])])
+        assert f"| mixed | {e['median_s'][mod.COMPILED]:.3f} |" in printed
+    else:  # a CPU whose compiled steps fail their check: --compiled is one line
+        monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "3", "--texts", "4", "--compiled"])
+        with pytest.raises(BertscopeError, match="not usable"):
+            mod.main()
     monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "2"])
     with pytest.raises(SystemExit) as exc:
         mod.main()
@@ -528,3 +544,30 @@ def test_compiled_layer_norm_times_both_forms_after_checking_they_agree(tmp_path
     with pytest.raises(SystemExit) as e:
         mod.main()
     assert e.value.code == 2
+
+
+def test_compiled_step_benchmarks_refuse_in_one_line_where_the_compiled_steps_are_unusable(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Where compiling fails or the compiled steps disagree with the eager ones (stand-ins here,
+    whatever this CPU does), act_placement.py and int8_floor.py --compiled stop with one line and
+    exit 2 under run_script, before timing anything."""
+    from bertscope.errors import BertscopeError
+
+    act = benchmark_script("act_placement")
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("torch.compile's int8 steps disagree with the eager steps on this CPU")
+
+    monkeypatch.setattr(act, "CompiledSteps", refused)
+    monkeypatch.setattr(sys, "argv", ["act_placement.py", "--rounds", "1", "--rows", "8"])
+    with pytest.raises(SystemExit) as e:
+        act.run_script(act.main)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the compiled int8 steps are not usable here") and "\n" not in err
+    floor = benchmark_script("int8_floor")
+    monkeypatch.setattr(floor, "int8_kernel_available", lambda kernel: False)
+    monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--rounds", "3", "--texts", "4", "--workloads", "mixed",
+                                      "--compiled"])
+    with pytest.raises(BertscopeError, match="not usable"):
+        floor.main()

@@ -233,12 +233,13 @@ def _quantize_rows(x: torch.Tensor, levels: int = FULL_LEVELS,
 def _layer_norm(z, gamma, beta, eps: float):
     """LayerNorm over the last dimension as the compiled steps write it: the mean, then the mean
     of squared deviations (two passes over the row, each a plain sum), where ``F.layer_norm`` would
-    have inductor compute both in one pass of Welford updates: three times the arithmetic per
-    element. With the residual, rescale and quantize fused around it, the two-pass form took
-    0.60-0.71 of Welford's time on both models' widths at 1,024-4,096 rows on the AVX2-only AMD
-    EPYC (``benchmarks/compiled_layer_norm.py``; docs/BENCHMARKS.md); the same fp32 result within
-    rounding (the squared deviations are summed, as Welford's are, so
-    no cancellation). The kernel choice still races the compiled steps against the eager ones."""
+    have inductor compute both in one pass of Welford updates (a running mean and sum of squares
+    updated per element: more arithmetic than two plain sums). With the residual, rescale and
+    quantize fused around it, the two-pass form took 0.60-0.71 of Welford's time on both models'
+    widths at 1,024-4,096 rows on the AVX2-only AMD EPYC (``benchmarks/compiled_layer_norm.py``;
+    docs/BENCHMARKS.md). The result is the same in fp32 within rounding: the squared deviations
+    from the mean are summed, as Welford's are, so nothing cancels. The kernel choice still races
+    the compiled steps against the eager ones."""
     mu = z.mean(-1, keepdim=True)  # (N, 1)
     d = z - mu  # (N, M)
     var = (d * d).mean(-1, keepdim=True)  # (N, 1) biased, as LayerNorm's
@@ -365,9 +366,10 @@ class CompiledSteps:
         With an activation, :attr:`act_placement` says where it runs: "fused" into the compiled
         loop, or "apart": the compiled loop without it, then PyTorch's own in-place activation,
         one more pass over the output. Fusing saves that pass, but inductor's erf can be the
-        slower one: on the AVX2-only AMD EPYC (no AVX-512) the W1 epilogue with GELU fused took
-        6.8 ms on 4096 x 1536 against 5.5 ms apart (``benchmarks/act_placement.py``;
-        docs/BENCHMARKS.md), so the kernel choice measures both
+        slower one: on the AVX2-only AMD EPYC (no AVX-512) W1's epilogue took 0.72-0.90 of the
+        fused time apart, on both models' widths at 1,024-4,096 rows (8.89 ms fused against 6.42
+        ms apart on 4096 x 1536; ``benchmarks/act_placement.py``, docs/BENCHMARKS.md), so the
+        kernel choice measures both
         (:func:`bertscope.fast.tuning.act_runs`). The two differ in the last bits of erf only.
         """
         if act_name is not None and self.act_placement == "apart":

@@ -1,6 +1,6 @@
 """What the micro-benchmark scripts in this folder share: those that time one step, two or
-more ways, on a grid of the models' shapes (``mkl_packed.py``, ``act_placement.py``,
-``compiled_layer_norm.py``). Their command line (``--rounds``, ``--rows``, ``--out``), the
+more ways, on a grid of the models' shapes (``mkl_packed.py``, ``int8_gemm_rate.py``,
+``act_placement.py``, ``compiled_layer_norm.py``). Their command line (``--rounds``, ``--rows``, ``--out``), the
 machine line they print first, and paired round-robin timing."""
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ import torch
 from bertscope.bench.machine import machine
 from bertscope.cli.common import check_output_file
 
-__all__ = ["micro_args", "paired_ratio", "round_robin"]
+__all__ = ["LINEAR_SHAPES", "micro_args", "paired_ratio", "round_robin"]
+
+# every linear of the bench's two models: name -> (in features K, out features M)
+LINEAR_SHAPES = {
+    "BERT-base Q/K/V": (768, 2304), "BERT-base attention out": (768, 768),
+    "BERT-base FFN in": (768, 3072), "BERT-base FFN out": (3072, 768),
+    "MiniLM Q/K/V": (384, 1152), "MiniLM attention out": (384, 384),
+    "MiniLM FFN in": (384, 1536), "MiniLM FFN out": (1536, 384),
+}
 
 
 def micro_args(doc: str, rounds: int, rows: tuple[int, ...] = (1024, 2048, 4096)) -> tuple[argparse.Namespace, dict]:

@@ -29,14 +29,9 @@ import torch.nn.functional as F  # noqa: E402
 from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.errors import InputError  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
-from microkit import micro_args, paired_ratio, round_robin  # noqa: E402
+from microkit import LINEAR_SHAPES, micro_args, paired_ratio, round_robin  # noqa: E402
 
-SHAPES = {  # name -> (in features K, out features M)
-    "BERT-base Q/K/V": (768, 2304), "BERT-base attention out": (768, 768),
-    "BERT-base FFN in": (768, 3072), "BERT-base FFN out": (3072, 768),
-    "MiniLM Q/K/V": (384, 1152), "MiniLM attention out": (384, 384),
-    "MiniLM FFN in": (384, 1536), "MiniLM FFN out": (1536, 384),
-}
+SHAPES = LINEAR_SHAPES  # name -> (in features K, out features M)
 
 
 def measure(k: int, m: int, rows: int, rounds: int) -> dict:

@@ -446,6 +446,45 @@ def test_mkl_packed_times_every_linear_shape_after_checking_the_outputs_agree(tm
         mod.main()
 
 
+def test_int8_gemm_rate_times_both_int8_gemms_against_fp32_after_checking_their_outputs(tmp_path, capsys, monkeypatch):
+    """benchmarks/int8_gemm_rate.py (the int8 GEMM rates in docs/BENCHMARKS.md): every linear
+    shape of both models at every row count, oneDNN's and fbgemm's int8 outputs checked against
+    fp32 before they are timed; an output off fp32 is refused in one line, as is a torch without
+    the engines, and bad arguments are a usage error."""
+    from bertscope.errors import BertscopeError, InputError
+
+    mod = benchmark_script("int8_gemm_rate")
+    out = tmp_path / "rate.json"
+    monkeypatch.setattr(sys, "argv", ["int8_gemm_rate.py", "--rounds", "2", "--rows", "8", "70", "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["rounds"] == 2 and r["levels"] in (127, 255)
+    assert [(x["k"], x["m"], x["rows"]) for x in r["results"]] == \
+        [(k, m, rows) for k, m in mod.SHAPES.values() for rows in (8, 70)]
+    for x in r["results"]:
+        assert set(x["gflops"]) == {"fp32", "onednn int8", "fbgemm dynamic"}
+        assert set(x["over_fp32"]) == {"onednn int8", "fbgemm dynamic"} and min(x["over_fp32"].values()) > 0
+        assert 0 < max(x["rel_error"].values()) < mod.ERROR_LIMIT  # int8 is close to fp32, not equal
+    assert all(f"| {x['linear']} | {x['k']} x {x['m']} | {x['rows']} |" in printed for x in r["results"])
+    # an int8 GEMM whose output is off fp32 is not timed: one line
+    monkeypatch.setattr(mod, "ERROR_LIMIT", 1e-9)
+    with pytest.raises(BertscopeError, match="off fp32"):
+        mod.main()
+    monkeypatch.setattr(mod, "ERROR_LIMIT", 0.05)
+    monkeypatch.setattr(sys, "argv", ["int8_gemm_rate.py", "--rows", "0"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2
+    monkeypatch.setattr(sys, "argv", ["int8_gemm_rate.py", "--rounds", "1", "--out", str(tmp_path)])  # a folder
+    with pytest.raises(InputError):
+        mod.main()
+    monkeypatch.setattr(sys, "argv", ["int8_gemm_rate.py", "--rounds", "1"])
+    monkeypatch.setattr(mod, "int8_kernel_available", lambda kernel: False)  # a CPU where oneDNN's int8 fails
+    with pytest.raises(BertscopeError, match="not usable"):
+        mod.main()
+
+
 def test_act_placement_times_both_places_after_checking_they_agree(tmp_path, capsys, monkeypatch):
     """benchmarks/act_placement.py (the activation-placement figures in docs/BENCHMARKS.md): W1's
     compiled epilogue with GELU fused and apart, on both models' FFN widths at every row count,

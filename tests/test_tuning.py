@@ -49,6 +49,24 @@ def recording_backends(monkeypatch) -> list:
 
 
 @pytest.fixture
+def costs(monkeypatch):
+    """A clock that only the race's candidates move: ``costs(seconds)`` is a run that costs its
+    stated seconds (binary fractions, so the sums are exact), and ``costs.reset()`` sets the clock
+    back to 0. The race's rules are checked without timing anything: no CPU's speed decides them."""
+    now = [0.0]
+
+    def make(seconds):
+        def run():
+            now[0] += seconds
+        return run
+
+    make.reset = lambda: now.__setitem__(0, 0.0)
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(perf_counter=lambda: now[0], time=time.time))
+    monkeypatch.setattr(tuning, "settle_allocator", lambda: None)
+    return make
+
+
+@pytest.fixture
 def small_model():
     torch.manual_seed(0)
     return bertscope.BertModel(bertscope.BertConfig(**SMALL)).eval()
@@ -381,19 +399,7 @@ print("mapped" if info().hblkhd - before >= size else "heap")
 """
 
 
-def test_a_hopeless_candidate_stops_racing_but_the_baseline_never_does(monkeypatch):
-    # A clock that only the candidates move: each call costs its stated seconds (binary fractions,
-    # so the sums are exact), and the rule is checked without timing anything: no CPU's speed
-    # decides this test.
-    now = [0.0]
-
-    def costs(seconds):
-        def run():
-            now[0] += seconds
-        return run
-
-    monkeypatch.setattr(tuning, "time", SimpleNamespace(perf_counter=lambda: now[0], time=time.time))
-    monkeypatch.setattr(tuning, "settle_allocator", lambda: None)
+def test_a_hopeless_candidate_stops_racing_but_the_baseline_never_does(costs):
     runs = {"plain": costs(1.0), "close": costs(1.875), "slow": costs(2.0), "very slow": costs(36.0)}
     times = race(runs, budget_s=1e9, min_rounds=3, max_rounds=6, keep="plain")
     assert times["plain"] == [1.0] * 6 and times["close"] == [1.875] * 6  # under 2x the fastest: raced on
@@ -402,18 +408,51 @@ def test_a_hopeless_candidate_stops_racing_but_the_baseline_never_does(monkeypat
     assert pick(times, baseline="plain") == "plain"
     # the baseline stays in every round even when another candidate is far faster, so that every
     # candidate's paired ratio has its rounds; the fast one wins on them
-    now[0] = 0.0
+    costs.reset()
     times = race({"plain": costs(5.0), "fast": costs(1.0)}, budget_s=1e9, min_rounds=3, max_rounds=4, keep="plain")
     assert times == {"plain": [5.0] * 4, "fast": [1.0] * 4}
     assert pick(times, baseline="plain") == "fast"
     # without a baseline to keep, every candidate is held to the rule
-    now[0] = 0.0
+    costs.reset()
     assert race({"a": costs(5.0), "b": costs(1.0)}, budget_s=1e9, min_rounds=3, max_rounds=4) == \
         {"a": [5.0], "b": [1.0] * 4}
     # a round too fast for the clock (fastest time 0) judges nobody: 0 >= 2 x 0 would drop them all
-    now[0] = 0.0
+    costs.reset()
     assert race({"a": costs(0.0), "b": costs(0.5)}, budget_s=1e9, min_rounds=3, max_rounds=3) == \
         {"a": [0.0] * 3, "b": [0.5] * 3}
+
+
+def test_the_hopeless_rule_compares_time_per_token_where_candidates_differ_in_work(costs):
+    # Batch sizes do different amounts of work per call: at the same speed a 4,096-token batch
+    # takes four times a 1,024-token one's time. Judged by raw time it was dropped after one round
+    # on every machine; judged per token, only a batch that is slow per token is dropped.
+    tokens = {"1024": 1024, "2048": 2048, "4096": 4096, "8192": 8192}
+    # per 1,024 tokens: 1.0, 1.0, 0.875 (the fastest per token), 2.0 (twice the fastest or more)
+    runs = {"1024": costs(1.0), "2048": costs(2.0), "4096": costs(3.5), "8192": costs(16.0)}
+    times = race(runs, budget_s=1e9, min_rounds=3, max_rounds=5, keep="2048", work=tokens)
+    assert times["1024"] == [1.0] * 5 and times["2048"] == [2.0] * 5 and times["4096"] == [3.5] * 5
+    assert times["8192"] == [16.0]  # slow per token: one round, then dropped
+    # without the work, the same race would have judged the larger batches by their raw time
+    costs.reset()
+    runs = {"1024": costs(1.0), "2048": costs(2.0), "4096": costs(3.5)}
+    assert race(runs, budget_s=1e9, min_rounds=3, max_rounds=5, keep="2048")["4096"] == [3.5]
+
+
+def test_measure_choice_races_batch_sizes_per_token(cache, small_model, monkeypatch):
+    # measure_choice gives the race each candidate's tokens: a larger batch at the same speed per
+    # token runs every round (it used to run one, then stop)
+    seen = {}
+    real = tuning.race
+
+    def spy(runs, budget_s, **kw):
+        seen[tuple(runs)] = kw.get("work")
+        return real(runs, budget_s, **kw)
+
+    monkeypatch.setattr(tuning, "race", spy)
+    tuning.measure_choice(small_model, budget_s=0.2, candidates=FAST)
+    batch_race = next(w for names, w in seen.items() if names == tuple(str(n) for n in FAST["batch_tokens"]))
+    assert batch_race == {str(n): n for n in FAST["batch_tokens"]}
+    assert all(w is not None and set(w) == set(names) for names, w in seen.items())
 
 
 def test_races_start_with_the_allocator_settled(monkeypatch):

@@ -335,7 +335,7 @@ def settle_allocator() -> None:
 
 
 def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
-         max_rounds: int = 15, keep: str | None = None) -> dict:
+         max_rounds: int = 15, keep: str | None = None, work: dict[str, float] | None = None) -> dict:
     """Round-robin timing: {name: [seconds in round 1, round 2, ...]}, or {name: "error: ..."} for
     a candidate that raised.
 
@@ -350,7 +350,12 @@ def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_round
     (15% at most, on a shared VM) brings it there. It saves minutes where a kernel has no fast
     path on a CPU: ``torch._int_mm`` ran 40x slower than oneDNN's int8 matmul on an AVX2-only
     AMD EPYC (no VNNI), and ``bertscope doctor --preset bert-base --precision int8`` measured its
-    choice in 39.1 s when it raced every round, 22.3 s when it ran one (docs/BENCHMARKS.md)."""
+    choice in 39.1 s when it raced every round, 22.3 s when it ran one (docs/BENCHMARKS.md).
+
+    ``work`` gives each candidate's amount of work per call (tokens) where the candidates differ
+    in it, as the batch sizes do: the rule then compares time per unit of work. Compared by raw
+    time, a 4,096-token batch takes about four times a 1,024-token one's time at the same speed,
+    and was dropped after one round on every machine (nineteenth session, docs/BENCHMARKS.md)."""
     out: dict[str, list[float] | str] = {}
     live = dict(candidates)
     settle_allocator()
@@ -371,11 +376,12 @@ def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_round
             run()
             out[name].append(time.perf_counter() - t)
         rounds += 1
-        fastest = min(out[name][-1] for name in live)
-        hopeless = [n for n in live if n != keep and out[n][-1] >= HOPELESS * fastest] if fastest > 0 else []
+        cost = {n: out[n][-1] / (work[n] if work else 1.0) for n in live}  # seconds per unit of work
+        fastest = min(cost.values())
+        hopeless = [n for n in live if n != keep and cost[n] >= HOPELESS * fastest] if fastest > 0 else []
         for name in hopeless:  # (a round too fast for the clock to see judges nobody)
-            log.info("kernel candidate %s took %.1fx the fastest one's time: no more rounds",
-                     name, out[name][-1] / fastest)
+            log.info("kernel candidate %s took %.1fx the fastest one's time%s: no more rounds",
+                     name, cost[name] / fastest, " per token" if work else "")
             del live[name]
     return out
 
@@ -466,7 +472,7 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
 
     def timed(step: str, runs: dict, n_tokens: dict, baseline: str) -> str:
         """Race ``runs``, record their median times per 1,000 tokens and paired ratios; the pick."""
-        raw = race(runs, shares.get(step, budget_s / 2 / others), keep=baseline)
+        raw = race(runs, shares.get(step, budget_s / 2 / others), keep=baseline, work=n_tokens)
         per_round = {k: ([per_k(t, n_tokens[k]) for t in v] if isinstance(v, list) else v) for k, v in raw.items()}
         choice.timings[step] = {k: (statistics.median(v) if isinstance(v, list) else v) for k, v in per_round.items()}
         choice.ratios[step] = ratios(per_round, baseline)

@@ -87,12 +87,12 @@ def measure(k: int, m: int, rows: int, rounds: int, levels: int) -> dict:
 
 def main() -> int:
     a, mach = micro_args(__doc__, rounds=11)
-    print("(fbgemm's weight is a torch quantized tensor, a type torch has deprecated)")
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise BertscopeError(f"this torch build ({torch.__version__}) has no fbgemm engine to time")
     if not int8_kernel_available("onednn"):
         raise BertscopeError("oneDNN's int8 matmul is not usable on this CPU with this torch: nothing to time")
     levels = FULL_LEVELS if int8_range_exact("onednn", FULL_LEVELS) else REDUCED_LEVELS
+    print("(fbgemm's weight is a torch quantized tensor, a type torch has deprecated)")
     print(f"oneDNN int8 on the {'8' if levels == FULL_LEVELS else '7'}-bit grid (0..{levels}); "
           "fbgemm dynamic quantizes its input itself")
     print("| linear | K x M | rows | fp32 GFLOP/s | oneDNN int8 GFLOP/s | fbgemm dynamic GFLOP/s "

@@ -453,9 +453,19 @@ def test_int8_gemm_rate_times_both_int8_gemms_against_fp32_after_checking_their_
     the engines, and bad arguments are a usage error."""
     from bertscope.errors import BertscopeError, InputError
 
+    from bertscope.fast.quant import int8_kernel_available
+
     mod = benchmark_script("int8_gemm_rate")
     out = tmp_path / "rate.json"
     monkeypatch.setattr(sys, "argv", ["int8_gemm_rate.py", "--rounds", "2", "--rows", "8", "70", "--out", str(out)])
+    if "fbgemm" not in mod.torch.backends.quantized.supported_engines:  # a torch without fbgemm: one line
+        with pytest.raises(BertscopeError, match="no fbgemm"):
+            mod.main()
+        return
+    if not int8_kernel_available("onednn"):  # a CPU where oneDNN's int8 matmul fails its check: one line
+        with pytest.raises(BertscopeError, match="not usable"):
+            mod.main()
+        return
     assert mod.main() == 0
     printed = capsys.readouterr().out
     r = json.loads(out.read_text())

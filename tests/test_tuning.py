@@ -5,6 +5,7 @@ candidate computes the reference's result within 1e-5 in fp32."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -646,3 +647,55 @@ def test_bert_facade_tunes_once_and_uses_the_choice(cache, bundled_path, monkeyp
     b2 = bertscope.load(bundled_path)
     b2.embed(["one text"])
     assert b2.fast.choice.source == "cache" and len(calls) == 1
+
+
+def test_gemm_rate_is_the_best_probe_run_in_gflops(monkeypatch):
+    # a clock that moves 1 ms per reading: every probe run then takes exactly 1 ms
+    now = [0.0]
+
+    def tick():
+        now[0] += 0.001
+        return now[0]
+
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(perf_counter=tick, time=time.time))
+    rows, k, n = tuning.PROBE_SHAPE
+    rate = tuning.gemm_rate(budget_s=0.0105)
+    assert rate == pytest.approx(2 * rows * k * n / 0.001 / 1e9)
+    assert now[0] == pytest.approx(0.002 * 11)  # runs until 10.5 ms are spent: 11 runs, two readings each
+    now[0] = 0.0
+    tuning.gemm_rate(budget_s=0.0)  # no budget: still the minimum of three runs
+    assert now[0] == pytest.approx(0.002 * 3)
+
+
+def test_a_cached_choice_is_measured_again_when_the_hosts_gemm_rate_moved(cache, small_model, monkeypatch, caplog):
+    # two hosts behind one CPU name (same key): the recorded GEMM rate tells them apart
+    calls = counting(monkeypatch)
+    rate = [100.0]
+    monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: rate[0])
+    first = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert first.source == "measured" and first.gemm_gflops == 100.0
+    stored = json.loads(next(cache.glob("*.json")).read_text())
+    assert stored["gemm_gflops"] == 100.0
+    assert tuning.HOST_SPEED_CHANGE == 2.0
+    for now, source, recorded in [(100.0 * 1.9, "cache", 100.0),  # drift inside 2x: reused
+                                  (100.0 / 1.9, "cache", 100.0),
+                                  (100.0 / 2.4, "measured", 100.0 / 2.4),  # a slower host: measured again
+                                  (100.0 / 2.4 * 2.1, "measured", 100.0 / 2.4 * 2.1)]:  # and a faster one
+        rate[0] = now
+        before = len(calls)
+        with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+            caplog.clear()
+            got = choose(small_model, budget_s=0.2, candidates=FAST)
+        assert got.source == source, now
+        assert len(calls) == before + (source == "measured")
+        assert got.gemm_gflops == pytest.approx(recorded)
+        warned = [r.getMessage() for r in caplog.records if "GEMM rate" in r.getMessage()]
+        assert (len(warned) == 1) == (source == "measured"), warned
+    # a cached choice that recorded no rate is not checked
+    path = next(cache.glob("*.json"))
+    d = json.loads(path.read_text())
+    d["gemm_gflops"] = None
+    path.write_text(json.dumps(d))
+    rate[0] = 1.0
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "cache"
+

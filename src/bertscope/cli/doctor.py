@@ -80,7 +80,7 @@ def _timings(choice: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
     from ..bench.report import int8_steps_text
-    from ..fast.tuning import BATCH_RACE_LAYERS
+    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE
 
     check_preset(args.preset)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
@@ -111,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (int8_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
+            if c.get("gemm_gflops"):
+                print(f"  fp32 GEMM rate when measured: {c['gemm_gflops']:.1f} GFLOP/s (a cached choice is measured "
+                      f"again if this machine's moves {HOST_SPEED_CHANGE}x either way)")
             print(f"  candidates (s per 1,000 tokens, one layer; batch sizes: the first {BATCH_RACE_LAYERS} layers; * = chosen):")
             for line in _timings(c):
                 print(line)

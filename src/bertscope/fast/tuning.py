@@ -57,6 +57,15 @@ replaced), and so is one older than ``RECHECK_S`` (a week): what a machine does 
 change under the same key (a VM moved to another host, a new microcode, a different BLAS
 build), so the choice is measured again now and then. ``bertscope doctor --retune`` measures it
 at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
+
+The host check: the key cannot tell two hosts apart that a VM presents as the same CPU. Two
+sessions' 2-CPU VMs both read "AMD EPYC", family 23 model 1, the same flags and caches, and
+torch.mm ran at 83 GFLOP/s on one and 31-39 on the other, where int8 GEMMs went from no faster
+than fp32 to faster. So each choice records the machine's fp32 GEMM rate when it was measured
+(:func:`gemm_rate`, about 0.05 s), and a cached choice is used only while a fresh probe finds the
+rate within ``HOST_SPEED_CHANGE`` (2x either way) of it; otherwise it is measured again. The
+slower of those two VMs drifted by 1.35x between two probes a minute apart (26.9 and 36.4
+GFLOP/s), and a shared VM by 15% elsewhere: inside 2x, so drift does not trigger a new race.
 """
 
 from __future__ import annotations
@@ -80,8 +89,8 @@ from ..files import write_text_atomic
 from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
-__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
-           "act_runs", "cpu_flags", "cpu_name", "forget_choice", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
+__all__ = ["BASELINE", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
+           "act_runs", "cpu_flags", "cpu_name", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
@@ -89,13 +98,17 @@ log = logging.getLogger(__name__)
 # bump when what is measured changes: older cache files are then re-measured
 # (4: races start with the allocator settled, see settle_allocator; 5: the 8-bit conversion
 # raced; 6: batch sizes at or over the heap limit left out, see too_wide; 7: batch sizes raced
-# through BATCH_RACE_LAYERS layers; 8: the activation's place on the compiled int8 steps raced)
-FORMAT = 8
+# through BATCH_RACE_LAYERS layers; 8: the activation's place on the compiled int8 steps raced;
+# 9: the GEMM rate recorded, for the host check)
+FORMAT = 9
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 HOPELESS = 2.0  # a candidate this many times the fastest one's time in a round runs no more rounds
 BUDGET_S = 2.0
 RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
+HOST_SPEED_CHANGE = 2.0  # a cached choice is measured again when the GEMM rate moved this much either way
+PROBE_SHAPE = (512, 768, 768)  # the host check's GEMM: rows, in, out (a BERT-base linear on 512 tokens)
+PROBE_S = 0.05
 BATCH_TOKENS = (1024, 2048, 4096)
 BATCH_RACE_LAYERS = 3  # layers the batch-budget candidates run (the other steps: one)
 SLACKS = (0.0, 0.1, 0.3)
@@ -178,6 +191,7 @@ class KernelChoice:
         fp32, measured on the calibration texts} (precision "int8"; :func:`measured_speedup`)
     source: "measured", "cache" (read from ``path``) or "default" (nothing measured)
     measured_at: when it was measured (Unix time; a cached choice older than RECHECK_S is re-measured)
+    gemm_gflops: the machine's fp32 GEMM rate when it was measured (:func:`gemm_rate`; the host check)
     """
 
     gemm: str = BASELINE["gemm"]
@@ -193,6 +207,7 @@ class KernelChoice:
     ratios: dict = field(default_factory=dict)
     source: str = "default"
     measured_at: float | None = None
+    gemm_gflops: float | None = None
     seconds: float = 0.0
     path: str | None = None
 
@@ -451,7 +466,7 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     one = _FirstLayers(model)
     deeper = _FirstLayers(model, BATCH_RACE_LAYERS)  # for the batch budget (see the module doc)
     choice = KernelChoice(key=choice_key(model.config, dtype, precision, compile), source="measured",
-                          measured_at=time.time())
+                          measured_at=time.time(), gemm_gflops=gemm_rate())
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
     shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20, "int8_act": budget_s / 10}
@@ -622,6 +637,40 @@ def act_runs(placements: list[str], rows: int, config,
     return {p: run_for(p) for p in placements}
 
 
+def gemm_rate(budget_s: float = PROBE_S, min_runs: int = 3, max_runs: int = 200) -> float:
+    """This machine's fp32 GEMM rate now, in GFLOP/s: the best of repeated ``torch.mm`` runs of
+    :data:`PROBE_SHAPE` on torch's current threads, until ``budget_s`` of them is spent (at least
+    ``min_runs``, at most ``max_runs``, after one warm-up). The best run, not the median: a burst of load elsewhere
+    slows some runs, and the host check asks what the machine can do."""
+    rows, k, n = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, k, generator=gen)  # (rows, in)
+    w = torch.randn(k, n, generator=gen)  # (in, out)
+    torch.mm(a, w)  # warm-up: first-call costs are not the machine's rate
+    best, spent, runs = float("inf"), 0.0, 0
+    while runs < min_runs or (spent < budget_s and runs < max_runs):
+        t0 = time.perf_counter()
+        torch.mm(a, w)  # (rows, in) @ (in, out) -> (rows, out)
+        t = time.perf_counter() - t0
+        best, spent, runs = min(best, t), spent + t, runs + 1
+    return 2 * rows * k * n / max(best, 1e-9) / 1e9
+
+
+def host_changed(choice: KernelChoice, rate: float | None = None) -> str | None:
+    """Why ``choice`` (cached) no longer fits this machine, or None: the fp32 GEMM rate it
+    recorded and ``rate`` (default: :func:`gemm_rate` now) differ by more than
+    ``HOST_SPEED_CHANGE`` either way. A choice without a recorded rate is not checked."""
+    if not choice.gemm_gflops:
+        return None
+    rate = gemm_rate() if rate is None else rate
+    change = max(rate / choice.gemm_gflops, choice.gemm_gflops / rate)
+    if change <= HOST_SPEED_CHANGE:
+        return None
+    return (f"this machine's fp32 GEMM rate is {rate:.1f} GFLOP/s, {change:.1f}x away from the "
+            f"{choice.gemm_gflops:.1f} measured with the cached kernel choice (another host behind "
+            "the same CPU name?)")
+
+
 def measured_speedup(fast: Callable[[], object], base: Callable[[], object],
                      budget_s: float = BUDGET_S / 2) -> float | None:
     """How many times faster ``fast`` runs than ``base`` here: the median over paired rounds
@@ -647,7 +696,10 @@ def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_le
     if not retune:
         cached = load_choice(key)
         if cached is not None:
-            return cached
+            why = host_changed(cached)
+            if why is None:
+                return cached
+            log.warning("%s: measuring the kernel choice again", why)
     choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
                             candidates=candidates, compile=compile, levels=levels)
     save_choice(choice)

@@ -663,7 +663,7 @@ def test_gemm_rate_is_the_best_probe_run_in_gflops(monkeypatch):
     assert rate == pytest.approx(2 * rows * k * n / 0.001 / 1e9)
     assert now[0] == pytest.approx(0.002 * 11)  # runs until 10.5 ms are spent: 11 runs, two readings each
     now[0] = 0.0
-    tuning.gemm_rate(budget_s=0.0)  # no budget: still the minimum of three runs
+    tuning.gemm_rate(budget_s=0.0, min_runs=3)  # no budget: still the minimum of runs
     assert now[0] == pytest.approx(0.002 * 3)
 
 

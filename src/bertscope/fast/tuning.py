@@ -68,9 +68,9 @@ slower of those two VMs read 26.9 to 40.4 GFLOP/s in four probes of 0.05 s withi
 (1.5x), and a shared VM drifted by 15% elsewhere: inside 2x, so drift does not trigger a new
 race. A change of host smaller than 2x is caught a week later, by ``RECHECK_S``.
 
-One probe is not enough either way. In a CI run on the slower VM, the probe taken as a choice
-was first measured read 26.9 GFLOP/s, and one a minute later 58.6 (2.2x): the cached choice was
-measured again for nothing. So the rate recorded is the better of a probe before the races and
+One probe is not enough either way. In a CI run on the slower VM, the probe taken while a choice
+was measured read 26.9 GFLOP/s, and the one at the next load, a minute later, 58.6 (2.2x): the
+cached choice was measured again for nothing. So the rate recorded is the better of a probe before the races and
 one after them, and a probe that finds the rate moved over 2x is confirmed by a longer one
 (``CONFIRM_S``, 0.5 s; the better of the two counts) before the choice is measured again.
 """

@@ -34,7 +34,7 @@ STEADY_GFLOPS = 50.0
 def steady_gemm_rate(request, monkeypatch):
     """The kernel-choice cache's host check (tuning.gemm_rate) reads one fixed rate in every test,
     except those marked ``real_gemm_rate``: a real 0.1 s probe can read 2x apart on one busy VM,
-    and no test may hang on this CPU's timing. The host check itself is tested with stand-in
+    and no test may depend on this CPU's timing. The host check itself is tested with stand-in
     probes (tests/test_tuning.py)."""
     if request.node.get_closest_marker("real_gemm_rate") is None:
         from bertscope.fast import tuning

@@ -701,7 +701,6 @@ def test_a_cached_choice_is_measured_again_when_the_hosts_gemm_rate_moved(cache,
     assert choose(small_model, budget_s=0.2, candidates=FAST).source == "cache"
 
 
-
 def test_one_slow_probe_neither_records_a_low_rate_nor_measures_again(cache, small_model, monkeypatch, caplog):
     # the probe a CI run on a busy VM saw: 26.9 GFLOP/s as the choice was measured, 58.6 a minute later
     reads, budgets = [], []

@@ -90,7 +90,7 @@ def throughput(folder: Path, texts: list[str], device: str, rounds: int, work: P
     ref_vecs = ref.embed(texts)
     ids, _ = ref.tokenizer.encode_ids(texts, max_length=ref.max_seq_length)
     lengths = [len(t) for t in ids]
-    flops = timing.useful_flops(ref.config, lengths)
+    flops = ref.config.flops(lengths)
     dtypes = ["fp32", "bf16", "fp16"] if device.startswith("cuda") else ["fp32"]
     for dname in dtypes:
         try:

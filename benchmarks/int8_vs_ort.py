@@ -49,7 +49,7 @@ from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
 from bertscope.bench.machine import machine  # noqa: E402
 from bertscope.bench.systems import build_systems  # noqa: E402
-from bertscope.bench.timing import compare_and_time, useful_flops  # noqa: E402
+from bertscope.bench.timing import compare_and_time  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
 from bertscope.core.config import BertConfig  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
@@ -134,7 +134,7 @@ def main() -> int:
             if missing:
                 print(f"could not build {missing}: {skipped}", file=sys.stderr)
                 return 1
-            entry = compare_and_time(systems, texts, sum(real), useful_flops(bert.config, real), a.rounds,
+            entry = compare_and_time(systems, texts, sum(real), bert.config.flops(real), a.rounds,
                                      reduced=ours + [ORT])
             entry["vs_onnxruntime_int8"] = {s: summarise(entry, s) for s in ours}
             if a.st:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 import bertscope
 from bertscope.cli.main import main
-from bertscope.fast.tuning import CPU_FLAGS, NOISE_MARGIN
+from bertscope.fast.tuning import BASELINE, BUDGET_S, CPU_FLAGS, NOISE_MARGIN
 
 
 def cpuinfo_flags() -> set[str]:
@@ -36,12 +38,15 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
     assert e["in_use"] == "fp32"
     c = e["choice"]
     assert c["source"] == "measured" and Path(c["path"]).is_file()
-    # every step timed its candidates, and the winner of each step is one of them
-    assert set(c["timings"]["gemm"]) == {"blas", "onednn"}
-    assert c["gemm"] in c["timings"]["gemm"] and str(c["batch_tokens"]) in c["timings"]["batch_tokens"]
-    assert str(float(c["slack"])) in c["timings"]["slack"]
-    for step in ("gemm", "batch_tokens", "slack"):
-        assert all(isinstance(t, float) and t > 0 or str(t).startswith("error") for t in c["timings"][step].values())
+    # the GEMM library is always raced, and its winner is one of the candidates timed
+    assert set(c["timings"]["gemm"]) == {"blas", "onednn"} and c["gemm"] in c["timings"]["gemm"]
+    assert all(isinstance(t, float) and t > 0 or str(t).startswith("error") for t in c["timings"]["gemm"].values())
+    # the batch size and slack races do not fit the default 2 s budget for this model at the
+    # tests' steady 50 GFLOP/s (conftest): about 6 and 2 s. They keep the plain path's values,
+    # and the report says why
+    assert c["budget_s"] == BUDGET_S
+    assert set(c["not_raced"]) == {"batch_tokens", "slack"} and not {"batch_tokens", "slack"} & set(c["timings"])
+    assert (c["batch_tokens"], c["slack"]) == (BASELINE["batch_tokens"], BASELINE["slack"])
     # the plain path wins unless another candidate beat it by more than the noise margin
     # (judged as the choice judges: the median of paired per-round ratios, not the medians' ratio)
     if c["gemm"] == "onednn":
@@ -52,6 +57,7 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
     assert main(["doctor", "--precision", "fp32"]) == 0
     text = capsys.readouterr().out
     assert "choice (cache)" in text and "flags:" in text and f"{c['gemm']} GEMMs" in text
+    assert "batch_tokens  not raced: about" in text and "GFLOP/s, over its 0.5 s share of the 2 s budget" in text
     b = bertscope.load(bundled_path)
     b.embed(["a text"])
     assert b.fast.choice.source == "cache" and b.fast.gemm.prefer == c["gemm"]
@@ -77,3 +83,37 @@ def test_doctor_int8_reports_its_calibration(tmp_path, monkeypatch, capsys):
     assert set(cal["fp32_channels"]) == set(cal["errors"])
     assert all(len(c) == FP32_CHANNELS and c == sorted(c) for c in cal["fp32_channels"].values())
     assert e["choice"]["int8_kernel"] in e["choice"]["timings"]["int8_kernel"]
+
+
+def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
+    """--budget is the budget the choice is measured within (and a bad one is refused by the
+    parser); the default is BUDGET_S."""
+    from bertscope.fast import tuning
+
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", "")  # restored after the test: doctor sets it for its process
+    budgets = []
+
+    def measured(model, **kw):
+        budgets.append(tuning.tune_budget() if kw.get("budget_s") is None else kw["budget_s"])
+        return tuning.KernelChoice(key=tuning.choice_key(model.config, torch.float32, kw.get("precision", "fp32")),
+                                   source="measured", budget_s=budgets[-1])
+
+    monkeypatch.setattr(tuning, "measure_choice", measured)
+    assert main(["doctor", "--json", "--precision", "fp32"]) == 0
+    assert main(["doctor", "--json", "--precision", "fp32", "--retune", "--budget", "7.5"]) == 0
+    assert budgets == [BUDGET_S, 7.5]
+    out, reports = capsys.readouterr().out, []
+    while out.strip():  # two JSON documents, one per run
+        doc, end = json.JSONDecoder().raw_decode(out.lstrip())
+        reports.append(doc)
+        out = out.lstrip()[end:]
+    assert [r["precisions"]["fp32"]["choice"]["budget_s"] for r in reports] == [BUDGET_S, 7.5]
+    for bad in ("0", "-2", "soon"):
+        try:
+            main(["doctor", "--budget", bad])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"--budget {bad} was accepted")
+        assert "--budget: must be a number of seconds above 0" in capsys.readouterr().err

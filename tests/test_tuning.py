@@ -539,6 +539,73 @@ def test_batch_sizes_are_raced_through_more_layers_than_the_other_steps(cache, m
     assert {(n, layers) for n, layers in seen if layers != 1} == {(256, 2), (512, 2)}
 
 
+@pytest.mark.parametrize("lengths", [[7], [100, 31, 5]])
+def test_model_flops_agree_with_torchs_flop_counter(small_model, lengths):
+    """BertConfig.flops (which estimates what a race costs) against torch's own count of the
+    reference model's matmuls (the explicit-matmul attention path), one sequence at a time: the
+    linears and both attention products;
+    the pooler (2·C² per sequence) is the only matmul the formula leaves out."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = small_model.config
+    counted = 0
+    for L in lengths:
+        ids = torch.randint(1, cfg.vocab_size, (1, L))
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            small_model(ids, attention_mask=torch.ones_like(ids), output_attentions=True)  # explicit matmuls
+        counted += counter.get_total_flops() - 2 * cfg.hidden_size ** 2
+    assert cfg.flops(lengths) == counted
+    assert cfg.flops(lengths, layers=1) * cfg.num_hidden_layers == counted
+
+
+def test_races_that_cannot_fit_their_share_keep_the_plain_values_and_say_why(cache, small_model, monkeypatch):
+    """The batch size and slack races run only when their estimated least time (the model's FLOPs
+    at the GEMM rate, no clock) fits their share of the budget; the GEMM library always races."""
+    raced = []
+    real = tuning.race
+
+    def spy(runs, budget_s, **kw):
+        raced.append(tuple(runs))
+        return real(runs, budget_s, **kw)
+
+    monkeypatch.setattr(tuning, "race", spy)
+    cfg = small_model.config
+    batches = [tuning.synthetic_batch(cfg, n, 256) for n in FAST["batch_tokens"]]
+    need = tuning.race_cost_s(cfg, batches, cfg.num_hidden_layers, 1.0)  # seconds at 1 GFLOP/s
+    assert need == (1 + tuning.MIN_ROUNDS) * sum(cfg.flops(b.lengths) for b in batches) / 1e9
+    # a budget whose batch share (a quarter, in fp32) is just under that estimate at 1 GFLOP/s
+    monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: 1.0)
+    c = tuning.measure_choice(small_model, budget_s=4 * need * 0.99, candidates=FAST)
+    assert raced[0] == ("blas", "onednn") and len(raced) == 1  # the slack's race costs even more: not run
+    assert set(c.not_raced) == {"batch_tokens", "slack"} and set(c.timings) == {"gemm"}
+    assert (c.batch_tokens, c.slack) == (BASELINE["batch_tokens"], BASELINE["slack"])
+    assert c.not_raced["batch_tokens"] == (f"about {need:.1f} s at 1 GFLOP/s, over its {need * 0.99:.2g} s "
+                                           f"share of the {4 * need * 0.99:g} s budget")
+    assert c.budget_s == 4 * need * 0.99
+    # just over it: the batch sizes race (and the slack, whose race costs at most as much here)
+    raced.clear()
+    slack_need = tuning.race_cost_s(cfg, [batches[-1]] * len(FAST["slack"]), 1, 1.0)
+    c = tuning.measure_choice(small_model, budget_s=4 * max(need, slack_need) * 1.01, candidates=FAST)
+    assert len(raced) == 3 and not c.not_raced and {"batch_tokens", "slack"} <= set(c.timings)
+
+
+def test_the_budget_comes_from_the_environment_and_a_bad_one_is_one_clear_error(cache, small_model, monkeypatch):
+    monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", "")
+    assert tuning.tune_budget() == tuning.BUDGET_S == 2.0
+    monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", "0.3")
+    assert tuning.measure_choice(small_model, candidates=FAST).budget_s == 0.3
+    for bad in ("0", "-1", "inf", "nan", "two"):
+        monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", bad)
+        with pytest.raises(tuning.TuningError, match=r"^BERTSCOPE_TUNE_BUDGET must be a number of seconds above 0, got '"):
+            tuning.tune_budget()
+    # the CLI: one line and a non-zero exit, no traceback
+    env = dict(os.environ, BERTSCOPE_TUNE_BUDGET="two", BERTSCOPE_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-m", "bertscope", "doctor", "--precision", "fp32"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith("BERTSCOPE_TUNE_BUDGET must be a number of seconds above 0, got 'two'")
+
+
 def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():
     base = 1.0
     assert pick({"blas": base, "onednn": base * (1 - NOISE_MARGIN / 2)}, "blas") == "blas"  # within noise

@@ -30,7 +30,7 @@ from .report import PLOT_SUFFIXES, plot_scaling
 from .scaling import scaling
 from .quality import contract_verdict
 from .systems import build_systems, reduced_systems
-from .timing import compare_and_time, paired_speedups, useful_flops
+from .timing import compare_and_time, paired_speedups
 
 __all__ = ["run_bench"]
 
@@ -121,7 +121,7 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
             lengths = [len(t) for t in ids]
             built, skipped = build_systems(folder, bert, work / wname, threads, device, dtype, systems, quick=quick)
             log.info("workload %s: %d texts, %d real tokens; systems %s", wname, len(texts), sum(lengths), list(built))
-            entry = compare_and_time(built, texts, sum(lengths), useful_flops(bert.config, lengths),
+            entry = compare_and_time(built, texts, sum(lengths), bert.config.flops(lengths),
                                      1 if quick else rounds, device, reduced=reduced_systems())
             for name, f in built.items():  # what each bertscope system measured and decided
                 b = getattr(f, "bert", None)

@@ -19,25 +19,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.config import BertConfig
 from ..fast.tuning import ratios
 from .machine import sync
 from .quality import embedding_agreement
 from .systems import Embedder
 
-__all__ = ["compare_and_time", "median_time", "paired_speedups", "useful_flops"]
-
-
-def useful_flops(config: BertConfig, lengths: Sequence[int]) -> float:
-    """FLOPs that real tokens need (2 per multiply-add; no padding, no embeddings, no softmax).
-
-    Per layer and sequence of L tokens: projections Q, K, V, O: 2·L·4C²; feed-forward: 2·L·2CI;
-    scores QKᵀ and context P·V: 2·2·L²·C.
-    """
-    C, I, N = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    linear = sum(lengths) * 2 * (4 * C * C + 2 * C * I)
-    quadratic = sum(L * L for L in lengths) * 4 * C
-    return float(N * (linear + quadratic))
+__all__ = ["compare_and_time", "median_time", "paired_speedups"]
 
 
 def minor_faults() -> int | None:

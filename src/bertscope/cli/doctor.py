@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from .common import MODEL_HELP, check_preset, print_json
 
@@ -29,9 +30,15 @@ overstates what a larger batch saves; a size whose activations reach 31 MiB, whi
 allocator then maps fresh from the system, paying page faults, is shown as not raced); exact
 length groups or 10% / 30% padding in attention; for int8 oneDNN's int8 matmul or
 torch._int_mm; for bf16 bf16 against fp32 --
-in a few seconds (2-10 s measured), and caches the winners under the cache folder shown
+within a budget of about 2 s, and caches the winners under the cache folder shown
 (BERTSCOPE_CACHE_DIR sets it; BERTSCOPE_TUNE=0 turns measuring off; a choice older than a week
 is measured again).
+Budget: the GEMM library (int8 kernel, bf16) is always raced, three rounds at least. The batch
+size and the slack are raced only when their estimated least time (the model's FLOPs at the
+machine's GEMM rate) fits their share of the budget; otherwise they keep the plain path's value
+and the report says "not raced". --budget S (with --retune) measures everything that fits in
+S seconds, and the fuller choice is cached for every later load (BERTSCOPE_TUNE_BUDGET does the
+same for any bertscope command).
 Candidates run in turn, round after round, and each is compared with the plain path (BLAS,
 2,048 tokens, exact groups) in the same round; one replaces the plain path only if the median
 of those ratios says it is more than 5% faster. Times are median seconds per 1,000 tokens
@@ -44,6 +51,7 @@ examples:
   bertscope doctor
   bertscope doctor --json
   bertscope doctor --retune --precision fp32      # measure again, replacing the cached choice
+  bertscope doctor --retune --budget 30           # race batch sizes and slack too (slower)
   bertscope doctor --preset bert-base              # BERT-base shapes (random weights)
 """
 
@@ -57,8 +65,21 @@ def register(sub) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "int8", "all"], default="all",
                    help="which precision's choice to show (default: all)")
     p.add_argument("--retune", action="store_true", help="measure again even where a choice is cached")
+    p.add_argument("--budget", metavar="S", type=_seconds, default=None,
+                   help="seconds the kernel choice may take when it is measured (default: about 2; "
+                        "use with --retune to measure a cached choice again within it)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
 
 
 def _timings(choice: dict) -> list[str]:
@@ -74,6 +95,8 @@ def _timings(choice: dict) -> list[str]:
             ratio = f" ({rel[cand]:.2f})" if cand in rel else ""
             cells.append(f"{cand} {t:.4f}{ratio}{mark}" if isinstance(t, float) else f"{cand} {t}")
         lines.append(f"    {step:<13} " + "   ".join(cells))
+    for step, why in choice.get("not_raced", {}).items():
+        lines.append(f"    {step:<13} not raced: {why}; kept {winners.get(step, '')} (--retune --budget S races it)")
     return lines
 
 
@@ -83,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE
 
     check_preset(args.preset)
+    if args.budget is not None:  # read by the kernel choice wherever this process measures one
+        os.environ["BERTSCOPE_TUNE_BUDGET"] = repr(args.budget)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
     res = diagnose(model=args.model, preset=args.preset, precisions=precisions, retune=args.retune)
     if args.json:
@@ -106,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         c = e["choice"]
         print(f"\n{precision}: runs in {e['in_use']}" + (f" -- {e['note']}" if e["note"] else ""))
         if c:
-            print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}): "
+            print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}{' (budget ' + format(c['budget_s'], 'g') + ' s)' if c['source'] == 'measured' and c.get('budget_s') else ''}): "
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (int8_steps_text(c) if precision == "int8" else "")

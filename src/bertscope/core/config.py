@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import BertscopeError
@@ -90,6 +91,19 @@ class BertConfig:
         embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * C + 2 * C
         layer = 4 * (C * C + C) + 2 * (2 * C) + (C * I + I) + (I * C + C)
         return embeddings + self.num_hidden_layers * layer + (C * C + C)
+
+    def flops(self, lengths: Sequence[int], layers: int | None = None) -> float:
+        """FLOPs that real tokens need through ``layers`` layers (default: all), 2 per multiply-add;
+        no padding, no embeddings, no softmax.
+
+        Per layer and sequence of L tokens: projections Q, K, V, O: 2·L·4C²; feed-forward: 2·L·2CI;
+        scores QKᵀ and context P·V: 2·2·L²·C.
+        """
+        C, I = self.hidden_size, self.intermediate_size
+        N = self.num_hidden_layers if layers is None else layers
+        linear = sum(lengths) * 2 * (4 * C * C + 2 * C * I)
+        quadratic = sum(L * L for L in lengths) * 4 * C
+        return float(N * (linear + quadratic))
 
     @classmethod
     def preset(cls, name: str) -> "BertConfig":

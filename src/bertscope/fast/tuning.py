@@ -46,7 +46,18 @@ never slower than the plain one beyond noise. Each race first settles the C allo
 (:func:`settle_allocator`), so a young process does not time page faults that a long-running one
 never pays. (By then the fast path has usually fixed glibc's thresholds, with
 :func:`bertscope.fast.heap.keep_heap`; settling is for processes where they were left alone.)
-A candidate that raises is recorded with its error and never chosen. Every candidate computes
+A candidate that raises is recorded with its error and never chosen.
+
+The budget: every race runs its warm-up and :data:`MIN_ROUNDS` rounds, however long they take,
+so a budget can only be kept by not starting a race that cannot fit. The GEMM library (or int8
+kernel, and bf16 against fp32) is always raced: its choice is the one that moves
+speed most (2.3x, above). The batch budget and the slack, which kept the plain path's value in 190
+and 184 of the 216 choices under benchmarks/results, are raced only when their least time,
+estimated from the model's FLOPs at the host check's GEMM rate (:func:`race_cost_s`; no clock),
+fits their share of the budget; otherwise ``not_raced`` says why and the plain value stays. On
+the slow 2-CPU AVX2 EPYC, all three races took 12.9 s for the bundled model in fp32, 9.7 s of it
+the batch budget and the slack. ``BERTSCOPE_TUNE_BUDGET`` (seconds), or ``bertscope doctor
+--retune --budget S``, gives a larger budget for a fuller measurement, cached like any other. Every candidate computes
 the same fp32 result within 1e-5 (tests hold each one to the padded reference); only bf16 and
 int8 change results, and only when asked.
 
@@ -92,11 +103,13 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..errors import BertscopeError
 from ..files import write_text_atomic
 from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
-__all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "NOISE_MARGIN", "RECHECK_S", "cache_dir", "choice_key",
+__all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "RECHECK_S",
+           "TuningError", "cache_dir", "choice_key", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_name", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
@@ -111,7 +124,8 @@ FORMAT = 9
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 NOISE_MARGIN = 0.05  # a candidate must beat the plain path by more than 5% to replace it
 HOPELESS = 2.0  # a candidate this many times the fastest one's time in a round runs no more rounds
-BUDGET_S = 2.0
+BUDGET_S = 2.0  # seconds; BERTSCOPE_TUNE_BUDGET (or doctor --budget) sets another
+MIN_ROUNDS = 3  # rounds every race runs, whatever its share of the budget
 RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
 HOST_SPEED_CHANGE = 2.0  # a cached choice is measured again when the GEMM rate moved this much either way
 PROBE_SHAPE = (512, 768, 768)  # the host check's GEMM: rows, in, out (a BERT-base linear on 512 tokens)
@@ -173,6 +187,32 @@ def tuning_enabled() -> bool:
     return os.environ.get("BERTSCOPE_TUNE", "1") != "0"
 
 
+class TuningError(BertscopeError, ValueError):
+    """A setting of the kernel choice that cannot be used (BERTSCOPE_TUNE_BUDGET)."""
+
+
+def tune_budget() -> float:
+    """The kernel choice's time budget in seconds: ``BERTSCOPE_TUNE_BUDGET``, else :data:`BUDGET_S`."""
+    raw = os.environ.get("BERTSCOPE_TUNE_BUDGET", "").strip()
+    if not raw:
+        return BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise TuningError(f"BERTSCOPE_TUNE_BUDGET must be a number of seconds above 0, got {raw!r}")
+    return value
+
+
+def race_cost_s(config, batches: list[PackedBatch], layers: int, rate: float,
+                rounds: int = MIN_ROUNDS) -> float:
+    """A race's least time, estimated without a clock: the warm-up and ``rounds`` rounds of one
+    candidate per batch, each batch through ``layers`` layers, at ``rate`` GFLOP/s (the host
+    check's probe, :func:`gemm_rate`; the layers ran at about 0.8 of it on the AMD EPYC)."""
+    return (1 + rounds) * sum(config.flops(b.lengths, layers) for b in batches) / (rate * 1e9)
+
+
 def choice_key(config, dtype: torch.dtype, precision: str, compile: bool = False) -> dict:
     """What a measured choice depends on (a different value means measuring again). ``compile``
     (int8 only): whether torch.compile'd candidates were raced."""
@@ -200,6 +240,9 @@ class KernelChoice:
     source: "measured", "cache" (read from ``path``) or "default" (nothing measured)
     measured_at: when it was measured (Unix time; a cached choice older than RECHECK_S is re-measured)
     gemm_gflops: the machine's fp32 GEMM rate when it was measured (:func:`gemm_rate`; the host check)
+    not_raced: {step: why} for a step left at the plain path's value because its race would not
+        fit its share of the budget (see the module doc)
+    budget_s: the budget it was measured within
     """
 
     gemm: str = BASELINE["gemm"]
@@ -216,6 +259,8 @@ class KernelChoice:
     source: str = "default"
     measured_at: float | None = None
     gemm_gflops: float | None = None
+    not_raced: dict = field(default_factory=dict)
+    budget_s: float | None = None
     seconds: float = 0.0
     path: str | None = None
 
@@ -357,7 +402,7 @@ def settle_allocator() -> None:
     del block
 
 
-def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
+def race(candidates: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = MIN_ROUNDS,
          max_rounds: int = 15, keep: str | None = None, work: dict[str, float] | None = None) -> dict:
     """Round-robin timing: {name: [seconds in round 1, round 2, ...]}, or {name: "error: ..."} for
     a candidate that raised.
@@ -447,7 +492,7 @@ def pick(times: dict, baseline: str) -> str:
     return best if rel[best] < 1 - NOISE_MARGIN else baseline
 
 
-def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
+def measure_choice(model, *, precision: str = "fp32", budget_s: float | None = None, max_len: int = 256,
                    candidates: dict | None = None, compile: bool = False,
                    levels: dict[str, int] | None = None) -> KernelChoice:
     """Measure every candidate for ``model`` on this machine (see the module doc). ``compile``
@@ -460,7 +505,8 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
     them. By default the race keeps its own.
 
     ``candidates`` overrides the lists measured ({"gemm": [...], "batch_tokens": [...],
-    "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``.
+    "slack": [...], "int8_kernel": [...]}), for tests and ``doctor``. ``budget_s`` defaults to
+    :func:`tune_budget`.
     """
     from .encoder import PackedEncoder
     from .quant import ACT_PLACEMENTS, CASTS, COMPILED_KERNEL, INT8_KERNELS, CompiledSteps
@@ -469,12 +515,14 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
              "int8_kernel": list(INT8_KERNELS) + ([COMPILED_KERNEL] if compile else []), "int8_cast": list(CASTS),
              "int8_act": list(ACT_PLACEMENTS)}
     cands.update(candidates or {})
+    budget_s = tune_budget() if budget_s is None else budget_s
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     one = _FirstLayers(model)
     deeper = _FirstLayers(model, BATCH_RACE_LAYERS)  # for the batch budget (see the module doc)
+    deeper_layers = len(deeper.layers)
     choice = KernelChoice(key=choice_key(model.config, dtype, precision, compile), source="measured",
-                          measured_at=time.time(), gemm_gflops=gemm_rate())
+                          measured_at=time.time(), gemm_gflops=gemm_rate(), budget_s=budget_s)
     # the GEMM library (or int8 kernel) matters most: half the budget; the other steps share the rest
     others = 2 + (precision == "bf16")
     shares = {"gemm": budget_s / 2, "int8_kernel": budget_s / 2, "int8_cast": budget_s / 20, "int8_act": budget_s / 10}
@@ -493,9 +541,12 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
                 return encoder[0].encode(layers, packed, slack=slack)
         return run
 
+    def share(step: str) -> float:
+        return shares.get(step, budget_s / 2 / others)
+
     def timed(step: str, runs: dict, n_tokens: dict, baseline: str) -> str:
         """Race ``runs``, record their median times per 1,000 tokens and paired ratios; the pick."""
-        raw = race(runs, shares.get(step, budget_s / 2 / others), keep=baseline, work=n_tokens)
+        raw = race(runs, share(step), keep=baseline, work=n_tokens)
         per_round = {k: ([per_k(t, n_tokens[k]) for t in v] if isinstance(v, list) else v) for k, v in raw.items()}
         choice.timings[step] = {k: (statistics.median(v) if isinstance(v, list) else v) for k, v in per_round.items()}
         choice.ratios[step] = ratios(per_round, baseline)
@@ -563,20 +614,35 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float = BUDGET_S
         if choice.bf16_speedup is None or choice.bf16_speedup < 1 + NOISE_MARGIN:
             runs_in = "fp32"
 
+    def affordable(step: str, race_batches: list[PackedBatch], layers: int) -> bool:
+        """Whether ``step``'s race fits its share of the budget (estimated, :func:`race_cost_s`);
+        if not, it is recorded as not raced and keeps the plain path's value."""
+        if len(race_batches) < 2:
+            return True  # one candidate: nothing to race, and it costs nothing
+        need = race_cost_s(model.config, race_batches, layers, choice.gemm_gflops)
+        if need <= share(step):
+            return True
+        choice.not_raced[step] = (f"about {need:.1f} s at {choice.gemm_gflops:.0f} GFLOP/s, over its "
+                                  f"{share(step):.2g} s share of the {budget_s:g} s budget")
+        log.info("kernel choice: %s not raced (%s)", step, choice.not_raced[step])
+        return False
+
     wide = {n: why for n in cands["batch_tokens"] if (why := too_wide(model.config, n))}
     sizes = [n for n in cands["batch_tokens"] if n not in wide] or [min(cands["batch_tokens"])]
     if sizes[0] in wide:
         log.info("every batch size is over the heap limit for this model; racing the smallest, %d tokens", sizes[0])
     batches = {n: synthetic_batch(model.config, n, max_len) for n in sizes}
-    runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"], deeper) for n in batches}
-    choice.batch_tokens = int(timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches},
-                                    str(BASELINE["batch_tokens"])))
-    choice.timings["batch_tokens"].update({str(n): why for n, why in wide.items() if n not in batches})
+    if affordable("batch_tokens", list(batches.values()), deeper_layers):
+        runs = {str(n): runner(chosen_gemm, batches[n], BASELINE["slack"], deeper) for n in batches}
+        choice.batch_tokens = int(timed("batch_tokens", runs, {str(n): batches[n].num_tokens for n in batches},
+                                        str(BASELINE["batch_tokens"])))
+        choice.timings["batch_tokens"].update({str(n): why for n, why in wide.items() if n not in batches})
 
     packed = batches.get(choice.batch_tokens) or synthetic_batch(model.config, choice.batch_tokens, max_len)
-    runs = {str(s): runner(chosen_gemm, packed, s) for s in cands["slack"]}
-    choice.slack = float(timed("slack", runs, {str(s): packed.num_tokens for s in cands["slack"]},
-                               str(BASELINE["slack"])))
+    if affordable("slack", [packed] * len(cands["slack"]), 1):
+        runs = {str(s): runner(chosen_gemm, packed, s) for s in cands["slack"]}
+        choice.slack = float(timed("slack", runs, {str(s): packed.num_tokens for s in cands["slack"]},
+                                   str(BASELINE["slack"])))
     # the rate recorded: the better of a probe before the races and one after them (warm threads
     # and allocator), so one slow probe at the first call does not record a rate too low
     choice.gemm_gflops = max(choice.gemm_gflops, gemm_rate())
@@ -690,23 +756,23 @@ def host_changed(choice: KernelChoice, rate: float | None = None) -> str | None:
 
 
 def measured_speedup(fast: Callable[[], object], base: Callable[[], object],
-                     budget_s: float = BUDGET_S / 2) -> float | None:
+                     budget_s: float | None = None) -> float | None:
     """How many times faster ``fast`` runs than ``base`` here: the median over paired rounds
-    (:func:`race`, at least three) of base's time / fast's time in the same round. None when
-    either raised (logged)."""
-    times = race({"base": base, "fast": fast}, budget_s, keep="base")
+    (:func:`race`, at least three, within ``budget_s``, by default half of :func:`tune_budget`)
+    of base's time / fast's time in the same round. None when either raised (logged)."""
+    times = race({"base": base, "fast": fast}, tune_budget() / 2 if budget_s is None else budget_s, keep="base")
     rel = ratios(times, "base")
     if "fast" not in rel:
         return None
     return 1 / rel["fast"]
 
 
-def choose(model, *, precision: str = "fp32", budget_s: float = BUDGET_S, max_len: int = 256,
+def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max_len: int = 256,
            retune: bool = False, candidates: dict | None = None, compile: bool = False,
            levels: dict[str, int] | None = None) -> KernelChoice:
     """The kernel choice for ``model`` here: from the cache when its key matches, else measured
-    (and cached); the plain defaults when ``BERTSCOPE_TUNE=0``. ``levels``: as for
-    :func:`measure_choice` (a cached choice probes nothing)."""
+    (and cached); the plain defaults when ``BERTSCOPE_TUNE=0``. ``levels`` and ``budget_s``: as
+    for :func:`measure_choice` (a cached choice probes nothing)."""
     dtype = next(model.parameters()).dtype
     key = choice_key(model.config, dtype, precision, compile)
     if not tuning_enabled() and not retune:

@@ -64,6 +64,8 @@ def setup_lines(w: dict) -> list[str]:
         if c:
             txt += (f"kernel choice ({c['source']}): {c['gemm']} GEMMs, {c['batch_tokens']}-token batches, "
                     f"attention slack {c['slack']:g}")
+            if c.get("not_raced"):  # left at the plain values: their races would not fit the budget
+                txt += f" ({' and '.join(c['not_raced'])} not raced within the budget)"
             if info.get("precision") == "int8":
                 txt += f", int8 kernel {c['int8_kernel']}"
                 txt += int8_steps_text(c)

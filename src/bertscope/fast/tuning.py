@@ -46,20 +46,23 @@ never slower than the plain one beyond noise. Each race first settles the C allo
 (:func:`settle_allocator`), so a young process does not time page faults that a long-running one
 never pays. (By then the fast path has usually fixed glibc's thresholds, with
 :func:`bertscope.fast.heap.keep_heap`; settling is for processes where they were left alone.)
-A candidate that raises is recorded with its error and never chosen.
+A candidate that raises is recorded with its error and never chosen. Every candidate computes
+the same fp32 result within 1e-5 (tests hold each one to the padded reference); only bf16 and
+int8 change results, and only when asked.
 
 The budget: every race runs its warm-up and :data:`MIN_ROUNDS` rounds, however long they take,
 so a budget can only be kept by not starting a race that cannot fit. The GEMM library (or int8
-kernel, and bf16 against fp32) is always raced: its choice is the one that moves
-speed most (2.3x, above). The batch budget and the slack, which kept the plain path's value in 190
-and 184 of the 216 choices under benchmarks/results, are raced only when their least time,
-estimated from the model's FLOPs at the host check's GEMM rate (:func:`race_cost_s`; no clock),
-fits their share of the budget; otherwise ``not_raced`` says why and the plain value stays. On
-the slow 2-CPU AVX2 EPYC, all three races took 12.9 s for the bundled model in fp32, 9.7 s of it
-the batch budget and the slack. ``BERTSCOPE_TUNE_BUDGET`` (seconds), or ``bertscope doctor
---retune --budget S``, gives a larger budget for a fuller measurement, cached like any other. Every candidate computes
-the same fp32 result within 1e-5 (tests hold each one to the padded reference); only bf16 and
-int8 change results, and only when asked.
+kernel, and bf16 against fp32) is always raced: its choice is the one that moves speed most
+(2.3x, above). The batch budget and the slack, which kept the plain path's value in 160 and 180
+of the 185 choices recorded under benchmarks/results (the GEMM library: 98 oneDNN, 87 BLAS),
+are raced only when their least time, estimated from the model's FLOPs at the host check's GEMM
+rate (:func:`race_cost_s`; no clock), fits their share of the budget; otherwise ``not_raced``
+says why and the plain value stays. On the slow 2-CPU AVX2 EPYC (``bertscope doctor --precision
+fp32 --retune``), the bundled model's fp32 choice took 12.9 s with every race run and 1.9 s with
+this rule; its int8 choice 7.5 s, 4.4 s of it ``torch._int_mm``'s warm-up and one round (13x
+slower than oneDNN's int8 matmul there). ``BERTSCOPE_TUNE_BUDGET`` (seconds), or ``bertscope
+doctor --retune --budget S``, gives a larger budget for a fuller measurement, cached like any
+other.
 
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
 flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
@@ -81,9 +84,10 @@ race. A change of host smaller than 2x is caught a week later, by ``RECHECK_S``.
 
 One probe is not enough either way. In a CI run on the slower VM, the probe taken while a choice
 was measured read 26.9 GFLOP/s, and the one at the next load, a minute later, 58.6 (2.2x): the
-cached choice was measured again for nothing. So the rate recorded is the better of a probe before the races and
-one after them, and a probe that finds the rate moved over 2x is confirmed by a longer one
-(``CONFIRM_S``, 0.5 s; the better of the two counts) before the choice is measured again.
+cached choice was measured again for nothing. So the rate recorded is the better of a probe
+before the races and one after them, and a probe that finds the rate moved over 2x is confirmed
+by a longer one (``CONFIRM_S``, 0.5 s; the better of the two counts) before the choice is
+measured again.
 """
 
 from __future__ import annotations

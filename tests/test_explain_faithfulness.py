@@ -99,9 +99,11 @@ def test_run_resumes_and_renders(clf, clf_folder, tmp_path, monkeypatch):
         raise AssertionError("a cached sentence was scored again")
 
     monkeypatch.setattr(fa, "score_sentence", boom)
+    monkeypatch.setattr(clf, "classify", boom)  # the held-out accuracy comes from the cache too
     again = fa.run_faithfulness(clf, clf_folder, tmp_path, limit=3)
     assert [s.rho for s in again.sentences] == [s.rho for s in r.sentences]
     assert r.cached == 0 and again.cached == 3 and again.scoring_seconds == pytest.approx(r.scoring_seconds)
+    assert again.accuracy == r.accuracy == json.loads(lines[0])["accuracy"]
     md = fa.render_faithfulness(again, "bertscope explain-experiments --faithfulness", "experiments/x.png")
     L = clf.config.num_hidden_layers
     assert md.count(f"| method | {' | '.join(f'L{l}' for l in range(L))} |") == 2

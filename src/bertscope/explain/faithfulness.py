@@ -306,26 +306,30 @@ def run_faithfulness(clf: Bert, classifier_folder: Path, work: Path, *, limit: i
         raise InputError("the faithfulness experiment needs a fine-tuned classifier")
     train, held = split_sentences(review_sentences())
     texts = held if limit is None else held[:limit]
-    probs = clf.classify([t for t, _ in held], max_length=clf.max_seq_length)
-    names = clf.labels
-    accuracy = float(np.mean([names[int(p.argmax())] == lab for p, (_, lab) in zip(probs, held)]))
     key = {"classifier": _fingerprint(classifier_folder), "ig_steps": ig_steps, "format": 2}
     cache = work / "faithfulness.jsonl"
     done: dict[int, dict] = {}
+    accuracy = None  # the classifier's on every held-out sentence: kept in the cache's first line
     if cache.is_file():
         lines = cache.read_text(encoding="utf-8").splitlines()
-        if lines and json.loads(lines[0]) == key:
+        header = json.loads(lines[0]) if lines else {}
+        if {k: header.get(k) for k in key} == key:
+            accuracy = header.get("accuracy")
             for line in lines[1:]:
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     break  # a line cut by an interruption: recompute from here
                 done[rec["index"]] = rec
+    if accuracy is None:
+        probs = clf.classify([t for t, _ in held], max_length=clf.max_seq_length)
+        names = clf.labels
+        accuracy = float(np.mean([names[int(p.argmax())] == lab for p, (_, lab) in zip(probs, held)]))
     if on_total is not None:
         on_total(len(texts))
     result = Faithfulness(model=description or f"the classifier in {classifier_folder}", classifier=str(classifier_folder), layers=clf.config.num_hidden_layers,
                           held_out=len(held), accuracy=accuracy, train_sentences=len(train), ig_steps=ig_steps)
-    records = [json.dumps(key)]
+    records = [json.dumps({**key, "accuracy": accuracy})]
     for i, (text, label) in enumerate(texts):
         rec = done.get(i)
         if rec is None:

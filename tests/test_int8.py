@@ -30,6 +30,15 @@ def int8(bundled_path):
     return bertscope.load(bundled_path, precision="int8", keep_precision=True)
 
 
+@pytest.fixture(scope="module")
+def reviews(bert):
+    """The contract's corpus and bertscope fp32's embeddings of it (read-only), computed once."""
+    texts = review_corpus()
+    ref = bert.embed(texts)
+    ref.flags.writeable = False
+    return texts, ref
+
+
 def brute_force(x: np.ndarray, w: np.ndarray, b: np.ndarray, levels: int = 255,
                 channels: tuple[int, ...] = ()) -> np.ndarray:
     """The int8 scheme written out in float64: per-channel weights, per-token asymmetric inputs
@@ -47,11 +56,11 @@ def brute_force(x: np.ndarray, w: np.ndarray, b: np.ndarray, levels: int = 255,
     return xd @ (wq * s[:, None]).T + x[:, S] @ w[:, S].T + b  # (N, M)
 
 
-def test_int8_contract_on_a_fixed_mixed_length_corpus(bert, int8):
+def test_int8_contract_on_a_fixed_mixed_length_corpus(reviews, int8):
     """Cosine to fp32: mean >= 0.99, min >= 0.97; top-10 neighbours (each text against all the
     others, brute force): overlap >= 0.9."""
-    texts = review_corpus()
-    ref, got = bert.embed(texts), int8.embed(texts)
+    texts, ref = reviews
+    got = int8.embed(texts)
     cos = (ref * got).sum(1)
     assert cos.mean() >= 0.99 and cos.min() >= 0.97, (cos.mean(), cos.min())
     sims = []
@@ -181,7 +190,7 @@ def test_the_8bit_range_probe_finds_the_saturation_it_looks_for(kernel, monkeypa
     assert int8_range_exact("onednn", REDUCED_LEVELS) and not int8_range_exact("onednn", 255)
 
 
-def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract(bundled_path, bert, monkeypatch):
+def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract(bundled_path, reviews, monkeypatch):
     """Where the probe finds the 8-bit grid inexact (an AVX2 CPU without VNNI), int8 quantizes
     activations to 7 bits, says so in its note, and still meets the quality contract."""
     from bertscope.fast import quant
@@ -194,8 +203,8 @@ def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract
         lins = b.fast.gemm.linears(b.model, torch.zeros(1, b.config.hidden_size))
     assert {lin.levels for layer in lins for lin in (layer.qkv, layer.output, layer.ff_in, layer.ff_out)
             if isinstance(lin, Int8Linear)} == {127}
-    texts = review_corpus()
-    ref, got = bert.embed(texts), b.embed(texts)
+    texts, ref = reviews
+    got = b.embed(texts)
     cos = (ref * got).sum(1)
     assert cos.mean() >= 0.99 and cos.min() >= 0.97, (cos.mean(), cos.min())
     from bertscope.bench.quality import embedding_agreement

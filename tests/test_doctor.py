@@ -4,6 +4,7 @@ choice; the choice it shows is the one cached on disk and the one `load` then us
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -86,8 +87,8 @@ def test_doctor_int8_reports_its_calibration(tmp_path, monkeypatch, capsys):
 
 
 def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
-    """--budget is the budget the choice is measured within (and a bad one is refused by the
-    parser); the default is BUDGET_S."""
+    """--budget measures the choice again within that many seconds (a bad value is refused by the
+    parser); the default budget is BUDGET_S."""
     from bertscope.fast import tuning
 
     monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
@@ -97,18 +98,21 @@ def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
     def measured(model, **kw):
         budgets.append(tuning.tune_budget() if kw.get("budget_s") is None else kw["budget_s"])
         return tuning.KernelChoice(key=tuning.choice_key(model.config, torch.float32, kw.get("precision", "fp32")),
-                                   source="measured", budget_s=budgets[-1])
+                                   source="measured", budget_s=budgets[-1], measured_at=time.time())
 
     monkeypatch.setattr(tuning, "measure_choice", measured)
     assert main(["doctor", "--json", "--precision", "fp32"]) == 0
-    assert main(["doctor", "--json", "--precision", "fp32", "--retune", "--budget", "7.5"]) == 0
+    assert main(["doctor", "--json", "--precision", "fp32"]) == 0  # cached: nothing measured
+    assert main(["doctor", "--json", "--precision", "fp32", "--budget", "7.5"]) == 0  # measures again
     assert budgets == [BUDGET_S, 7.5]
     out, reports = capsys.readouterr().out, []
     while out.strip():  # two JSON documents, one per run
         doc, end = json.JSONDecoder().raw_decode(out.lstrip())
         reports.append(doc)
         out = out.lstrip()[end:]
-    assert [r["precisions"]["fp32"]["choice"]["budget_s"] for r in reports] == [BUDGET_S, 7.5]
+    choices = [r["precisions"]["fp32"]["choice"] for r in reports]
+    assert [(c["source"], c["budget_s"]) for c in choices] == [("measured", BUDGET_S), ("cache", BUDGET_S),
+                                                               ("measured", 7.5)]
     for bad in ("0", "-2", "soon"):
         try:
             main(["doctor", "--budget", bad])

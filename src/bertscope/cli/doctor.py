@@ -36,9 +36,9 @@ is measured again).
 Budget: the GEMM library (int8 kernel, bf16) is always raced, three rounds at least. The batch
 size and the slack are raced only when their estimated least time (the model's FLOPs at the
 machine's GEMM rate) fits their share of the budget; otherwise they keep the plain path's value
-and the report says "not raced". --budget S (with --retune) measures everything that fits in
-S seconds, and the fuller choice is cached for every later load (BERTSCOPE_TUNE_BUDGET does the
-same for any bertscope command).
+and the report says "not raced". --budget S measures again, racing everything that fits in S
+seconds, and the fuller choice is cached for every later load (BERTSCOPE_TUNE_BUDGET sets the
+budget for any bertscope command that measures a choice).
 Candidates run in turn, round after round, and each is compared with the plain path (BLAS,
 2,048 tokens, exact groups) in the same round; one replaces the plain path only if the median
 of those ratios says it is more than 5% faster. Times are median seconds per 1,000 tokens
@@ -51,7 +51,7 @@ examples:
   bertscope doctor
   bertscope doctor --json
   bertscope doctor --retune --precision fp32      # measure again, replacing the cached choice
-  bertscope doctor --retune --budget 30           # race batch sizes and slack too (slower)
+  bertscope doctor --budget 30                    # measure again, racing batch sizes and slack too
   bertscope doctor --preset bert-base              # BERT-base shapes (random weights)
 """
 
@@ -66,8 +66,7 @@ def register(sub) -> None:
                    help="which precision's choice to show (default: all)")
     p.add_argument("--retune", action="store_true", help="measure again even where a choice is cached")
     p.add_argument("--budget", metavar="S", type=_seconds, default=None,
-                   help="seconds the kernel choice may take when it is measured (default: about 2; "
-                        "use with --retune to measure a cached choice again within it)")
+                   help="measure the choice again (as --retune) within S seconds (default budget: about 2)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -96,7 +95,7 @@ def _timings(choice: dict) -> list[str]:
             cells.append(f"{cand} {t:.4f}{ratio}{mark}" if isinstance(t, float) else f"{cand} {t}")
         lines.append(f"    {step:<13} " + "   ".join(cells))
     for step, why in choice.get("not_raced", {}).items():
-        lines.append(f"    {step:<13} not raced: {why}; kept {winners.get(step, '')} (--retune --budget S races it)")
+        lines.append(f"    {step:<13} not raced: {why}; kept {winners.get(step, '')} (--budget S races it)")
     return lines
 
 
@@ -109,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if args.budget is not None:  # read by the kernel choice wherever this process measures one
         os.environ["BERTSCOPE_TUNE_BUDGET"] = repr(args.budget)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
-    res = diagnose(model=args.model, preset=args.preset, precisions=precisions, retune=args.retune)
+    res = diagnose(model=args.model, preset=args.preset, precisions=precisions,
+                   retune=args.retune or args.budget is not None)
     if args.json:
         print_json(res)
         return 0

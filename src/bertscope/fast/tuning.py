@@ -61,7 +61,7 @@ says why and the plain value stays. On the slow 2-CPU AVX2 EPYC (``bertscope doc
 fp32 --retune``), the bundled model's fp32 choice took 12.9 s with every race run and 1.9 s with
 this rule; its int8 choice 7.5 s, 4.4 s of it ``torch._int_mm``'s warm-up and one round (13x
 slower than oneDNN's int8 matmul there). ``BERTSCOPE_TUNE_BUDGET`` (seconds), or ``bertscope
-doctor --retune --budget S``, gives a larger budget for a fuller measurement, cached like any
+doctor --budget S``, gives a larger budget for a fuller measurement, cached like any
 other.
 
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and

@@ -51,7 +51,7 @@ examples:
   bertscope doctor
   bertscope doctor --json
   bertscope doctor --retune --precision fp32      # measure again, replacing the cached choice
-  bertscope doctor --budget 30                    # measure again, racing batch sizes and slack too
+  bertscope doctor --budget 30                    # measure again; batch sizes and slack race if they fit
   bertscope doctor --preset bert-base              # BERT-base shapes (random weights)
 """
 

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         c = e["choice"]
         print(f"\n{precision}: runs in {e['in_use']}" + (f" -- {e['note']}" if e["note"] else ""))
         if c:
-            print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}{' (budget ' + format(c['budget_s'], 'g') + ' s)' if c['source'] == 'measured' and c.get('budget_s') else ''}): "
+            print(f"  choice ({c['source']}{', ' + format(c['seconds'], '.1f') + ' s' if c['source'] == 'measured' else ''}{'; budget ' + format(c['budget_s'], 'g') + ' s' if c['source'] == 'measured' and c.get('budget_s') else ''}): "
                   f"{c['gemm']} GEMMs, {c['batch_tokens']}-token batches, attention slack {c['slack']:g}"
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (int8_steps_text(c) if precision == "int8" else "")

@@ -72,13 +72,12 @@ def register(sub) -> None:
 
 
 def _seconds(text: str) -> float:
+    from ..fast.tuning import TuningError, parse_budget
+
     try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (0 < value < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return value
+        return parse_budget(text)
+    except TuningError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _timings(choice: dict) -> list[str]:

@@ -313,7 +313,7 @@ def run_faithfulness(clf: Bert, classifier_folder: Path, work: Path, *, limit: i
     if cache.is_file():
         lines = cache.read_text(encoding="utf-8").splitlines()
         header = json.loads(lines[0]) if lines else {}
-        if {k: header.get(k) for k in key} == key:
+        if isinstance(header, dict) and {k: header.get(k) for k in key} == key:
             accuracy = header.get("accuracy")
             for line in lines[1:]:
                 try:

@@ -113,7 +113,7 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "RECHECK_S",
-           "TuningError", "cache_dir", "choice_key", "race_cost_s", "tune_budget",
+           "TuningError", "cache_dir", "choice_key", "parse_budget", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_name", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
@@ -195,18 +195,26 @@ class TuningError(BertscopeError, ValueError):
     """A setting of the kernel choice that cannot be used (BERTSCOPE_TUNE_BUDGET)."""
 
 
+def parse_budget(text: str) -> float:
+    """A budget in seconds from ``text``: a finite number above 0, else :class:`TuningError`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise TuningError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
 def tune_budget() -> float:
     """The kernel choice's time budget in seconds: ``BERTSCOPE_TUNE_BUDGET``, else :data:`BUDGET_S`."""
     raw = os.environ.get("BERTSCOPE_TUNE_BUDGET", "").strip()
     if not raw:
         return BUDGET_S
     try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not (0 < value < float("inf")):
-        raise TuningError(f"BERTSCOPE_TUNE_BUDGET must be a number of seconds above 0, got {raw!r}")
-    return value
+        return parse_budget(raw)
+    except TuningError as e:
+        raise TuningError(f"BERTSCOPE_TUNE_BUDGET {e}") from None
 
 
 def race_cost_s(config, batches: list[PackedBatch], layers: int, rate: float,

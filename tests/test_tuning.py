@@ -548,12 +548,16 @@ def test_model_flops_agree_with_torchs_flop_counter(small_model, lengths):
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = small_model.config
-    counted = 0
+    counted = products = 0
     for L in lengths:
         ids = torch.randint(1, cfg.vocab_size, (1, L))
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             small_model(ids, attention_mask=torch.ones_like(ids), output_attentions=True)  # explicit matmuls
         counted += counter.get_total_flops() - 2 * cfg.hidden_size ** 2
+        by_op = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+        products += by_op.get("aten.bmm", 0)  # Q·Kᵀ and P·V; the linears count as addmm/mm
+    assert products > 0
+    assert cfg.flop_terms(lengths) == (counted - products, products)
     assert cfg.flops(lengths) == counted
     assert cfg.flops(lengths, layers=1) * cfg.num_hidden_layers == counted
 

@@ -92,18 +92,23 @@ class BertConfig:
         layer = 4 * (C * C + C) + 2 * (2 * C) + (C * I + I) + (I * C + C)
         return embeddings + self.num_hidden_layers * layer + (C * C + C)
 
-    def flops(self, lengths: Sequence[int], layers: int | None = None) -> float:
-        """FLOPs that real tokens need through ``layers`` layers (default: all), 2 per multiply-add;
-        no padding, no embeddings, no softmax.
+    def flop_terms(self, lengths: Sequence[int], layers: int | None = None) -> tuple[float, float]:
+        """(linear, attention): FLOPs that real tokens need through ``layers`` layers (default:
+        all), 2 per multiply-add; no padding, no embeddings, no softmax, no pooler.
 
-        Per layer and sequence of L tokens: projections Q, K, V, O: 2·L·4C²; feed-forward: 2·L·2CI;
-        scores QKᵀ and context P·V: 2·2·L²·C.
+        Per layer and sequence of L tokens, linear (grows with L): projections Q, K, V, O
+        2·L·4C² and the feed-forward 2·L·2CI; attention (grows with L²): scores QKᵀ and context
+        P·V, 2·2·L²·C.
         """
         C, I = self.hidden_size, self.intermediate_size
         N = self.num_hidden_layers if layers is None else layers
-        linear = sum(lengths) * 2 * (4 * C * C + 2 * C * I)
-        quadratic = sum(L * L for L in lengths) * 4 * C
-        return float(N * (linear + quadratic))
+        linear = N * sum(lengths) * 2 * (4 * C * C + 2 * C * I)
+        attention = N * sum(L * L for L in lengths) * 4 * C
+        return float(linear), float(attention)
+
+    def flops(self, lengths: Sequence[int], layers: int | None = None) -> float:
+        """All of :meth:`flop_terms`: the useful FLOPs of a forward over ``lengths``."""
+        return sum(self.flop_terms(lengths, layers))
 
     @classmethod
     def preset(cls, name: str) -> "BertConfig":

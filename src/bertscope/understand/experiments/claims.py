@@ -273,15 +273,14 @@ def s12_referent(bert: Bert, k: int = 5) -> S12Result:
 
 # --------------------------------------------------------------------------------------- errata
 def flops_per_forward(config: BertConfig, length: int) -> dict[str, float]:
-    """Multiply-adds x 2 of one encoder forward of one sequence (embeddings and pooler left out).
+    """Multiply-adds x 2 of one encoder forward of one sequence (embeddings and pooler left out),
+    split as :meth:`BertConfig.flop_terms` splits them.
 
     linear: Q, K, V, O projections and the feed-forward (grow with L); attention: Q·Kᵀ and
     weights·V (grow with L²).
     """
-    C, I, N, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers, length
-    linear = N * 2 * L * (4 * C * C + 2 * C * I)
-    attention = N * 2 * (2 * L * L * C)
-    return {"linear": float(linear), "attention": float(attention), "total": float(linear + attention)}
+    linear, attention = config.flop_terms([length])
+    return {"linear": linear, "attention": attention, "total": linear + attention}
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ def main() -> int:
     from bertscope.bench.corpus import vocab_words
     from bertscope.bench.machine import cpu_flags, cpu_name
 
-    words = vocab_words(bertscope.load().tokenizer)
+    bert = bertscope.load()
+    words = vocab_words(bert.tokenizer)
+    precision = a.extra[a.extra.index("--precision") + 1] if "--precision" in a.extra[:-1] else "fp32"
     rng = random.Random(0)
     results = []
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -116,7 +118,7 @@ def main() -> int:
             s = [row[1] for row in samples]
             stats.update(texts=n, texts_per_s=n / stats["wall_s"], cpu=cpu_name(), cpu_flags=cpu_flags(),
                          logical_cpus=os.cpu_count(), torch=__import__("torch").__version__,
-                         embed_arguments=list(a.extra),
+                         embed_arguments=list(a.extra), kernel_choice=kernel_choice(bert.config, precision),
                          rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None,
                          # the curve, at most 400 points: [seconds, RSS, heap in use, heap held free] (MiB)
                          curve=samples[:: max(1, len(samples) // 400)],
@@ -130,6 +132,18 @@ def main() -> int:
     if a.plot:
         plot(results, Path(a.plot))
     return 0
+
+
+def kernel_choice(config, precision: str) -> dict | None:
+    """What the run's kernel choice was (the cached one it used or measured; read after the run,
+    so reading it measures nothing): the batch size and GEMM library decide the working set."""
+    import torch
+    from bertscope.fast import tuning
+
+    c = tuning.load_choice(tuning.choice_key(config, torch.float32, precision))
+    if c is None:
+        return None
+    return {k: v for k, v in c.to_json().items() if k not in ("key", "timings", "path")}
 
 
 STRETCHES = ((0, 0.05), (0.05, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 0.9), (0.9, 1.0))

@@ -11,6 +11,12 @@ says of its heap (``mallinfo2``: bytes in use by the program, and bytes it holds
 not returned to the system). At the end it asks glibc to return what it holds free
 (``malloc_trim(0)``) and records the RSS after that: memory that comes back then was allocator
 retention (fragmentation), not a leak.
+
+A long run keeps its curve when it is cut short: the samples are appended to a file as they are
+taken (``--samples PATH`` keeps that file; otherwise it lives in a temporary folder), and
+``--deadline-s S`` stops the run after S seconds and reports what it reached (``"partial": true``,
+``texts_done`` counted from the finished shards, the peak RSS from the kernel's account of the
+stopped process).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ def heap():
 import os, tracemalloc
 if os.environ.get("EMBED_MEMORY_TRACE_PYTHON") == "1":
     tracemalloc.start(1)  # what the interpreter and numpy allocate (torch's tensors are not counted)
-samples = []
+log = open(os.environ["EMBED_MEMORY_SAMPLES"], "a", buffering=1)  # one row per line, kept if the run is stopped
 t0 = time.perf_counter()
 def sample():
     while True:
@@ -57,7 +63,7 @@ def sample():
         row = [round(time.perf_counter() - t0, 1), rss(), used, free]
         if tracemalloc.is_tracing():
             row.append(tracemalloc.get_traced_memory()[0] / MiB)
-        samples.append(row)
+        log.write(json.dumps(row) + "\n")
         time.sleep(0.5)
 threading.Thread(target=sample, daemon=True).start()
 from bertscope.cli.main import main
@@ -69,7 +75,7 @@ if libc is not None:
     libc.malloc_trim(0)
 print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "end_rss_mib": end_rss, "end_heap_in_use_mib": end_used, "end_heap_held_free_mib": end_free,
-                  "rss_after_malloc_trim_mib": rss(), "samples": samples}), file=sys.stderr)
+                  "rss_after_malloc_trim_mib": rss()}), file=sys.stderr)
 """
 
 
@@ -88,6 +94,12 @@ def main() -> int:
     p.add_argument("--trace-python", action="store_true",
                    help="also sample the memory Python and numpy hold (tracemalloc; slower): a rise in "
                         "glibc's bytes in use that this does not show is native (torch, MKL, the tokenizer)")
+    p.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                   help="stop each run after S seconds and report what it reached (partial: true)")
+    p.add_argument("--samples", default=None, metavar="PATH",
+                   help="append the curve's samples to this file as they are taken (JSON lines, one "
+                        "[seconds, rss, heap in use, held free] row per line), so a run that is killed "
+                        "keeps its curve; with several sizes, the size is added to the name")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                    help="further arguments for `bertscope embed` (e.g. --extra --precision bf16)")
     a = p.parse_args()
@@ -108,17 +120,20 @@ def main() -> int:
         for n in a.sizes:
             inp = Path(tmp) / f"texts{n}.txt"
             write_lines(inp, n, words, rng)
-            r = subprocess.run([sys.executable, "-c", WRAPPER, "embed", str(inp), "--out", str(Path(tmp) / f"out{n}"),
-                                "--quiet", *a.extra], env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(r.stderr[-2000:], file=sys.stderr)
+            log = samples_path(a.samples, n, len(a.sizes), Path(tmp))
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("")
+            out_dir = Path(tmp) / f"out{n}"
+            stats = run_one([sys.executable, "-c", WRAPPER, "embed", str(inp), "--out", str(out_dir), "--quiet",
+                             *a.extra], dict(env, EMBED_MEMORY_SAMPLES=str(log)), a.deadline_s, out_dir)
+            if stats is None:
                 return 1
-            stats = json.loads(r.stderr.strip().splitlines()[-1])
-            samples = stats.pop("samples")
+            samples = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
             s = [row[1] for row in samples]
-            stats.update(texts=n, texts_per_s=n / stats["wall_s"], cpu=cpu_name(), cpu_flags=cpu_flags(),
+            done = stats.get("texts_done", n)
+            stats.update(texts=n, texts_per_s=done / stats["wall_s"], cpu=cpu_name(), cpu_flags=cpu_flags(),
                          logical_cpus=os.cpu_count(), torch=__import__("torch").__version__,
-                         embed_arguments=list(a.extra), kernel_choice=kernel_choice(bert.config, precision),
+                         embed_arguments=list(a.extra), kernel_choice=kernel_choice(bert.config, precision, a.extra),
                          rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None,
                          # the curve, at most 400 points: [seconds, RSS, heap in use, heap held free] (MiB)
                          curve=samples[:: max(1, len(samples) // 400)],
@@ -134,16 +149,71 @@ def main() -> int:
     return 0
 
 
-def kernel_choice(config, precision: str) -> dict | None:
-    """What the run's kernel choice was (the cached one it used or measured; read after the run,
-    so reading it measures nothing): the batch size and GEMM library decide the working set."""
+def samples_path(given: str | None, n: int, sizes: int, tmp: Path) -> Path:
+    """Where the run over n lines streams its samples: the given file (the size added to its name
+    when several sizes run), else a file in the temporary folder."""
+    if given is None:
+        return tmp / f"samples{n}.jsonl"
+    path = Path(given)
+    return path if sizes == 1 else path.with_name(f"{path.stem}_{n}{path.suffix}")
+
+
+def run_one(cmd: list[str], env: dict, deadline_s: float | None, out_dir: Path) -> dict | None:
+    """Run the wrapped `bertscope embed`; return its summary, or None (with its stderr shown) when
+    it failed. Past the deadline, stop it and return what it reached: partial, the texts in its
+    finished shards, and its peak RSS as the kernel counted it for the stopped process."""
+    import signal
+    import time
+
+    with tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            rc = proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            except ChildProcessError:  # already reaped
+                usage = None
+            proc.returncode = -signal.SIGTERM
+            wall = time.perf_counter() - t
+            return {"partial": True, "stopped_after_s": deadline_s, "wall_s": wall,
+                    "texts_done": shard_rows_done(out_dir),
+                    "peak_rss_mib": usage.ru_maxrss / 1024 if usage is not None else None}
+        err.seek(0)
+        text = err.read()
+    if rc != 0:
+        print(text[-2000:], file=sys.stderr)
+        return None
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def shard_rows_done(out_dir: Path) -> int:
+    """Rows in the shards a stopped `embed` job finished (they wait in OUTPUT/_staging/)."""
+    import numpy as np
+
+    staging = out_dir / "_staging"
+    return sum(len(np.load(f, mmap_mode="r")) for f in staging.glob("part-*.npy")) if staging.is_dir() else 0
+
+
+def kernel_choice(config, precision: str, extra: list[str]) -> dict | None:
+    """What the run's kernel choice was (the cached one it used or measured, read after the run so
+    that reading it measures nothing; the plain defaults under BERTSCOPE_TUNE=0), with the batch
+    size that --batch-tokens set, if given: the batch size and GEMM library decide the working set."""
     import torch
     from bertscope.fast import tuning
 
-    c = tuning.load_choice(tuning.choice_key(config, torch.float32, precision))
+    if tuning.tuning_enabled():
+        c = tuning.load_choice(tuning.choice_key(config, torch.float32, precision))
+    else:
+        c = tuning.KernelChoice(source="default")
     if c is None:
         return None
-    return {k: v for k, v in c.to_json().items() if k not in ("key", "timings", "path")}
+    out = {k: v for k, v in c.to_json().items() if k not in ("key", "timings", "path")}
+    if "--batch-tokens" in extra[:-1]:
+        out.update(batch_tokens=int(extra[extra.index("--batch-tokens") + 1]), batch_tokens_from="--batch-tokens")
+    return out
 
 
 STRETCHES = ((0, 0.05), (0.05, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 0.9), (0.9, 1.0))

@@ -636,3 +636,43 @@ def test_compiled_step_benchmarks_refuse_in_one_line_where_the_compiled_steps_ar
                                       "--compiled"])
     with pytest.raises(BertscopeError, match="not usable"):
         floor.main()
+
+
+def test_embed_memory_keeps_the_curve_of_a_run_it_stops_at_its_deadline(tmp_path, monkeypatch, capsys):
+    """benchmarks/embed_memory.py (the `embed` memory figures in docs/BENCHMARKS.md): a complete run
+    reads its curve back from the samples file it streamed; a run stopped at --deadline-s is
+    reported as partial, with the texts of its finished shards and the stopped process's peak RSS,
+    and its streamed samples survive it."""
+    import numpy as np
+
+    mod = benchmark_script("embed_memory")
+    out, log = tmp_path / "m.json", tmp_path / "samples.jsonl"
+    monkeypatch.setattr(sys, "argv", ["embed_memory.py", "--sizes", "120", "--out", str(out), "--samples", str(log),
+                                      "--extra", "--batch-tokens", "1024"])
+    assert mod.main() == 0
+    r = json.loads(out.read_text())[0]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert r["texts"] == 120 and "partial" not in r and r["peak_rss_mib"] > 0 and "kernel_choice" in r
+    assert r["kernel_choice"]["batch_tokens"] == 1024  # what the run used, not the cached choice
+    assert rows and r["curve"] == rows[:: max(1, len(rows) // 400)]
+    assert all(len(row) == 4 and row[1] > 0 for row in rows)
+
+    deadline = 12.0
+    monkeypatch.setattr(sys, "argv", ["embed_memory.py", "--sizes", "50000", "--deadline-s", str(deadline),
+                                      "--out", str(out), "--samples", str(log), "--extra", "--shard-rows", "300"])
+    assert mod.main() == 0
+    r = json.loads(out.read_text())[0]
+    assert r["partial"] is True and r["stopped_after_s"] == deadline and r["wall_s"] >= deadline
+    assert r["texts_done"] % 300 == 0 and r["texts_done"] < 50_000  # whole shards only, far from the end
+    assert r["peak_rss_mib"] > 100  # torch and the model were loaded when it was stopped
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rows and rows[-1][0] <= r["wall_s"] and r["curve"] == rows[:: max(1, len(rows) // 400)]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["partial"] is True
+
+    staging = tmp_path / "job" / "_staging"  # what a stopped job leaves: its finished shards
+    staging.mkdir(parents=True)
+    np.save(staging / "part-00000.npy", np.zeros((300, 4), np.float32))
+    np.save(staging / "part-00001.npy", np.zeros((17, 4), np.float32))
+    assert mod.shard_rows_done(tmp_path / "job") == 317 and mod.shard_rows_done(tmp_path / "none") == 0
+    assert mod.samples_path("a/s.jsonl", 10, 2, tmp_path) == Path("a/s_10.jsonl")
+    assert mod.samples_path(None, 10, 1, tmp_path) == tmp_path / "samples10.jsonl"

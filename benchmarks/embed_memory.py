@@ -200,7 +200,8 @@ def shard_rows_done(out_dir: Path) -> int:
 def kernel_choice(config, precision: str, extra: list[str]) -> dict | None:
     """What the run's kernel choice was (the cached one it used or measured, read after the run so
     that reading it measures nothing; the plain defaults under BERTSCOPE_TUNE=0), with the batch
-    size that --batch-tokens set, if given: the batch size and GEMM library decide the working set."""
+    size that --batch-tokens set, if given, and BLAS when BERTSCOPE_ONEDNN=0 forced it: the batch size
+    and GEMM library decide the working set."""
     import torch
     from bertscope.fast import tuning
 
@@ -213,6 +214,8 @@ def kernel_choice(config, precision: str, extra: list[str]) -> dict | None:
     out = {k: v for k, v in c.to_json().items() if k not in ("key", "timings", "path")}
     if "--batch-tokens" in extra[:-1]:
         out.update(batch_tokens=int(extra[extra.index("--batch-tokens") + 1]), batch_tokens_from="--batch-tokens")
+    if os.environ.get("BERTSCOPE_ONEDNN", "1") == "0":  # the environment's "blas" wins over the cached choice
+        out.update(gemm="blas", gemm_from="BERTSCOPE_ONEDNN=0")
     return out
 
 

@@ -676,3 +676,23 @@ def test_embed_memory_keeps_the_curve_of_a_run_it_stops_at_its_deadline(tmp_path
     assert mod.shard_rows_done(tmp_path / "job") == 317 and mod.shard_rows_done(tmp_path / "none") == 0
     assert mod.samples_path("a/s.jsonl", 10, 2, tmp_path) == Path("a/s_10.jsonl")
     assert mod.samples_path(None, 10, 1, tmp_path) == tmp_path / "samples10.jsonl"
+
+
+def test_embed_memory_records_blas_when_the_environment_forces_it(monkeypatch):
+    """A run under BERTSCOPE_ONEDNN=0 computes with BLAS whatever the cached choice says
+    (GemmBackend), so its record must say BLAS and why, or a memory figure gets the wrong library."""
+    from bertscope.fast import gemm, tuning
+
+    mod = benchmark_script("embed_memory")
+    cached = tuning.KernelChoice(gemm="onednn", source="cache")  # what a fast AVX-512 host caches
+    monkeypatch.setattr(tuning, "tuning_enabled", lambda: True)
+    monkeypatch.setattr(tuning, "choice_key", lambda config, dtype, precision: "key")
+    monkeypatch.setattr(tuning, "load_choice", lambda key: cached)
+    monkeypatch.delenv("BERTSCOPE_ONEDNN", raising=False)
+    plain = mod.kernel_choice(None, "fp32", [])
+    assert plain["gemm"] == "onednn" and plain["source"] == "cache" and "gemm_from" not in plain
+    monkeypatch.setenv("BERTSCOPE_ONEDNN", "0")
+    forced = mod.kernel_choice(None, "fp32", ["--batch-tokens", "4096"])
+    assert forced["gemm"] == "blas" and forced["gemm_from"] == "BERTSCOPE_ONEDNN=0"
+    assert forced["batch_tokens"] == 4096
+    assert gemm.GemmBackend(prefer="onednn").prefer == "blas"  # what the run computed with

@@ -696,3 +696,32 @@ def test_embed_memory_records_blas_when_the_environment_forces_it(monkeypatch):
     assert forced["gemm"] == "blas" and forced["gemm_from"] == "BERTSCOPE_ONEDNN=0"
     assert forced["batch_tokens"] == 4096
     assert gemm.GemmBackend(prefer="onednn").prefer == "blas"  # what the run computed with
+
+
+def test_count_choices_counts_each_measured_choice_once_and_skips_overridden_values(tmp_path, capsys):
+    """benchmarks/count_choices.py (the README's counts of the kernel choices): a choice recorded
+    by several systems counts once, a batch size set by --batch-tokens or BLAS forced by the
+    environment is not the choice's, and a file that is not JSON is named, not fatal."""
+    mod = benchmark_script("count_choices")
+    plain = {"gemm": "onednn", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "measured_at": 1.0,
+             "not_raced": {"batch_tokens": "over its share"}}
+    flagged = dict(plain, batch_tokens=4096, batch_tokens_from="--batch-tokens")
+    forced = dict(plain, gemm="blas", gemm_from="BERTSCOPE_ONEDNN=0", measured_at=2.0, slack=0.1)
+    old = {"gemm": "blas", "batch_tokens": 1024, "slack": 0}  # an older record: no measured_at
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bench.json").write_text(json.dumps({"w": [{"kernel_choice": flagged}, {"kernel_choice": plain},
+                                                                 {"ratios": {"gemm": {"blas": 1.0}}}]}))
+    (tmp_path / "a" / "embed.json").write_text(json.dumps([{"kernel_choice": forced}, {"kernel_choice": old}]))
+    (tmp_path / "broken.json").write_text("{not json")
+    r = mod.count([tmp_path])
+    assert r["files"] == 2 and r["records"] == 4 and r["choices"] == 3
+    assert r["unreadable"] == [str(tmp_path / "broken.json")]
+    assert r["batch_tokens"] == {"counted": 3, "kept_plain": 2, "values": {2048: 2, 1024: 1}}
+    assert r["slack"] == {"counted": 3, "kept_plain": 2, "values": {0.0: 2, 0.1: 1}}
+    assert r["gemm"] == {"onednn": 1, "blas": 1}  # the forced BLAS is not a choice of BLAS
+    assert r["not_raced"] == {"recorded_in": 2, "batch_tokens": 2, "slack": 0}
+    assert mod.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("3 distinct kernel choices (4 records in 2 JSON files)") and "broken.json" in out
+    assert mod.main([str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: not a folder: {tmp_path / 'none'}"

@@ -133,7 +133,8 @@ def main() -> int:
             done = stats.get("texts_done", n)
             stats.update(texts=n, texts_per_s=done / stats["wall_s"], cpu=cpu_name(), cpu_flags=cpu_flags(),
                          logical_cpus=os.cpu_count(), torch=__import__("torch").__version__,
-                         embed_arguments=list(a.extra), kernel_choice=kernel_choice(bert.config, precision, a.extra),
+                         embed_arguments=list(a.extra), environment=run_environment(),
+                         kernel_choice=kernel_choice(bert.config, precision, a.extra),
                          rss_mib_at_10_50_90_percent=[s[int(len(s) * q)] for q in (0.1, 0.5, 0.9)] if s else None,
                          # the curve, at most 400 points: [seconds, RSS, heap in use, heap held free] (MiB)
                          curve=samples[:: max(1, len(samples) // 400)],
@@ -195,6 +196,13 @@ def shard_rows_done(out_dir: Path) -> int:
 
     staging = out_dir / "_staging"
     return sum(len(np.load(f, mmap_mode="r")) for f in staging.glob("part-*.npy")) if staging.is_dir() else 0
+
+
+def run_environment() -> dict[str, str]:
+    """The settings of the run that live in the environment: bertscope's own (BERTSCOPE_HEAP,
+    BERTSCOPE_ONEDNN, ...) and glibc's malloc ones, which change the memory figures."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(("BERTSCOPE_", "MALLOC_")) or k in ("GLIBC_TUNABLES", "OMP_NUM_THREADS", "LD_PRELOAD")}
 
 
 def kernel_choice(config, precision: str, extra: list[str]) -> dict | None:

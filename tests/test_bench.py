@@ -680,7 +680,8 @@ def test_embed_memory_keeps_the_curve_of_a_run_it_stops_at_its_deadline(tmp_path
 
 def test_embed_memory_records_blas_when_the_environment_forces_it(monkeypatch):
     """A run under BERTSCOPE_ONEDNN=0 computes with BLAS whatever the cached choice says
-    (GemmBackend), so its record must say BLAS and why, or a memory figure gets the wrong library."""
+    (GemmBackend), so its record must say BLAS and why, or a memory figure gets the wrong library;
+    and the run records the environment's settings that change its memory (the heap policy)."""
     from bertscope.fast import gemm, tuning
 
     mod = benchmark_script("embed_memory")
@@ -695,6 +696,11 @@ def test_embed_memory_records_blas_when_the_environment_forces_it(monkeypatch):
     forced = mod.kernel_choice(None, "fp32", ["--batch-tokens", "4096"])
     assert forced["gemm"] == "blas" and forced["gemm_from"] == "BERTSCOPE_ONEDNN=0"
     assert forced["batch_tokens"] == 4096
+    monkeypatch.setenv("BERTSCOPE_HEAP", "system")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    recorded = mod.run_environment()
+    assert recorded["BERTSCOPE_HEAP"] == "system" and recorded["MALLOC_ARENA_MAX"] == "2"
+    assert recorded["BERTSCOPE_ONEDNN"] == "0" and "PATH" not in recorded
     assert gemm.GemmBackend(prefer="onednn").prefer == "blas"  # what the run computed with
 
 

@@ -79,7 +79,9 @@ def register(sub) -> None:
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default: on CPU the kernel choice's, measured on this "
                         "machine (1024, 2048 or 4096; `bertscope doctor` shows it), 2048 without one; "
-                        "16384 on CUDA)")
+                        "16384 on CUDA). Larger batches cost memory: with the bundled model, 4096 "
+                        "peaked at 780-950 MiB RSS against 650 for 2048 on a 2-CPU AVX-512 EPYC "
+                        "(docs/BENCHMARKS.md)")
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="fp32 (default, exact); int8 (CPU: int8 linears, cosine to fp32 >= 0.99 on the "
                         "contract corpus); bf16 (CPU with AMX or AVX512-BF16, else fp32 with a warning)")

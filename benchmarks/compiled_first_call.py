@@ -90,11 +90,11 @@ def main() -> int:
     import torch
 
     sys.path.insert(0, str(ROOT / "src"))
-    from bertscope.bench.machine import machine
+    from bertscope.bench.machine import cpu_label, machine
 
     mach = machine()
     big = f"{a.rows}x{a.width}"
-    print(f"{mach['cpu']} ({', '.join(mach['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"{cpu_label(mach)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"first call {a.first}, then {big}; {a.repeat} fresh processes per variant, in turn\n")
     variants = (("plain", a.first, f"`torch.compile(dynamic=True)`, first call {a.first}"),
                 ("bertscope", a.first, f"`quant._compile` (+ `cpp.dynamic_threads`), first call {a.first}"),

@@ -107,7 +107,7 @@ def main() -> int:
     from bertscope.files import write_text_atomic
     import bertscope
     from bertscope.bench.corpus import vocab_words
-    from bertscope.bench.machine import cpu_flags, cpu_name
+    from bertscope.bench.machine import cpu_flags, cpu_id, cpu_name
 
     bert = bertscope.load()
     words = vocab_words(bert.tokenizer)
@@ -131,7 +131,7 @@ def main() -> int:
             samples = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
             s = [row[1] for row in samples]
             done = stats.get("texts_done", n)
-            stats.update(texts=n, texts_per_s=done / stats["wall_s"], cpu=cpu_name(), cpu_flags=cpu_flags(),
+            stats.update(texts=n, texts_per_s=done / stats["wall_s"], cpu=cpu_name(), cpu_id=cpu_id(), cpu_flags=cpu_flags(),
                          logical_cpus=os.cpu_count(), torch=__import__("torch").__version__,
                          embed_arguments=list(a.extra), environment=run_environment(),
                          kernel_choice=kernel_choice(bert.config, precision, a.extra),

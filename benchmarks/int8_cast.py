@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import bertscope  # noqa: E402
 from bertscope.cli.common import run_script  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bench.corpus import save_random_checkpoint  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
 from bertscope.core.config import BertConfig  # noqa: E402
@@ -70,7 +70,7 @@ def main() -> int:
 def run(a: argparse.Namespace) -> int:
     bert = bertscope.load(a.model, precision="int8", keep_precision=True)  # a bad --model fails here, first
     m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}\n")
+    print(f"{cpu_label(m)}, {torch.get_num_threads()} threads, torch {torch.__version__}\n")
     print("| rows x width | " + " | ".join(f"{c} ms" for c in CASTS) + " | refill ms (taken off) |")
     print("|---|" + "---:|" * (len(CASTS) + 1))
     with torch.inference_mode():

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import bertscope  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bench.quality import embedding_agreement  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
 from bertscope.fast.tuning import ratios  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> int:
                 times[k].append(time.perf_counter() - t)
     m = machine()
     base = statistics.median(times["sentence-transformers fp32"])
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
+    print(f"{cpu_label(m)}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"{a.rounds} rounds; compile=True chose int8 kernel `{compiled.fast.choice.int8_kernel}` "
           f"(load with compile: {load_s:.0f} s)\n")
     paired = ratios(times, "sentence-transformers fp32")  # median over rounds of (time / ST's time)

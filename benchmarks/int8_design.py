@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 import bertscope  # noqa: E402
 from bertscope.bench.corpus import review_corpus  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bert import Bert  # noqa: E402
 from bertscope.bench.quality import embedding_agreement  # noqa: E402
 from bertscope.core.layer import activation  # noqa: E402
@@ -125,7 +125,7 @@ def main() -> int:
                  embedding_agreement(ref, int8.embed(texts))))
     m = machine()
     flag = " --corpus mixed" if a.corpus == "mixed" else ""
-    md = [f"`python benchmarks/int8_design.py{flag}` on {m['cpu']} ({', '.join(m['cpu_flags'])}); bundled "
+    md = [f"`python benchmarks/int8_design.py{flag}` on {cpu_label(m)}; bundled "
           f"all-MiniLM-L6-v2, {what}; weights per output channel in every row, activations as named "
           "(fake-quantized in fp32, except the last row); every linear int8.", "",
           "| activations | cosine to fp32: mean | min | top-10 overlap |", "|---|---:|---:|---:|"]

@@ -47,7 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import bertscope  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bench.systems import build_systems  # noqa: E402
 from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
@@ -152,7 +152,7 @@ def main() -> int:
     threads = torch.get_num_threads()
     m = machine()
     result: dict = {"machine": m, "rounds": a.rounds, "workloads": {}}
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {threads} threads, torch {torch.__version__}; "
+    print(f"{cpu_label(m)}, {threads} threads, torch {torch.__version__}; "
           f"{a.rounds} paired rounds per workload\n")
     with tempfile.TemporaryDirectory(prefix="bertscope-int8-floor-") as tmp:
         work = Path(tmp)

@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import bertscope  # noqa: E402
 from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bench.systems import build_systems  # noqa: E402
 from bertscope.bench.timing import compare_and_time  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
@@ -112,7 +112,7 @@ def main() -> int:
     wanted = ours + [ORT] + ([ST] if a.st else []) + ([ORT_FP32] if a.fp32 else [])
     result: dict = {"machine": machine(), "rounds": a.rounds, "workloads": {}}
     m = result["machine"]
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {threads} threads, torch {torch.__version__}; "
+    print(f"{cpu_label(m)}, {threads} threads, torch {torch.__version__}; "
           f"{a.rounds} paired rounds per workload\n")
     print("| workload | system | median s | vs ORT int8, median of paired ratios | quartiles | rounds faster "
           "| 95% interval | top-10 overlap |")

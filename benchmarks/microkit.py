@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from bertscope.bench.machine import machine
+from bertscope.bench.machine import cpu_label, machine
 from bertscope.cli.common import check_output_file
 
 __all__ = ["LINEAR_SHAPES", "micro_args", "paired_ratio", "round_robin"]
@@ -42,7 +42,7 @@ def micro_args(doc: str, rounds: int, rows: tuple[int, ...] = (1024, 2048, 4096)
     if a.out:
         check_output_file(a.out, suffixes=(".json",))
     m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"{cpu_label(m)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     return a, m
 
 

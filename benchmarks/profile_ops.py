@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import bertscope  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.core.config import BertConfig  # noqa: E402
 from bertscope.fast.quant import COMPILED_KERNEL  # noqa: E402
 from bertscope.files import update_section, write_text_atomic  # noqa: E402
@@ -86,7 +86,7 @@ def profile_one(bert, texts: list[str], rows: int = 12) -> dict:
 
 
 def markdown(results: dict, m: dict) -> str:
-    lines = [f"Measured on {m['cpu']} ({', '.join(m['cpu_flags'])}), {m['torch_threads']} torch threads, "
+    lines = [f"Measured on {cpu_label(m)}, {m['torch_threads']} torch threads, "
              f"torch {m['versions']['torch']}; one `Bert.embed` call of each workload under `torch.profiler`, "
              "after a warm-up call and one timed without the profiler. Self CPU time per op (the profiler adds "
              "some overhead of its own); the call's time that no op accounts for is Python between ops and "

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import bertscope  # noqa: E402
 from bertscope.bench.corpus import make_texts, mixed_lengths, save_random_checkpoint  # noqa: E402
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bench.systems.ort import export_optimized, session_embedder  # noqa: E402
 from bertscope.bench.systems.ort_int8 import export_int8  # noqa: E402
 from bertscope.cli.common import check_output_file, run_script  # noqa: E402
@@ -78,7 +78,7 @@ def padded_tokens(tok, texts: list[str], max_len: int) -> tuple[int, int]:
 
 
 def markdown(results: dict, m: dict, threads: int) -> str:
-    lines = [f"Measured on {m['cpu']} ({', '.join(m['cpu_flags'])}), {threads} threads, onnxruntime "
+    lines = [f"Measured on {cpu_label(m)}, {threads} threads, onnxruntime "
              f"{m['versions'].get('onnxruntime', '?')}; each workload run twice in a session with ONNX Runtime's "
              "profiler on, the second pass counted. Kernel time per op type.", ""]
     for name, r in results.items():

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.errors import InputError  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
@@ -115,7 +115,7 @@ def main() -> int:
     if a.out:  # checked before minutes of measuring, not after: one line, exit 2
         check_output_file(a.out, suffixes=(".json",))
     m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
+    print(f"{cpu_label(m)}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"{a.rounds} paired rounds per line\n", flush=True)
     whole = whole_model(a.rounds)
     model, plan = whole.pop("model"), whole.pop("plan")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from bertscope.bench.machine import machine  # noqa: E402
+from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.cli.common import check_output_file, run_script  # noqa: E402
 from bertscope.files import write_text_atomic  # noqa: E402
 
@@ -125,7 +125,7 @@ def main() -> int:
     if a.out:  # checked before minutes of measuring, not after: one line, exit 2
         check_output_file(a.out, suffixes=(".json",))
     m = machine()
-    print(f"{m['cpu']} ({', '.join(m['cpu_flags'])}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
+    print(f"{cpu_label(m)}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"{a.rounds} paired rounds\n")
     result = {"machine": m, "rounds": a.rounds, "one_linear": one_linear(a.rounds)}
     per_row = {k: 1e3 * 1000 / int(k.split(", ")[1].split()[0]) for k in result["one_linear"]}  # ms per 1,000 rows

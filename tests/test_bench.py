@@ -75,6 +75,10 @@ def test_bench_quick_json(tmp_path, capsys, monkeypatch):
     md = write_markdown(r)
     assert "T^-" not in md
     assert "| its time / bertscope fp32's |" in md  # the column says which way its ratio reads
+    from bertscope.fast.tuning import cpu_id, describe_cpu
+
+    ident = describe_cpu(cpu_id())  # the CPU's family, model, stepping: beside the name, in the JSON too
+    assert r["machine"]["cpu_id"] == cpu_id() and ident and f"Machine: {r['machine']['cpu']} ({ident}; " in md
     # --quick's tiny model: every race fits the 2 s budget at the tests' steady GEMM rate (conftest)
     choice = r["workloads"]["mixed"]["bertscope_setup"]["bertscope"]["kernel_choice"]
     assert choice["not_raced"] == {} and {"gemm", "batch_tokens", "slack"} <= set(choice["timings"])

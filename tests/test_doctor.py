@@ -33,6 +33,12 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
     assert set(m["cpu_flags"]) == {f for f in CPU_FLAGS if f in have}
     assert m["has"]["avx2"] == ("avx2" in have) and m["has"]["avx512"] == ("avx512f" in have)
     assert m["has"]["amx"] == bool({"amx_tile", "amx_bf16", "amx_int8"} & have)
+    # the numbers that tell apart CPUs a VM shows under one name, as /proc/cpuinfo gives them
+    first = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                 if ":" in line)
+    first = {k.strip(): v.strip() for k, v in first.items()}
+    assert m["cpu_id"]["family"] == int(first["cpu family"]) and m["cpu_id"]["model"] == int(first["model"])
+    assert m["cpu_id"]["vendor"] == first["vendor_id"]
     from bertscope.fast.heap import KEEP_TRIM_BYTES  # the thresholds the models ran under (glibc, as on Linux)
     assert m["heap"]["kept"] is True and m["heap"]["trim_threshold"] == KEEP_TRIM_BYTES
     e = res["precisions"]["fp32"]
@@ -58,6 +64,7 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
     assert main(["doctor", "--precision", "fp32"]) == 0
     text = capsys.readouterr().out
     assert "choice (cache)" in text and "flags:" in text and f"{c['gemm']} GEMMs" in text
+    assert f"(family {m['cpu_id']['family']}, model {m['cpu_id']['model']}" in text.splitlines()[0]
     assert "batch_tokens  not raced: about" in text and "GFLOP/s, over its 0.5 s share of the 2 s budget" in text
     b = bertscope.load(bundled_path)
     b.embed(["a text"])

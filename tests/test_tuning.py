@@ -144,6 +144,44 @@ def test_choice_is_measured_again_when_the_key_changes(cache, small_model, monke
     assert choose(wider, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 2
 
 
+ZEN1 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC
+stepping\t: 2
+flags\t\t: fpu avx2 fma
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 99
+"""
+
+
+def test_cpu_id_reads_the_first_processors_numbers():
+    """Family, model and stepping tell apart the CPUs a VM shows under one name ("AMD EPYC" was a
+    Zen 1, family 23, and a Zen 5, family 26, for this project)."""
+    assert tuning.cpu_id(ZEN1) == {"vendor": "AuthenticAMD", "family": 23, "model": 1, "stepping": 2}
+    assert tuning.describe_cpu(tuning.cpu_id(ZEN1)) == "family 23, model 1, stepping 2"
+    intel = "vendor_id : GenuineIntel\ncpu family : 6\nmodel : 143\nmodel name : Intel(R) Xeon(R)\n"
+    assert tuning.cpu_id(intel) == {"vendor": "GenuineIntel", "family": 6, "model": 143}  # no stepping line
+    assert tuning.describe_cpu(tuning.cpu_id(intel)) == "family 6, model 143"
+    assert tuning.cpu_id("") == {} and tuning.describe_cpu({}) == "" and tuning.describe_cpu(None) == ""
+
+
+def test_another_cpu_family_under_the_same_name_is_measured_again(cache, small_model, monkeypatch):
+    calls = counting(monkeypatch)
+    first = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert first.key["cpu_id"] == tuning.cpu_id()  # this machine's own numbers are in the key
+    zen1 = tuning.cpu_id(ZEN1)
+    other = dict(zen1, family=26) if first.key["cpu_id"] == zen1 else zen1
+    monkeypatch.setattr(tuning, "cpu_id", lambda: other)
+    again = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert again.source == "measured" and len(calls) == 2 and again.key["cpu_id"] == other
+    assert again.key["cpu"] == first.key["cpu"]  # same name, same flags: only the numbers differ
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "cache" and len(calls) == 2
+
+
 def test_a_candidate_that_raises_is_recorded_and_never_chosen(cache, small_model, monkeypatch):
     # race/pick with fakes: the broken one is reported, the other wins even though it is the slower
     def broken():

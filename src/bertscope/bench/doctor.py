@@ -22,7 +22,7 @@ from ..core.config import BertConfig
 from ..fast.gemm import PRECISIONS, onednn_linear_available
 from ..fast.heap import keep_heap
 from ..fast.quant import INT8_KERNELS, int8_kernel_available, int8_range_exact
-from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_name, forget_choice, isa_limits, tuning_enabled
+from ..fast.tuning import cache_dir, choice_key, cpu_flags, cpu_id, cpu_name, forget_choice, isa_limits, tuning_enabled
 from .corpus import save_random_checkpoint
 
 __all__ = ["diagnose"]
@@ -37,7 +37,7 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
     """
     flags = cpu_flags()
     out: dict = {
-        "machine": {"cpu": cpu_name(), "cpu_flags": flags, "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
+        "machine": {"cpu": cpu_name(), "cpu_id": cpu_id(), "cpu_flags": flags, "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "has": {"avx2": "avx2" in flags, "avx512": "avx512f" in flags,
                             "avx512_bf16": "avx512_bf16" in flags,

@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_name, isa_limits
+from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_id, cpu_name, describe_cpu, isa_limits
 
-__all__ = ["CPU_FLAGS", "PEAK_SHAPES", "best_rate", "cpu_flags", "cpu_name", "machine", "matmul_peak",
+__all__ = ["CPU_FLAGS", "PEAK_SHAPES", "best_rate", "cpu_flags", "cpu_label", "cpu_name", "machine", "matmul_peak",
            "onednn_matmul_peak", "sync"]
 
 PEAK_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 768, 3072))  # (M, K, N)
@@ -35,11 +35,19 @@ def machine() -> dict:
             versions[mod] = __import__(mod).__version__
         except ImportError:
             versions[mod] = None
-    info = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
+    info = {"cpu": cpu_name(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "platform": platform.platform(), "versions": versions}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def cpu_label(m: dict) -> str:
+    """How a figure names its machine: "AMD EPYC (family 26, model 2, stepping 1; avx2, avx512f, ...)"
+    from :func:`machine`'s dict (the numbers tell apart CPUs a VM shows under one name)."""
+    flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
+    ident = describe_cpu(m.get("cpu_id"))
+    return f"{m['cpu']} ({ident + '; ' if ident else ''}{flags})"
 
 
 def best_rate(run: Callable[[], object], flop: float, seconds: float, device: str) -> float:

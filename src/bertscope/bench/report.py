@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fast.quant import INT8_KERNELS
+from ..fast.tuning import describe_cpu
 from ..files import write_bytes_atomic
 from .scaling import MIN_FIT_MIB
 
@@ -99,6 +100,8 @@ def write_markdown(r: dict) -> str:
     """The results as markdown tables (for docs/BENCHMARKS.md)."""
     m = r["machine"]
     flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
+    if describe_cpu(m.get("cpu_id")):  # the numbers that tell one "AMD EPYC" from another
+        flags = f"{describe_cpu(m['cpu_id'])}; {flags}"
     limits = {k: v for k, v in (m.get("isa_limits") or {}).items() if k != "aten"}
     if limits:  # the libraries were told to act as a smaller CPU: say so wherever the flags appear
         flags += ("; limited by " + ", ".join(f"{k}={v}" for k, v in limits.items())

@@ -101,7 +101,7 @@ def _timings(choice: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
     from ..bench.report import int8_steps_text
-    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE
+    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE, describe_cpu
 
     check_preset(args.preset)
     if args.budget is not None:  # read by the kernel choice wherever this process measures one
@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     m = res["machine"]
     yes = lambda v: "yes" if v else "no"  # noqa: E731
-    print(f"CPU:      {m['cpu']} ({m['logical_cpus']} logical CPUs; torch {m['torch']}, {m['torch_threads']} threads)")
+    ident = describe_cpu(m.get("cpu_id"))
+    print(f"CPU:      {m['cpu']}{f' ({ident})' if ident else ''}, {m['logical_cpus']} logical CPUs; "
+          f"torch {m['torch']}, {m['torch_threads']} threads")
     print(f"flags:    {' '.join(m['cpu_flags']) or '(none of the tracked ones)'}")
     h = m["has"]
     print(f"          AVX2 {yes(h['avx2'])}, AVX-512 {yes(h['avx512'])}, AVX512-BF16 {yes(h['avx512_bf16'])}, "

@@ -64,15 +64,16 @@ slower than oneDNN's int8 matmul there). ``BERTSCOPE_TUNE_BUDGET`` (seconds), or
 doctor --budget S``, gives a larger budget for a fuller measurement, cached like any
 other.
 
-Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model and
-flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
+Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model (its
+name, and its family, model and stepping numbers) and flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
 this module's format version. A file whose key differs is ignored (measured again and
 replaced), and so is one older than ``RECHECK_S`` (a week): what a machine does fastest can
 change under the same key (a VM moved to another host, a new microcode, a different BLAS
 build), so the choice is measured again now and then. ``bertscope doctor --retune`` measures it
 at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
 
-The host check: the key cannot tell two hosts apart that a VM presents as the same CPU. Two
+The host check: the key cannot tell two hosts apart that a VM presents as the same CPU (the
+family number does tell a Zen 1 "AMD EPYC" from a Zen 5 one, family 23 from 26). Two
 sessions' 2-CPU VMs both read "AMD EPYC", family 23 model 1, the same flags and caches, and
 torch.mm ran at 83 GFLOP/s on one and 31-39 on the other, where int8 GEMMs went from no faster
 than fp32 to faster. So each choice records the machine's fp32 GEMM rate when it was measured
@@ -114,7 +115,7 @@ from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "RECHECK_S",
            "TuningError", "cache_dir", "choice_key", "parse_budget", "race_cost_s", "tune_budget",
-           "act_runs", "cpu_flags", "cpu_name", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
+           "act_runs", "cpu_flags", "cpu_id", "cpu_name", "describe_cpu", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,38 @@ def cpu_name() -> str:
     except OSError:
         pass
     return cpu
+
+
+CPU_ID_FIELDS = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping"}
+
+
+def cpu_id(cpuinfo: str | None = None) -> dict:
+    """The CPU's vendor, family, model and stepping (from /proc/cpuinfo, or the given text; empty
+    where they cannot be read). A VM can show very different CPUs under one model name: two of
+    ours read "AMD EPYC" with family 23 (Zen 1) and family 26 (Zen 5), and their GEMMs ran 2.7x
+    apart or more; these numbers tell them apart in the cache key and next to every figure."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    out: dict = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if out:
+                break  # the first processor's block is enough
+            continue
+        name, _, value = line.partition(":")
+        field = CPU_ID_FIELDS.get(name.strip())
+        if field and field not in out:
+            value = value.strip()
+            out[field] = int(value) if value.isdigit() else value
+    return out
+
+
+def describe_cpu(ident: dict | None) -> str:
+    """"family 26, model 2, stepping 1" (what of it is known), or "" for an empty id."""
+    return ", ".join(f"{k} {ident[k]}" for k in ("family", "model", "stepping") if k in (ident or {}))
 
 
 def cpu_flags() -> list[str]:
@@ -228,7 +261,7 @@ def race_cost_s(config, batches: list[PackedBatch], layers: int, rate: float,
 def choice_key(config, dtype: torch.dtype, precision: str, compile: bool = False) -> dict:
     """What a measured choice depends on (a different value means measuring again). ``compile``
     (int8 only): whether torch.compile'd candidates were raced."""
-    key = {"format": FORMAT, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "isa": isa_limits(),
+    key = {"format": FORMAT, "cpu": cpu_name(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "isa": isa_limits(),
            "logical_cpus": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "model": {"hidden": config.hidden_size, "layers": config.num_hidden_layers,

@@ -200,9 +200,12 @@ def shard_rows_done(out_dir: Path) -> int:
 
 def run_environment() -> dict[str, str]:
     """The settings of the run that live in the environment: bertscope's own (BERTSCOPE_HEAP,
-    BERTSCOPE_ONEDNN, ...) and glibc's malloc ones, which change the memory figures."""
+    BERTSCOPE_ONEDNN, ...), glibc's malloc ones, which change the memory figures, and the
+    libraries' instruction-set limits (a machine told to act as AVX2-only)."""
+    from bertscope.fast.tuning import ISA_LIMIT_VARS
+
     return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(("BERTSCOPE_", "MALLOC_")) or k in ("GLIBC_TUNABLES", "OMP_NUM_THREADS", "LD_PRELOAD")}
+            if k.startswith(("BERTSCOPE_", "MALLOC_")) or k in ("GLIBC_TUNABLES", "OMP_NUM_THREADS", "LD_PRELOAD", *ISA_LIMIT_VARS)}
 
 
 def kernel_choice(config, precision: str, extra: list[str]) -> dict | None:

@@ -702,9 +702,10 @@ def test_embed_memory_records_blas_when_the_environment_forces_it(monkeypatch):
     assert forced["batch_tokens"] == 4096
     monkeypatch.setenv("BERTSCOPE_HEAP", "system")
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     recorded = mod.run_environment()
     assert recorded["BERTSCOPE_HEAP"] == "system" and recorded["MALLOC_ARENA_MAX"] == "2"
-    assert recorded["BERTSCOPE_ONEDNN"] == "0" and "PATH" not in recorded
+    assert recorded["BERTSCOPE_ONEDNN"] == "0" and recorded["ONEDNN_MAX_CPU_ISA"] == "AVX2" and "PATH" not in recorded
     assert gemm.GemmBackend(prefer="onednn").prefer == "blas"  # what the run computed with
 
 

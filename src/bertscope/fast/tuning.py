@@ -65,8 +65,8 @@ doctor --budget S``, gives a larger budget for a fuller measurement, cached like
 other.
 
 Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model (its
-name, and its family, model and stepping numbers) and flags, logical CPUs, torch threads, torch version, the model's shape, dtype and precision, and
-this module's format version. A file whose key differs is ignored (measured again and
+name, and its family, model and stepping numbers) and flags, logical CPUs, torch threads, torch
+version, the model's shape, dtype and precision, and this module's format version. A file whose key differs is ignored (measured again and
 replaced), and so is one older than ``RECHECK_S`` (a week): what a machine does fastest can
 change under the same key (a VM moved to another host, a new microcode, a different BLAS
 build), so the choice is measured again now and then. ``bertscope doctor --retune`` measures it

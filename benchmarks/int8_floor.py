@@ -12,7 +12,8 @@ int8 too) must do:
 
     per batch:  the embeddings (lookup + LayerNorm)
     per layer:  the four integer GEMMs on 8-bit inputs of their real shapes (the model's own
-                packed int8 weights; a linear calibration kept fp32 runs its fp32 GEMM),
+                int8 weights, on the int8 kernel its race chose: oneDNN's or torch._int_mm;
+                a linear calibration kept fp32 runs its fp32 GEMM),
                 attention on the length groups (the model's own kernels),
                 two residual adds, two LayerNorms and GELU, in fp32
 
@@ -87,15 +88,19 @@ def floor_runner(bert, texts: list[str]):
             linears = fast.gemm.linears(model, x)
             batches.append({
                 "packed": packed, "plan": attention_plan(packed, slack), "linears": linears, "rows": rows,
-                "q": {K: torch.randint(0, 128, (rows, K), dtype=torch.uint8, generator=g) for K in (C, I)},  # 8-bit rows
+                # 8-bit rows of each kind an int8 kernel takes: uint8 (oneDNN), int8 (torch._int_mm)
+                "q": {(K, dt): torch.randint(lo, lo + 128, (rows, K), dtype=dt, generator=g)
+                      for K in (C, I) for dt, lo in ((torch.uint8, 0), (torch.int8, -64))},
                 "f": {K: torch.randn(rows, K, generator=g) for K in (C, I)},  # fp32 rows (fp32-kept linears)
                 "qkv": torch.randn(rows, 3 * C, generator=g),  # (rows, 3C) attention's input
                 "x": torch.randn(rows, C, generator=g)})  # (rows, C) the residual stream
     gelu = activation(cfg.hidden_act, in_place=True)
 
     def gemm(lin, K: int, b: dict) -> torch.Tensor:
-        if isinstance(lin, Int8Linear):
-            return lin.int8_mm(b["q"][K])  # (rows, K)@(K, M) -> (rows, M), int8 x int8, fp32 out
+        if isinstance(lin, Int8Linear):  # the integer GEMM on whichever kernel the model runs
+            q = b["q"][K, torch.int8 if lin.kernel == "int_mm" else torch.uint8]  # (rows, K)
+            y = lin.product(q)  # (rows, K)@(K, M) -> (rows, M): fp32 (oneDNN) or int32 (_int_mm)
+            return y if y.dtype == torch.float32 else y.float()  # int32 -> fp32: the least _int_mm needs
         return lin(b["f"][K])  # a linear calibration kept fp32: its fp32 GEMM
 
     shapes = []

@@ -78,7 +78,11 @@ def test_bench_quick_json(tmp_path, capsys, monkeypatch):
     from bertscope.fast.tuning import cpu_id, describe_cpu
 
     ident = describe_cpu(cpu_id())  # the CPU's family, model, stepping: beside the name, in the JSON too
-    assert r["machine"]["cpu_id"] == cpu_id() and ident and f"Machine: {r['machine']['cpu']} ({ident}; " in md
+    assert r["machine"]["cpu_id"] == cpu_id()
+    # on x86 (CI) the family numbers stand before the flags; a CPU without them shows the flags alone
+    assert f"Machine: {r['machine']['cpu']} ({ident + '; ' if ident else ''}" in md
+    if Path("/proc/cpuinfo").is_file() and "cpu family" in Path("/proc/cpuinfo").read_text():
+        assert ident.startswith("family ")
     # --quick's tiny model: every race fits the 2 s budget at the tests' steady GEMM rate (conftest)
     choice = r["workloads"]["mixed"]["bertscope_setup"]["bertscope"]["kernel_choice"]
     assert choice["not_raced"] == {} and {"gemm", "batch_tokens", "slack"} <= set(choice["timings"])
@@ -143,6 +147,13 @@ def test_markdown_says_when_the_libraries_were_limited_to_a_smaller_instruction_
     assert "Machine: x (avx2, avx512f), " in write_markdown(r)
     r["machine"]["isa_limits"] = {"aten": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert "Machine: x (avx2, avx512f; limited by ONEDNN_MAX_CPU_ISA=AVX2, ATen dispatching AVX2), " in write_markdown(r)
+    # every benchmark script names its machine the same way (bench.machine.cpu_label)
+    from bertscope.bench.machine import cpu_label
+
+    r["machine"]["cpu_id"] = {"vendor": "AuthenticAMD", "family": 26, "model": 2, "stepping": 1}
+    assert cpu_label(r["machine"]) == ("x (family 26, model 2, stepping 1; avx2, avx512f; "
+                                       "limited by ONEDNN_MAX_CPU_ISA=AVX2, ATen dispatching AVX2)")
+    assert f"Machine: {cpu_label(r['machine'])}, " in write_markdown(r)
     assert "C allocator" not in write_markdown(r)  # results from before the heap was recorded
     r["machine"]["heap"] = {"kept": False, "detail": "left to glibc's defaults (BERTSCOPE_HEAP=system)"}
     assert "\nC allocator, for every system in this process: left to glibc's defaults (BERTSCOPE_HEAP=system).\n" \
@@ -594,6 +605,29 @@ def test_int8_floor_times_the_unavoidable_work_beside_st_and_int8(tmp_path, caps
     monkeypatch.setattr(sys, "argv", ["int8_floor.py", "--out", str(tmp_path)])  # a folder
     with pytest.raises(InputError):
         mod.main()
+
+
+def test_int8_floor_runs_on_whichever_int8_kernel_the_race_chose(bundled_path):
+    """The kernel race can pick torch._int_mm (it did here once, on a CPU with VNNI): the floor then
+    times that kernel's GEMM, on int8 rows, not oneDNN's packed weight, which such a linear lacks."""
+    import torch
+
+    import bertscope
+    from bertscope.fast.quant import Int8Linear
+
+    mod = benchmark_script("int8_floor")
+    bert8 = bertscope.load(bundled_path, precision="int8", keep_precision=True)
+    texts = ["a short text", "a somewhat longer text about the floor of int8 models"] * 3
+    for kernel in ("onednn", "int_mm"):
+        bert8.fast.gemm.int8_kernel = kernel  # the linears are rebuilt on this kernel
+        run, info = mod.floor_runner(bert8, texts)
+        run()
+        assert info["batches"] == 1
+        with torch.inference_mode():
+            x = torch.randn(64, bert8.encoder.config.hidden_size)
+            lins = [lin for lin in vars(bert8.fast.gemm.linears(bert8.encoder, x)[0]).values()
+                    if isinstance(lin, Int8Linear)]
+        assert lins and all(lin.kernel == kernel for lin in lins)
 
 
 def test_compiled_layer_norm_times_both_forms_after_checking_they_agree(tmp_path, capsys, monkeypatch):

@@ -44,10 +44,16 @@ def machine() -> dict:
 
 def cpu_label(m: dict) -> str:
     """How a figure names its machine: "AMD EPYC (family 26, model 2, stepping 1; avx2, avx512f, ...)"
-    from :func:`machine`'s dict (the numbers tell apart CPUs a VM shows under one name)."""
+    from :func:`machine`'s dict (the numbers tell apart CPUs a VM shows under one name). Where the
+    libraries were told to act as a smaller CPU (``isa_limits``), the label says so after the flags:
+    "...; limited by ONEDNN_MAX_CPU_ISA=AVX2, ATen dispatching AVX2"."""
     flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
     ident = describe_cpu(m.get("cpu_id"))
-    return f"{m['cpu']} ({ident + '; ' if ident else ''}{flags})"
+    isa = m.get("isa_limits") or {}
+    limits = {k: v for k, v in isa.items() if k != "aten"}
+    limited = ("; limited by " + ", ".join(f"{k}={v}" for k, v in limits.items())
+               + f", ATen dispatching {isa.get('aten')}") if limits else ""
+    return f"{m['cpu']} ({ident + '; ' if ident else ''}{flags}{limited})"
 
 
 def best_rate(run: Callable[[], object], flop: float, seconds: float, device: str) -> float:

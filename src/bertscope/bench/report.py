@@ -6,8 +6,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fast.quant import INT8_KERNELS
-from ..fast.tuning import describe_cpu
 from ..files import write_bytes_atomic
+from .machine import cpu_label
 from .scaling import MIN_FIT_MIB
 
 __all__ = ["PLOT_SUFFIXES", "plot_scaling", "render_scaling_plot", "systems_table", "write_markdown"]
@@ -99,14 +99,8 @@ def quality_lines(w: dict) -> list[str]:
 def write_markdown(r: dict) -> str:
     """The results as markdown tables (for docs/BENCHMARKS.md)."""
     m = r["machine"]
-    flags = ", ".join(m.get("cpu_flags") or []) or "none of the tracked flags"
-    if describe_cpu(m.get("cpu_id")):  # the numbers that tell one "AMD EPYC" from another
-        flags = f"{describe_cpu(m['cpu_id'])}; {flags}"
-    limits = {k: v for k, v in (m.get("isa_limits") or {}).items() if k != "aten"}
-    if limits:  # the libraries were told to act as a smaller CPU: say so wherever the flags appear
-        flags += ("; limited by " + ", ".join(f"{k}={v}" for k, v in limits.items())
-                  + f", ATen dispatching {m['isa_limits'].get('aten')}")
-    lines = [f"Machine: {m['cpu']} ({flags}), {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
+    # the name, family numbers, flags and any instruction-set limits, as every benchmark names them
+    lines = [f"Machine: {cpu_label(m)}, {m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads; "
              f"{m.get('gpu', 'no GPU used') if r['device'] != 'cpu' else 'CPU'}; dtype {r['dtype']}; "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
              *([f"\nC allocator, for every system in this process: {m['heap']['detail']}."] if m.get("heap") else []),
@@ -115,7 +109,7 @@ def write_markdown(r: dict) -> str:
                 if r.get("matmul_peak_onednn_gflops") else "") + ".", ""]
     for wname, w in r["workloads"].items():
         lines += [f"### {w.get('label', wname)}: {w['texts']} texts, {w['real_tokens']} real tokens "
-                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}; {m['cpu']} ({flags})", "",
+                  f"(lengths {w['length_range'][0]}–{w['length_range'][1]}), {w['model']}; {cpu_label(m)}", "",
                   ] + systems_table(w)
         lines.append(f"\nbertscope's useful GFLOP/s are {100 * w['bertscope_fraction_of_matmul_peak']:.0f}% of the "
                      "higher measured matmul peak.")

@@ -8,8 +8,9 @@ What is chosen, per machine and model shape:
     slack         padding allowed inside an attention bucket: 0 (exact length groups), 0.1, 0.3
     int8_kernel   precision "int8": oneDNN's int8 matmul or ``torch._int_mm``; when asked for
                   (``compile``), also oneDNN's with the steps around it compiled by inductor
-    int8_cast     precision "int8": how quantized activations become 8-bit integers, fp32 -> uint8 in
-                  one copy or through int32 (:meth:`bertscope.fast.quant.Scratch.narrow`; same bits)
+    int8_cast     precision "int8": how quantized activations become 8-bit integers, fp32 -> uint8
+                  in one copy or through int32 (:meth:`bertscope.fast.quant.Scratch.narrow`;
+                  same bits)
     int8_act      precision "int8" with ``compile``: whether the compiled steps fuse W1's activation
                   into their loop or apply PyTorch's own after it
                   (:meth:`bertscope.fast.quant.CompiledSteps.epilogue`; the last bits of erf differ)
@@ -50,27 +51,26 @@ A candidate that raises is recorded with its error and never chosen. Every candi
 the same fp32 result within 1e-5 (tests hold each one to the padded reference); only bf16 and
 int8 change results, and only when asked.
 
-The budget: every race runs its warm-up and :data:`MIN_ROUNDS` rounds, however long they take,
-so a budget can only be kept by not starting a race that cannot fit. The GEMM library (or int8
-kernel, and bf16 against fp32) is always raced: its choice is the one that moves speed most
-(2.3x, above). The batch budget and the slack, which kept the plain path's value in 160 and 180
-of the 185 choices recorded under benchmarks/results (the GEMM library: 98 oneDNN, 87 BLAS),
-are raced only when their least time, estimated from the model's FLOPs at the host check's GEMM
-rate (:func:`race_cost_s`; no clock), fits their share of the budget; otherwise ``not_raced``
-says why and the plain value stays. On the slow 2-CPU AVX2 EPYC (``bertscope doctor --precision
-fp32 --retune``), the bundled model's fp32 choice took 12.9 s with every race run and 1.9 s with
-this rule; its int8 choice 7.5 s, 4.4 s of it ``torch._int_mm``'s warm-up and one round (13x
-slower than oneDNN's int8 matmul there). ``BERTSCOPE_TUNE_BUDGET`` (seconds), or ``bertscope
-doctor --budget S``, gives a larger budget for a fuller measurement, cached like any
-other.
+The budget: every race runs its warm-up and :data:`MIN_ROUNDS` rounds, however long they take, so a
+budget can only be kept by not starting a race that cannot fit. The GEMM library (or int8 kernel,
+and bf16 against fp32) is always raced: its choice is the one that moves speed most (2.3x, above).
+The batch budget and the slack, which end with the plain values in most recorded choices (``python
+benchmarks/count_choices.py`` counts those under benchmarks/results), are raced only when their
+least time, estimated from the model's FLOPs at the host check's GEMM rate (:func:`race_cost_s`; no
+clock), fits their share of the budget; otherwise ``not_raced`` says why and the plain value stays.
+On the slow 2-CPU AVX2 EPYC (``bertscope doctor --precision fp32 --retune``), the bundled model's
+fp32 choice took 12.9 s with every race run and 1.9 s with this rule; its int8 choice 7.5 s, 4.4 s
+of it ``torch._int_mm``'s warm-up and one round (13x slower than oneDNN's int8 matmul there).
+``BERTSCOPE_TUNE_BUDGET`` (seconds), or ``bertscope doctor --budget S``, gives a larger budget for a
+fuller measurement, cached like any other.
 
-Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model (its
-name, and its family, model and stepping numbers) and flags, logical CPUs, torch threads, torch
-version, the model's shape, dtype and precision, and this module's format version. A file whose key differs is ignored (measured again and
-replaced), and so is one older than ``RECHECK_S`` (a week): what a machine does fastest can
-change under the same key (a VM moved to another host, a new microcode, a different BLAS
-build), so the choice is measured again now and then. ``bertscope doctor --retune`` measures it
-at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
+Cache: one JSON file per key in ``cache_dir()/kernel-choice/``. The key is the CPU model (its name,
+and its family, model and stepping numbers) and flags, logical CPUs, torch threads, torch version,
+the model's shape, dtype and precision, and this module's format version. A file whose key differs
+is ignored (measured again and replaced), and so is one older than ``RECHECK_S`` (a week): what a
+machine does fastest can change under the same key (a VM moved to another host, a new microcode, a
+different BLAS build), so the choice is measured again now and then. ``bertscope doctor --retune``
+measures it at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
 
 The host check: the key cannot tell two hosts apart that a VM presents as the same CPU (the
 family number does tell a Zen 1 "AMD EPYC" from a Zen 5 one, family 23 from 26). Two

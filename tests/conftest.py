@@ -35,11 +35,15 @@ def steady_gemm_rate(request, monkeypatch):
     """The kernel-choice cache's host check (tuning.gemm_rate) reads one fixed rate in every test,
     except those marked ``real_gemm_rate``: a real 0.1 s probe can read 2x apart on one busy VM,
     and no test may depend on this CPU's timing. The host check itself is tested with stand-in
-    probes (tests/test_tuning.py)."""
-    if request.node.get_closest_marker("real_gemm_rate") is None:
-        from bertscope.fast import tuning
+    probes (tests/test_tuning.py). Likewise the reading of how busy the machine is
+    (tuning.cpu_ticks, which decides whether a measured choice is cached) reads "unknown" except
+    in tests marked ``real_cpu_ticks``: what else runs on a CI machine is not the tests' to decide."""
+    from bertscope.fast import tuning
 
+    if request.node.get_closest_marker("real_gemm_rate") is None:
         monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: STEADY_GFLOPS)
+    if request.node.get_closest_marker("real_cpu_ticks") is None:
+        monkeypatch.setattr(tuning, "cpu_ticks", lambda: None)
 
 
 @pytest.fixture(scope="session")

@@ -185,3 +185,21 @@ def test_benchmark_scripts_end_a_bertscope_error_with_one_line_and_status_2(caps
 
     with pytest.raises(ValueError):  # a bug keeps its traceback
         run_script(broken)
+
+
+def test_library_warnings_and_log_records_print_as_one_kind_of_line(capsys):
+    """A library warning names bertscope itself (for Python users): the CLI prints it once, on one
+    line; a log record reads the same way ("warning", not "WARNING")."""
+    import logging
+
+    from bertscope.cli.main import _LogLine, _warning_line
+
+    _warning_line("bertscope: int8 is off: measured 0.47x the speed of fp32 here\n(keep_precision=True, "
+                  "or embed --keep-precision, keeps int8)", RuntimeWarning, "bert.py", 1)
+    assert capsys.readouterr().err == ("bertscope: warning: int8 is off: measured 0.47x the speed of fp32 here "
+                                       "(keep_precision=True, or embed --keep-precision, keeps int8)\n")
+    _warning_line("3 text(s) were truncated", UserWarning, "bert.py", 1)
+    assert capsys.readouterr().err == "bertscope: warning: 3 text(s) were truncated\n"
+    rec = logging.LogRecord("bertscope.fast.tuning", logging.WARNING, "tuning.py", 1,
+                            "the rate is %.1f GFLOP/s", (43.14,), None)
+    assert _LogLine().format(rec) == "bertscope: warning: the rate is 43.1 GFLOP/s"

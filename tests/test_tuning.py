@@ -838,3 +838,83 @@ def test_one_slow_probe_neither_records_a_low_rate_nor_measures_again(cache, sma
         assert len(warned) == (source == "measured"), warned
     assert "28.0 GFLOP/s, 2.1x away from the 58.6" in warned[0]
     assert got.gemm_gflops == 28.1  # the new choice records its own, better probe
+
+
+@pytest.mark.real_cpu_ticks
+def test_others_share_reads_the_other_processes_on_this_processs_cpus():
+    """The real /proc readings: spinning processes on our CPUs read as others' share; our own
+    work counts as ours, not theirs."""
+    assert Path("/proc/stat").is_file()  # CI runs on Linux
+    allowed = len(os.sched_getaffinity(0))
+    n = min(allowed, 4)
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.3)  # the interpreters start
+        before = tuning.cpu_ticks()
+        time.sleep(1.0)
+        share = tuning.others_share(before, tuning.cpu_ticks())
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert share is not None and share > 0.5 * n / allowed, share
+    before = tuning.cpu_ticks()
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:  # this process's own work
+        pass
+    after = tuning.cpu_ticks()
+    assert after[2] - before[2] >= 10  # about 30 ticks at the usual 100 per second
+    assert tuning.others_share(before, None) is None and tuning.others_share(after, before) is None
+
+
+def busy_ticks(share: float):
+    """A stand-in for tuning.cpu_ticks whose every two readings say others took ``share``."""
+    k = [0]
+
+    def read():
+        k[0] += 1
+        return (k[0] * round(200 * share + 50), k[0] * 200, k[0] * 50)  # ours: 50 of every 200 ticks
+
+    return read
+
+
+def test_a_choice_measured_on_a_busy_machine_is_used_but_not_cached(cache, small_model, monkeypatch, caplog):
+    calls = counting(monkeypatch)
+    monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(0.5))
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+        got = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert got.source == "measured" and got.busy == pytest.approx(0.5) and got.path is None
+    assert not cache.exists() or not list(cache.glob("*.json"))
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("took 50% of the CPUs" in w and "not cached" in w for w in warned), warned
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 2
+    # a quiet machine: measured, cached, then reused
+    monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(0.1))
+    quiet = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert quiet.busy == pytest.approx(0.1) and Path(quiet.path).is_file()
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "cache" and len(calls) == 3
+    assert tuning.busy_note(0.1) == "" and tuning.busy_note(None) == "" and not tuning.too_busy(None)
+
+
+def test_a_slower_probe_on_a_busy_machine_keeps_the_cached_choice(cache, small_model, monkeypatch, caplog):
+    """Another job running makes the host check's probe read slow: that is not another host. A
+    faster reading, or a slower one on a quiet machine, still measures the choice again."""
+    calls = counting(monkeypatch)
+    rate = [100.0]
+    monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: rate[0])
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured"
+    for now, share, source, cached in [
+            (40.0, 0.5, "cache", 100.0),  # 2.5x slower, others running: kept, no warning
+            (250.0, 0.5, "measured", 100.0),  # 2.5x faster cannot be load: measured (busy: not cached)
+            (250.0, 0.0, "measured", 250.0),  # the same on a quiet machine: measured and cached
+            (100.0, 0.5, "cache", 250.0),  # 2.5x slower than that while busy: kept
+            (100.0, 0.0, "measured", 100.0)]:  # 2.5x slower on a quiet machine: measured again
+        rate[0] = now
+        monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(share))
+        before = len(calls)
+        with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+            caplog.clear()
+            got = choose(small_model, budget_s=0.2, candidates=FAST)
+        assert got.source == source and len(calls) == before + (source == "measured"), (now, share)
+        assert any("GEMM rate" in r.getMessage() for r in caplog.records) == (source == "measured")
+        assert json.loads(next(cache.glob("*.json")).read_text())["gemm_gflops"] == cached

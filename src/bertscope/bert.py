@@ -55,7 +55,7 @@ from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
 from .fast.gemm import ONEDNN_REFUSALS, PRECISIONS, GemmBackend
 from .fast.packing import mean_pool, pack_ids, sentence_means
-from .fast.tuning import NOISE_MARGIN, cpu_flags
+from .fast.tuning import NOISE_MARGIN, busy_note, cpu_flags
 
 __all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "bundled_model_path", "calibration_texts",
            "check_texts", "load"]
@@ -343,13 +343,14 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
             f"{FP32_CHANNELS} input channels of each int8 one")
     plan_key = (f"{kernel}, {levels} levels, fp32: {' '.join(plan.keep_fp32_names()) or 'none'}, "
                 f"{FP32_CHANNELS} fp32 channels")
-    speedup = _int8_speedup(bert, choice, packed, plan_key)
-    speed = "" if speedup is None else f"; {speedup:.2f}x the speed of fp32 on the calibration texts"
+    speedup, busy = _int8_speedup(bert, choice, packed, plan_key)
+    busy = f"; {busy}" if busy else ""  # a race that timed other work too is not cached
+    speed = "" if speedup is None else f"; {speedup:.2f}x the speed of fp32 on the calibration texts{busy}"
     if speedup is not None and speedup < 1 + NOISE_MARGIN:
         if not keep_precision:
             bert.fast.gemm.precision = "fp32"
-            bert.precision_note = (f"int8 is off: measured {speedup:.2f}x the speed of fp32 here ({what}); "
-                                   "running fp32 (keep_precision=True keeps int8)")
+            bert.precision_note = (f"int8 is off: measured {speedup:.2f}x the speed of fp32 here ({what}{busy}); "
+                                   "running fp32 (keep_precision=True, or embed --keep-precision, keeps int8)")
             warnings.warn(f"bertscope: {bert.precision_note}", RuntimeWarning, stacklevel=3)
             return
         speed += " (no faster: kept as asked, keep_precision=True)"
@@ -358,16 +359,17 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
                            f"{plan.cosine_min:.4f} min{speed}")
 
 
-def _int8_speedup(bert: Bert, choice, packed, plan: str) -> float | None:
+def _int8_speedup(bert: Bert, choice, packed, plan: str) -> tuple[float | None, str]:
     """The int8 plan's speed against fp32 (the chosen fp32 GEMMs), whole model, on the calibration
-    batch; cached with the kernel choice under ``plan`` (what makes the plan). None where nothing
-    is measured (``BERTSCOPE_TUNE=0``) or a side failed."""
-    from .fast.tuning import measured_speedup, save_choice
+    batch; cached with the kernel choice under ``plan`` (what makes the plan), unless other
+    processes took much of the CPUs meanwhile (then the second item says so, and it holds for
+    this run only). None where nothing is measured (``BERTSCOPE_TUNE=0``) or a side failed."""
+    from .fast.tuning import cpu_ticks, measured_speedup, others_share, save_choice
 
     if choice is None or choice.source == "default":
-        return None
+        return None, ""
     if plan in choice.int8_speedup:
-        return choice.int8_speedup[plan]
+        return choice.int8_speedup[plan], ""
     fp32 = PackedEncoder(gemm=GemmBackend(), tune=False)
     fp32.apply(choice)  # the fp32 GEMM library and attention slack measured here
 
@@ -375,11 +377,13 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> float | None:
         with torch.inference_mode():
             return encoder.encode(bert.encoder, packed)
 
+    before = cpu_ticks()
     speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
-    if speedup is not None:
+    busy = busy_note(others_share(before, cpu_ticks())) or busy_note(choice.busy)
+    if speedup is not None and not busy:
         choice.int8_speedup[plan] = round(speedup, 4)
         save_choice(choice)
-    return speedup
+    return speedup, busy
 
 
 def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
@@ -399,7 +403,9 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
         if isinstance(raced, str):  # the race recorded the bf16 candidate's error
             why = f"the bf16 GEMM does not run here ({raced})"
         elif speedup is not None and speedup < 1 + NOISE_MARGIN and not keep_precision:
-            why = f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here"
+            busy = busy_note(choice.busy)  # the race timed other work too: not cached
+            why = (f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here{'; ' + busy if busy else ''} "
+                   "(keep_precision=True, or embed --keep-precision, keeps bf16)")
         else:
             packed = _calibration_batch(bert)
             try:

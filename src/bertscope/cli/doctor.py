@@ -101,7 +101,7 @@ def _timings(choice: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
     from ..bench.report import int8_steps_text
-    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE, describe_cpu
+    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE, busy_note, describe_cpu
 
     check_preset(args.preset)
     if args.budget is not None:  # read by the kernel choice wherever this process measures one
@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (int8_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
+            if busy_note(c.get("busy")):  # the race timed other work too: shown, not cached
+                print(f"  measured on a busy machine: {busy_note(c['busy'])}; run doctor --retune when it is quiet")
             if c.get("gemm_gflops"):
                 print(f"  fp32 GEMM rate when measured: {c['gemm_gflops']:.1f} GFLOP/s (a cached choice is measured "
                       f"again if this machine's moves {HOST_SPEED_CHANGE}x either way)")

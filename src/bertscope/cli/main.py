@@ -44,7 +44,17 @@ examples:
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"bertscope: warning: {message}", file=sys.stderr)
+    text = str(message)
+    if text.startswith("bertscope: "):  # the library names itself for Python users; the CLI once
+        text = text[len("bertscope: "):]
+    print(f"bertscope: warning: {_one_line(text)}", file=sys.stderr)
+
+
+class _LogLine(logging.Formatter):
+    """Log records as the CLI's own warnings and errors read: "bertscope: warning: ..."."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"bertscope: {record.levelname.lower()}: {_one_line(record.getMessage())}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,8 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="bertscope: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler()  # stderr
+    handler.setFormatter(logging.Formatter("bertscope: %(levelname)s: %(name)s: %(message)s") if args.debug
+                         else _LogLine())
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     warnings.showwarning = _warning_line
     try:
         check_arguments(args)

@@ -89,7 +89,17 @@ cached choice was measured again for nothing. So the rate recorded is the better
 before the races and one after them, and a probe that finds the rate moved over 2x is confirmed
 by a longer one (``CONFIRM_S``, 0.5 s; the better of the two counts) before the choice is
 measured again.
-"""
+
+
+A busy machine: a race on a machine where another job runs times that job as much as the
+candidates (a new user's review saw int8 measured at 0.47x fp32 with a test suite running beside
+it, 1.75x on the quiet machine minutes before). So the CPU time other processes take on this
+process's CPUs is read from /proc before and after each measurement (:func:`cpu_ticks`,
+:func:`others_share`; a 2-CPU VM with one other busy process reads about 0.5). A choice, or an
+int8 speed verdict, measured while others took more than :data:`BUSY_SHARE` holds for that run
+only and is not cached (a warning, and ``doctor``, say so); the next run measures again. And a
+host check whose probe reads more than 2x slower while others are busy keeps the cached choice:
+load, not another host (a faster reading still measures again)."""
 
 from __future__ import annotations
 
@@ -114,7 +124,7 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "RECHECK_S",
-           "TuningError", "cache_dir", "choice_key", "parse_budget", "race_cost_s", "tune_budget",
+           "BUSY_SHARE", "TuningError", "busy_note", "too_busy", "cache_dir", "choice_key", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_id", "cpu_name", "describe_cpu", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
@@ -136,6 +146,7 @@ HOST_SPEED_CHANGE = 2.0  # a cached choice is measured again when the GEMM rate 
 PROBE_SHAPE = (512, 768, 768)  # the host check's GEMM: rows, in, out (a BERT-base linear on 512 tokens)
 PROBE_S = 0.1
 CONFIRM_S = 0.5  # a probe that finds the rate moved over HOST_SPEED_CHANGE is confirmed by this longer one
+BUSY_SHARE = 0.3  # other processes took more of our CPUs than this while measuring: not cached
 BATCH_TOKENS = (1024, 2048, 4096)
 BATCH_RACE_LAYERS = 3  # layers the batch-budget candidates run (the other steps: one)
 SLACKS = (0.0, 0.1, 0.3)
@@ -288,6 +299,8 @@ class KernelChoice:
     not_raced: {step: why} for a step left at the plain path's value because its race would not
         fit its share of the budget (see the module doc)
     budget_s: the budget it was measured within
+    busy: the share of this process's CPUs that other processes took while it was measured
+        (:func:`others_share`; None where unknown). Over :data:`BUSY_SHARE` it is not cached.
     """
 
     gemm: str = BASELINE["gemm"]
@@ -306,6 +319,7 @@ class KernelChoice:
     gemm_gflops: float | None = None
     not_raced: dict = field(default_factory=dict)
     budget_s: float | None = None
+    busy: float | None = None
     seconds: float = 0.0
     path: str | None = None
 
@@ -358,6 +372,11 @@ def forget_choice(key: dict) -> bool:
 
 
 def save_choice(choice: KernelChoice) -> None:
+    """Cache ``choice`` on disk, unless it was measured while other processes took more than
+    :data:`BUSY_SHARE` of the CPUs (then it holds for this process only, and the next one
+    measures again)."""
+    if too_busy(choice.busy):
+        return
     path = _cache_file(choice.key)
     try:
         write_text_atomic(path, json.dumps(choice.to_json(), indent=1))
@@ -759,6 +778,51 @@ def act_runs(placements: list[str], rows: int, config,
     return {p: run_for(p) for p in placements}
 
 
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(busy ticks, all ticks) of the CPUs this process may run on, and this process's own busy
+    ticks, from /proc (Linux); None elsewhere. Two readings give :func:`others_share`."""
+    try:
+        stat = Path("/proc/stat").read_text().splitlines()
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    try:
+        allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    except (AttributeError, OSError):
+        allowed = set()
+    lines = [ln.split() for ln in stat if ln.startswith("cpu")]
+    mine = [f for f in lines if f[0] in allowed] or [f for f in lines if f[0] == "cpu"]
+    busy = total = 0
+    for f in mine:
+        ticks = [int(v) for v in f[1:9]]  # user nice system idle iowait irq softirq steal
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    return busy, total, int(own[11]) + int(own[12])  # this process's utime + stime
+
+
+def others_share(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float | None:
+    """The share (0 to 1) of this process's CPUs that other processes (and the hypervisor's
+    steal) took between two :func:`cpu_ticks` readings; None where unknown. A race on a machine
+    where another job runs measures that job as much as the candidates: a 2-CPU VM with one
+    other busy process reads about 0.5."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    others = (after[0] - before[0]) - (after[2] - before[2])
+    return min(1.0, max(0.0, others / (after[1] - before[1])))
+
+
+def too_busy(share: float | None) -> bool:
+    """Whether other processes took more than :data:`BUSY_SHARE` of the CPUs (unknown: no)."""
+    return share is not None and share > BUSY_SHARE
+
+
+def busy_note(share: float | None) -> str:
+    """"other processes took 48% of the CPUs while it was measured, so it is not cached", or ""."""
+    if not too_busy(share):
+        return ""
+    return f"other processes took {share:.0%} of the CPUs while it was measured, so it is not cached"
+
+
 def gemm_rate(budget_s: float = PROBE_S, min_runs: int = 5, max_runs: int = 200) -> float:
     """This machine's fp32 GEMM rate now, in GFLOP/s: the best of repeated ``torch.mm`` runs of
     :data:`PROBE_SHAPE` on torch's current threads, until ``budget_s`` of them is spent (at least
@@ -789,11 +853,19 @@ def host_changed(choice: KernelChoice, rate: float | None = None) -> str | None:
     def change(r: float) -> float:
         return max(r / choice.gemm_gflops, choice.gemm_gflops / r)
 
+    share = None
     if rate is None:
+        before = cpu_ticks()
         rate = gemm_rate()
         if change(rate) > HOST_SPEED_CHANGE:  # a short probe can read 2x low: confirm before acting
             rate = max(rate, gemm_rate(budget_s=CONFIRM_S))
+        share = others_share(before, cpu_ticks())
     if change(rate) <= HOST_SPEED_CHANGE:
+        return None
+    if rate < choice.gemm_gflops and too_busy(share):  # slower because others run: not another host
+        log.info("the fp32 GEMM rate read %.1f GFLOP/s against the cached choice's %.1f while other "
+                 "processes took %.0f%% of the CPUs: keeping the cached kernel choice", rate,
+                 choice.gemm_gflops, 100 * share)
         return None
     return (f"this machine's fp32 GEMM rate is {rate:.1f} GFLOP/s, {change(rate):.1f}x away from the "
             f"{choice.gemm_gflops:.1f} measured with the cached kernel choice (another host behind "
@@ -829,7 +901,12 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
             if why is None:
                 return cached
             log.warning("%s: measuring the kernel choice again", why)
+    before = cpu_ticks()
     choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
                             candidates=candidates, compile=compile, levels=levels)
+    choice.busy = others_share(before, cpu_ticks())
+    if too_busy(choice.busy):
+        log.warning("the kernel choice holds for this run only: %s (measured again next time; "
+                    "`bertscope doctor --retune` measures it on demand)", busy_note(choice.busy))
     save_choice(choice)
     return choice

@@ -130,4 +130,4 @@ def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
             assert e.code == 2
         else:
             raise AssertionError(f"--budget {bad} was accepted")
-        assert "--budget: must be a number of seconds above 0" in capsys.readouterr().err
+        assert "--budget: must be a finite number of seconds above 0" in capsys.readouterr().err

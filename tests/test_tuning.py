@@ -638,14 +638,14 @@ def test_the_budget_comes_from_the_environment_and_a_bad_one_is_one_clear_error(
     assert tuning.measure_choice(small_model, candidates=FAST).budget_s == 0.3
     for bad in ("0", "-1", "inf", "nan", "two"):
         monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", bad)
-        with pytest.raises(tuning.TuningError, match=r"^BERTSCOPE_TUNE_BUDGET must be a number of seconds above 0, got '"):
+        with pytest.raises(tuning.TuningError, match=r"^BERTSCOPE_TUNE_BUDGET must be a finite number of seconds above 0, got '"):
             tuning.tune_budget()
     # the CLI: one line and a non-zero exit, no traceback
     env = dict(os.environ, BERTSCOPE_TUNE_BUDGET="two", BERTSCOPE_CACHE_DIR=str(cache))
     r = subprocess.run([sys.executable, "-m", "bertscope", "doctor", "--precision", "fp32"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.strip().splitlines()[-1].endswith("BERTSCOPE_TUNE_BUDGET must be a number of seconds above 0, got 'two'")
+    assert r.stderr.strip().splitlines()[-1].endswith("BERTSCOPE_TUNE_BUDGET must be a finite number of seconds above 0, got 'two'")
 
 
 def test_pick_keeps_the_plain_path_unless_beaten_beyond_noise():

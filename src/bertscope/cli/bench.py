@@ -12,9 +12,10 @@ batches of 32 in input order, padded) and ONNX Runtime (the HF model exported an
 with onnxruntime's transformer optimizer), on (a) equal-length texts of T = 128 tokens and
 (b) a mixed-length corpus of 5 to 256 tokens. Every system's output is compared with
 bertscope's (max abs diff of the normalised mean-pooled embeddings) before any time is shown.
-Also: useful GFLOP/s against the machine's measured fp32 matmul peak, and S13 -- time and peak
-memory of attention alone and of the whole model for T = 64 ... 512, with the 512-vs-192 ratio
-set against the seed's 7x claim. A competitor that is not installed is reported and skipped.
+Also: useful GFLOP/s against the machine's measured fp32 matmul peak, and the cost against length
+("S13" in the output: the explainer's O(L^2) claim): time and peak memory of attention alone and
+of the whole model for T = 64 ... 512, with the 512-vs-192 ratio set against the explainer's 7x
+claim. A competitor that is not installed is reported and skipped.
 
 bertscope itself runs in fp32, and on CPU also in int8 (eager, and with its steps compiled by
 torch.compile: about 30 s to compile on a cold cache, left out of --quick) and in bf16 where
@@ -40,7 +41,7 @@ examples:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="throughput against sentence-transformers, transformers, onnxruntime; S13",
+    p = sub.add_parser("bench", help="throughput against sentence-transformers, transformers, onnxruntime; cost against length",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--preset", metavar="NAME", default=None, help="bert-base, bert-large or minilm-l6 (random weights)")

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,33 @@ def test_library_warnings_and_log_records_print_as_one_kind_of_line(capsys):
     rec = logging.LogRecord("bertscope.fast.tuning", logging.WARNING, "tuning.py", 1,
                             "the rate is %.1f GFLOP/s", (43.14,), None)
     assert _LogLine().format(rec) == "bertscope: warning: the rate is 43.1 GFLOP/s"
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """A scheduler's SIGTERM: one line, exit 143, the command's cleanup run (as for Ctrl-C, exit
+    130), a hint to --resume where the command has it; the handler before it is restored."""
+    import signal
+
+    from bertscope.cli import embed, params
+
+    def killed(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives first
+        raise AssertionError("SIGTERM did not stop the command")
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    texts = tmp_path / "t.txt"
+    texts.write_text("one\ntwo\n")
+    monkeypatch.setattr(embed, "run", killed)
+    assert main(["embed", str(texts), "--out", str(tmp_path / "t.emb")]) == 143
+    assert capsys.readouterr().err == "bertscope: terminated; rerun the same command with --resume to finish\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setattr(embed, "run", interrupted)
+    assert main(["embed", str(texts), "--out", str(tmp_path / "t.emb")]) == 130
+    assert capsys.readouterr().err == "bertscope: interrupted; rerun the same command with --resume to finish\n"
+    monkeypatch.setattr(params, "run", killed)  # a command with nothing to resume: no hint
+    assert main(["params", "--preset", "bert-base"]) == 143
+    assert capsys.readouterr().err == "bertscope: terminated\n"

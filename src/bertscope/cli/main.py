@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 import warnings
 from typing import NoReturn, Sequence
@@ -48,6 +49,25 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     if text.startswith("bertscope: "):  # the library names itself for Python users; the CLI once
         text = text[len("bertscope: "):]
     print(f"bertscope: warning: {_one_line(text)}", file=sys.stderr)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``kill``, a container stopping): stops the command as Ctrl-C does, so
+    its cleanup runs (a job's lock released, a half-written file removed) and it says so."""
+
+
+def _raise_terminated(signum, frame) -> NoReturn:
+    raise _Terminated()
+
+
+def _stop_on_sigterm():
+    """Turn SIGTERM into :class:`_Terminated` while a command runs; the handler it replaced (to
+    restore), or None where signals cannot be set (not the main thread)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:
+        return None
+    return signal.SIG_DFL if previous is None else previous  # None: one set outside Python
 
 
 class _LogLine(logging.Formatter):
@@ -132,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          else _LogLine())
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     warnings.showwarning = _warning_line
+    previous = _stop_on_sigterm()
     try:
         check_arguments(args)
         return int(args.func(args) or 0)
@@ -140,9 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"bertscope: error: {_one_line(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("bertscope: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated): what was written is kept
+        resume = "; rerun the same command with --resume to finish" if hasattr(args, "resume") else ""
+        print(f"bertscope: {'terminated' if isinstance(e, _Terminated) else 'interrupted'}{resume}",
+              file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     except BrokenPipeError:
         return 0
     except Exception as e:  # an unexpected failure still gets one line, not a traceback
@@ -152,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)",
               file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -163,3 +163,17 @@ def test_a_folder_given_as_an_input_file_is_named_as_one(tmp_path, capsys, args)
     code = main([a.format(d=tmp_path) for a in args])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and f"{tmp_path} is a folder, not a file" in err, err
+
+
+def test_an_output_path_under_a_file_says_it_is_a_file(tmp_path, capsys):
+    """--out some.txt/page.html: the "folder" is a file; the error says so, not "does not exist"."""
+    from bertscope.errors import InputError
+    from bertscope.files import write_text_atomic
+
+    f = tmp_path / "texts.txt"
+    f.write_text("a text\n")
+    assert main(["view", IT_ANIMAL, "--out", str(f / "v.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"'{f}' is a file, not a folder to write 'v.html' in" in err[0], err
+    with pytest.raises(InputError, match="is a file, not a folder to write x.json in"):
+        write_text_atomic(f / "x.json", "{}")

@@ -30,6 +30,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder} is a file, not a folder to write {path.name} in")
     if make_parents:
         folder.mkdir(parents=True, exist_ok=True)
     elif not folder.is_dir():

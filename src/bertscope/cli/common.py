@@ -54,6 +54,8 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     if path.is_dir():
         raise InputError(f"{flag} {value!r} is a folder; give a file name")
     folder = path.parent if str(path.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{flag}: {str(folder)!r} is a file, not a folder to write {path.name!r} in")
     if not folder.is_dir():
         raise InputError(f"{flag}: the folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):

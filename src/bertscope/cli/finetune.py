@@ -54,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="at most N examples per batch (default 32)")
     p.add_argument("--warmup", type=float, default=0.1, metavar="SHARE",
                    help="share of the steps with a linearly rising learning rate (default 0.1)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
+    p.add_argument("--weight-decay", type=float, default=0.01, metavar="W", help="AdamW weight decay (default 0.01)")
     p.add_argument("--seed", type=int, default=0, help="seed for the head, dropout and batch order: 0 to 2**64 - 1 (default 0)")
     p.add_argument("--save-every", type=int, default=200, metavar="STEPS",
                    help="steps between checkpoints (0: only at epoch ends; default 200)")

@@ -219,3 +219,123 @@ def test_job_options_are_checked_before_anything_is_written(tmp_path, bert):
     assert not out.exists()
     res = run_embed_job(bert, inp, out, JobOptions(shard_rows=2, field_name=None))
     assert res.rows == len(TEXTS) and res.shards == -(-len(TEXTS) // 2)
+
+
+def _truncate(path: Path, size: int) -> None:
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def test_resume_recomputes_a_truncated_shard_of_a_finished_job(tmp_path, bert, capsys):
+    """A finished job whose shard file was cut short: the reader names the file in one line
+    (not numpy's ValueError), and --resume checks each shard against the size and SHA-256 the
+    manifest records, recomputes the bad one (saying which and why) and keeps the rest."""
+    texts = TEXTS[:6] + [""] + TEXTS[7:]  # an empty line in shard 1: its problems must survive
+    inp = _input(tmp_path / "in.txt", texts)
+    out = tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "5", "--quiet"]
+    assert _cli(args, capsys)[0] == 0
+    manifest = json.loads((out / "_manifest.json").read_text())
+    shard1 = manifest["shards"][1]
+    assert shard1["file_bytes"] == (out / "part-00001.npy").stat().st_size and len(shard1["file_sha256"]) == 64
+    ref = read_embeddings(out)[0]
+    _truncate(out / "part-00001.npy", 1000)
+    with pytest.raises(InputError, match=r"part-00001\.npy is truncated or corrupt: it has 1000 bytes, not the "
+                                         f"{shard1['file_bytes']} its manifest records") as e:
+        read_embeddings(out)
+    assert "\n" not in str(e.value)
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0, err
+    assert "(3 already done)" in stdout
+    assert f"recomputed shard 1: part-00001.npy has 1000 bytes, not the {shard1['file_bytes']} recorded" in err
+    assert "1 empty line(s), zero vectors: line 7" in err
+    emb, status = read_embeddings(out)
+    assert np.array_equal(emb, ref) and status[6] == "empty" and status.count("empty") == 1
+    again = json.loads((out / "_manifest.json").read_text())
+    assert again["problems"] == manifest["problems"] and again["shards"][1]["file_sha256"] == shard1["file_sha256"]
+    assert [s["run"] for s in again["shards"]] == [1, 2, 1, 1] and not (out / "_staging").exists()
+    # the same size, other bytes: the SHA-256 tells
+    data = bytearray((out / "part-00003.npy").read_bytes())
+    data[-4:] = b"\x00\x00\x80\x7f"  # the last value: +inf
+    (out / "part-00003.npy").write_bytes(bytes(data))
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0 and "recomputed shard 3: part-00003.npy does not match the SHA-256 recorded for it" in err
+    assert np.array_equal(read_embeddings(out)[0], ref)
+    # a sound job resumes with nothing to do, and says nothing about shards
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0 and "(4 already done)" in stdout and "recomputed" not in err
+
+
+def test_resume_checks_the_staged_shards_of_an_unfinished_job(tmp_path, bert, capsys):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):  # shards 0 and 1 finish, shard 2 does not
+        run_embed_job(bert, inp, out, JobOptions(shard_rows=4), progress=_StopAfter(8))
+    staged = out / "_staging" / "part-00000.npy"
+    _truncate(staged, 200)
+    res = run_embed_job(bert, inp, out, JobOptions(shard_rows=4, resume=True))
+    assert res.shards_skipped == 1 and list(res.shards_repaired) == [0]
+    assert res.shards_repaired[0].startswith("part-00000.npy has 200 bytes, not the ")
+    assert np.abs(read_embeddings(out)[0] - bert.embed(TEXTS)).max() < 1e-5
+
+
+def test_shards_of_jobs_from_before_files_were_hashed_are_checked_by_shape(tmp_path, bert, capsys):
+    """A manifest without file sizes and SHA-256s (older jobs): the reader still names a
+    corrupt file in one line, and --resume still recomputes it (its shape does not fit)."""
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--quiet"]
+    assert _cli(args, capsys)[0] == 0
+    ref = read_embeddings(out)[0]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    for s in manifest["shards"]:
+        del s["file_bytes"], s["file_sha256"]
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    _truncate(out / "part-00002.npy", 1000)
+    with pytest.raises(InputError, match=r"part-00002\.npy is truncated or corrupt \(") as e:
+        read_embeddings(out)
+    assert "\n" not in str(e.value) and "--resume" in str(e.value)
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0 and "(2 already done)" in stdout, err
+    assert "recomputed shard 2: part-00002.npy is truncated or corrupt (" in err
+    assert np.array_equal(read_embeddings(out)[0], ref)
+
+
+def test_read_embeddings_names_a_corrupt_parquet_shard(tmp_path, capsys):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    assert _cli(["embed", str(inp), "--out", str(out), "--format", "parquet", "--quiet"], capsys)[0] == 0
+    _truncate(out / "part-00000.parquet", 100)
+    with pytest.raises(InputError, match=r"part-00000\.parquet is truncated or corrupt"):
+        read_embeddings(out)
+    (out / "part-00000.parquet").unlink()
+    with pytest.raises(InputError, match=r"part-00000\.parquet is missing; run the embed job again with --resume"):
+        read_embeddings(out)
+
+
+def test_resume_refusal_names_each_change_with_its_old_and_new_value(tmp_path, capsys):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--quiet"], capsys)[0] == 0
+    with inp.open("a") as f:
+        f.write("one more line\n")
+    code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--resume"], capsys)
+    assert code == 2 and err.strip() == (
+        f"bertscope: error: cannot resume: the input now has {len(TEXTS) + 1} lines, not the {len(TEXTS)} the "
+        "job began with; start a new job with another --out (or restore the input)")
+    _input(inp)  # restored
+    code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "5", "--format", "parquet",
+                         "--resume"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("cannot resume: --format is now parquet, not the npy the job began with; --shard-rows is now 5, "
+            "not the 8 the job began with; start a new job with another --out (or rerun with the settings "
+            "the job began with)") in err
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS))
+    code, _, err = _cli(["embed", str(other), "--out", str(out), "--shard-rows", "8", "--field", "body",
+                         "--resume"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert (f"cannot resume: the input is now {other.resolve()}, not {inp.resolve()} as when the job began; "
+            "the input is now read as jsonl, not the text the job began with; --field is now 'body', not "
+            "the none the job began with; start a new job with another --out (or restore the input and rerun "
+            "with the settings the job began with)") in err
+    assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--resume", "--quiet"], capsys)[0] == 0

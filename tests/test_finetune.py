@@ -136,6 +136,36 @@ def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys
     assert err.count("\n") == 0 and "no record of" in err and "line 2 is undecodable" in err
 
 
+def test_predict_gives_a_blank_line_of_json_lines_or_csv_a_row_of_status_empty(trained, tmp_path, capsys):
+    """A blank line of a JSON Lines file is a record of status "empty", as `embed` counts it: a
+    row in order, listed on stderr, and not counted as a prediction."""
+    out, _ = trained
+    inp = tmp_path / "docs.jsonl"
+    texts = ["a wonderful film", "dull and awful", "great acting", "boring plot", "", "loved it", "hated it"]
+    inp.write_text("".join((json.dumps({"text": t}) if t else "") + "\n" for t in texts))
+    pred = tmp_path / "pred.jsonl"
+    assert main(["predict", str(out), str(inp), "--json", "--out", str(pred), "--quiet"]) == 0
+    rows = [json.loads(x) for x in pred.read_text().splitlines()]
+    assert [r["line"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]
+    assert rows[4] == {"line": 5, "status": "empty", "label": None, "probs": None}
+    assert all(r["status"] == "ok" for r in rows[:4] + rows[5:])
+    err = capsys.readouterr().err
+    assert f"wrote 6 predictions, 1 empty record to {pred}" in err and "1 empty record(s): line 5" in err
+    few = tmp_path / "few.jsonl"  # the count is of predictions, not of rows
+    few.write_text('{"text": "a fine film"}\n   \n{"text": "a poor film"}\n')
+    assert main(["predict", str(out), str(few), "--out", str(tmp_path / "few.tsv"), "--quiet"]) == 0
+    assert "wrote 2 predictions, 1 empty record to" in capsys.readouterr().err
+    table = tmp_path / "docs.csv"  # a blank line of CSV too
+    table.write_text("text,extra\ngood film,1\n\nbad film,2\n")
+    assert main(["predict", str(out), str(table), "--quiet"]) == 0
+    got = [r.split("\t")[:2] for r in capsys.readouterr().out.splitlines()[1:]]
+    assert got == [["2", "ok"], ["3", "empty"], ["4", "ok"]]
+    blanks_and_bad = tmp_path / "bad.jsonl"  # a blank line is no text: still refused
+    blanks_and_bad.write_text("\n{not json\n\n")
+    assert main(["predict", str(out), str(blanks_and_bad), "--quiet"]) == 2
+    assert "no record of" in capsys.readouterr().err
+
+
 def _run_cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "bertscope", *args], capture_output=True, text=True, env=env,
@@ -287,6 +317,26 @@ def test_read_records_line_numbers_and_statuses(tmp_path):
     raw = tmp_path / "b.jsonl"
     raw.write_bytes(b'{"text": "ok"}\n\xff\xfe\n[1]\n')
     assert [r.status for r in read_records(raw)] == ["ok", "undecodable", "no_field"]
+
+
+def test_read_records_keeps_blank_lines_as_empty_records_when_asked(tmp_path):
+    """Training data skips blank lines; predict asks for them (keep_blank) and gets one record of
+    status "empty" each, marked blank, unlike an empty text field."""
+    from bertscope.train.data import read_records
+
+    raw = tmp_path / "c.jsonl"
+    raw.write_text('{"text": "a"}\n\n  \n{"text": ""}\n')
+    assert [(r.line, r.status) for r in read_records(raw)] == [(1, "ok"), (4, "empty")]
+    recs = read_records(raw, keep_blank=True)
+    assert [(r.line, r.status, r.blank) for r in recs] == [(1, "ok", False), (2, "empty", True),
+                                                         (3, "empty", True), (4, "empty", False)]
+    csv_path = tmp_path / "c.csv"
+    csv_path.write_text("text\nfirst\n\nsecond\n")
+    assert [(r.line, r.status) for r in read_records(csv_path, keep_blank=True)] == [(2, "ok"), (3, "empty"),
+                                                                                    (4, "ok")]
+    text = tmp_path / "c.txt"
+    text.write_text("x\n \n")
+    assert [(r.status, r.blank) for r in read_records(text, lines_ok=True)] == [("ok", False), ("empty", True)]
 
 
 def test_epoch_batches_cover_every_example_once_within_budget_and_are_reproducible():

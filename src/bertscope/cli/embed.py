@@ -28,7 +28,10 @@ Each shard is written to a temporary file and renamed, so a crash never leaves a
 file. Finished shards wait in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a
 dataset reader never mistakes an unfinished job for a complete one. --resume finishes a job
 without redoing shards; a shard whose input lines changed since (by content, not by size or
-date) is computed again. One job at a time per OUTPUT (a lock file): a second is refused.
+date) is computed again, and so is one whose file is missing or no longer has the size and
+SHA-256 recorded when it was written (a finished job's too). If the input itself changed (lines
+added, other files), the job cannot be resumed: start a new one with another --out.
+One job at a time per OUTPUT (a lock file): a second is refused.
 
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
 writes the same OUTPUT (a job can be resumed by either engine). Without --address Ray starts on
@@ -162,6 +165,13 @@ def run(args: argparse.Namespace) -> int:
     if res.shards_redone:
         print(f"  recomputed shard(s) {', '.join(str(k) for k in res.shards_redone)}: their input lines "
               "changed since they were embedded", file=sys.stderr)
+    damaged = list(res.shards_repaired.items())
+    for k, why in damaged[:5]:
+        print(f"  recomputed shard {k}: {why}", file=sys.stderr)
+    if len(damaged) > 5:
+        print(f"  recomputed {len(damaged) - 5} more damaged shard(s): "
+              f"{', '.join(str(k) for k, _ in damaged[5:15])}{', ...' if len(damaged) > 15 else ''}",
+              file=sys.stderr)
     field = args.field or "text"
     max_len = res.max_seq_length or "max_seq_length"
     for kind, what in (("bad_json", "line(s) not valid JSON, zero vectors"),

@@ -18,11 +18,12 @@ Output (stdout, or --out FILE, written atomically): a tab-separated table with a
 row per record: line, status, label, then one probability column per label. With --json, JSON
 Lines: {"line": 3, "status": "ok", "label": "pos", "probs": {"neg": 0.02, "pos": 0.98}}.
 A bad record gets no prediction and a status, as in `bertscope embed`: empty, undecodable (not
-UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). In a
-text file every line is a record, so the output has one row per input line. If records fail and
-none holds a text (a blank line of a text file fails nothing), INPUT is refused: the wrong
---text-field, or the wrong file. A file of blank lines gives rows of status empty; an empty file,
-the header alone.
+UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). A blank
+line is a record of status empty (in a CSV/TSV file too), so the output of a text or JSON Lines
+file has one row per input line. If records fail and none holds a text (a blank line fails
+nothing), INPUT is refused: the wrong --text-field, or the wrong file. A file of blank lines
+gives rows of status empty; an empty file, the header alone. With --out, stderr counts the
+predictions written and the records without one.
 
 examples:
   bertscope predict sentiment/ reviews.txt
@@ -89,6 +90,21 @@ def render(rows: list[dict], labels: list[str], as_json: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def summary(rows: list[dict]) -> str:
+    """"2 predictions, 1 empty record": the predicted rows (ok or truncated), then the rows without
+    a prediction, by status."""
+    predicted = sum(r["status"] in ("ok", "truncated") for r in rows)
+    bad: dict[str, int] = {}
+    for r in rows:
+        if r["status"] not in ("ok", "truncated"):
+            bad[r["status"]] = bad.get(r["status"], 0) + 1
+    return ", ".join([_count(predicted, "prediction")] + [_count(n, f"{s} record") for s, n in bad.items()])
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
@@ -96,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bert import load
     from ..errors import InputError
     from ..files import why_not_a_file, write_text_atomic
-    from ..train.data import file_format, read_records
+    from ..train.data import read_records
     from .common import check_output_file
     from .guard import writing
     from .progress import progress_enabled
@@ -106,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise InputError("--batch-tokens must be at least 1")
     out = check_output_file(args.out) if args.out is not None else None
-    records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True)
-    # as `embed` judges: refused when records fail and none holds a text; a blank line of a text
-    # file fails nothing, and an empty text field ("") counts as a text
-    blank = file_format(args.input, lines_ok=True) == "lines"
-    failed = [r for r in records if not (blank and r.status == "empty")]
+    records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True,
+                           keep_blank=True)
+    # as `embed` judges: refused when records fail and none holds a text; a blank line fails
+    # nothing, and an empty text field ("") counts as a text
+    failed = [r for r in records if not r.blank]
     if failed and not any(r.status in ("ok", "empty") for r in failed):
         raise InputError(f"no record of {args.input} holds a text (first: line {failed[0].line} is "
                          f"{failed[0].status}); check --text-field and the file's format")
@@ -132,11 +148,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         with writing(out):
             write_text_atomic(out, text)
-        print(f"wrote {len(rows)} predictions to {out}", file=sys.stderr)
     bad: dict[str, list[int]] = {}
     for r in rows:
         if r["status"] != "ok":
             bad.setdefault(r["status"], []).append(r["line"])
+    if out is not None:
+        print(f"wrote {summary(rows)} to {out}", file=sys.stderr)
     for status, nums in bad.items():
         shown = ", ".join(map(str, nums[:10])) + (f", ... ({len(nums) - 10} more)" if len(nums) > 10 else "")
         print(f"  {len(nums)} {status} record(s): line {shown}", file=sys.stderr)

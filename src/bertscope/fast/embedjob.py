@@ -17,7 +17,8 @@ Output layout (OUTPUT is a folder):
     OUTPUT/_runs.json         each run of the job (1 = the first, +1 per --resume) and its engine
     OUTPUT/.lock              held (flock) by the running job: a second job on OUTPUT is refused
     OUTPUT/_staging/          finished shards while the job runs, each with its record
-                              _part-00000.json (line range, SHA-256 of its input, problems, run)
+                              _part-00000.json (line range, SHA-256 of its input, problems, run,
+                              and the shard file's size and SHA-256)
     OUTPUT/part-00000.npy     rows 0 .. S-1 of the input, float32 (rows, C)   [--format npy]
     OUTPUT/part-00000.parquet columns line, status, embedding                 [--format parquet]
     OUTPUT/_manifest.json     written last: the job is complete when it exists
@@ -48,10 +49,14 @@ or per shard with ``numpy.load``; a parquet OUTPUT is a dataset that
 
 Durability. Every file is written to a temporary ``.NAME.*.tmp`` name and renamed into place,
 so a crash never leaves a half-written shard; a full disk is one error naming the file, and
-leaves no temporary. Each shard's record holds a SHA-256 of its input records: ``resume=True``
-keeps every finished shard whose input is unchanged, recomputes the ones whose input changed
-(whatever the file's size or mtime say) and computes the rest. Only the job holding
-OUTPUT/.lock removes temporaries, so a resume never deletes a live job's files.
+leaves no temporary. Each shard's record (and the manifest's entry for it) holds a SHA-256 of
+its input records, and the size and SHA-256 of the shard file written: ``resume=True`` keeps
+every finished shard whose input is unchanged and whose file still has that size and SHA-256,
+recomputes the ones whose input changed (whatever the file's size or mtime say) or whose file
+is missing, truncated or altered (a complete job too: it becomes unfinished until they are
+redone), and computes the rest. Jobs written before files were hashed have their shard files'
+shapes checked instead. Only the job holding OUTPUT/.lock removes temporaries, so a resume
+never deletes a live job's files.
 
 Memory. A job holds one shard (its records and embeddings) at a time, so its memory does not
 grow with the input. What does grow without care is memory the C allocator keeps after torch
@@ -64,7 +69,9 @@ glibc only, a no-op elsewhere; a few milliseconds per 10,000 lines).
 
 from __future__ import annotations
 
+import bisect
 import errno
+import hashlib
 import io
 import json
 import logging
@@ -116,7 +123,9 @@ class EmbedJobResult:
     """What a finished job wrote: rows, dim, shards, and the line numbers of each problem.
 
     ``shards_skipped``: shards already done by an earlier run and kept; ``shards_redone``: the
-    indices of finished shards computed again because their input records changed.
+    indices of finished shards computed again because their input records changed;
+    ``shards_repaired``: index -> why, for finished shards computed again because their file
+    was missing, truncated or altered (one sentence naming the file).
     """
 
     out_dir: Path
@@ -128,6 +137,7 @@ class EmbedJobResult:
     shards_redone: list[int] = field(default_factory=list)
     run: int = 1
     max_seq_length: int | None = None
+    shards_repaired: dict[int, str] = field(default_factory=dict)
 
 
 # --- reading records -------------------------------------------------------------------------
@@ -340,13 +350,15 @@ def compute_shard(bert, plan: InputPlan, shard: Shard, out_dir: str | Path, *, f
         statuses.append(status)
     emb = embed_texts(bert, texts, statuses, batch_tokens=batch_tokens, progress=progress)
     name = _shard_name(shard.index, fmt)
-    _atomic_write(staging / name, _shard_bytes(fmt, emb, lines, statuses), kill_now)
+    data = _shard_bytes(fmt, emb, lines, statuses)
+    _atomic_write(staging / name, data, kill_now)
     record = {"file": name, "shard": shard.index, "first_line": shard.first_row, "rows": shard.rows,
-              "sha256": shard.sha256, "run": run, "engine": engine,
+              "sha256": shard.sha256, "file_bytes": len(data), "file_sha256": hashlib.sha256(data).hexdigest(),
+              "run": run, "engine": engine,
               "problems": {p: [ln for ln, s in zip(lines, statuses) if s == p] for p in _PROBLEMS}}
     _write_json(staging / _record_name(shard.index), record)  # last: the shard is done
     log.info("wrote %s (%d rows)", name, shard.rows)
-    del emb, texts, raws
+    del emb, texts, raws, data
     release_free_memory()  # see "Memory" in the module doc
     return record
 
@@ -409,7 +421,8 @@ class EmbedJob:
     """A job prepared by :func:`prepare_embed_job`: checked, planned and locked; ready to run.
 
     ``pending``: the shards still to compute (in order); ``done``: index -> record of the
-    finished ones kept; ``redone``: finished shards whose input changed (recomputed).
+    finished ones kept; ``redone``: finished shards whose input changed (recomputed);
+    ``repaired``: index -> why, for finished shards whose file failed its check (recomputed).
     """
 
     plan: InputPlan
@@ -424,6 +437,7 @@ class EmbedJob:
     redone: list[int]
     complete: bool
     lock: _Lock | None = None
+    repaired: dict[int, str] = field(default_factory=dict)
 
     @property
     def done_rows(self) -> int:
@@ -533,11 +547,11 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
     staging = out / STAGING
     if has_job:
         before = _read_json(out / JOB_FILE, out)
-        if isinstance(before, dict):
-            before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
+        if not isinstance(before, dict):
+            raise InputError(f"{out / JOB_FILE} is unreadable; remove {out} and start again")
+        before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
         if before != job:
-            changed = sorted(k for k in set(job) | set(before) if before.get(k) != job.get(k))
-            raise InputError(f"cannot resume: {', '.join(changed)} changed since the job began")
+            raise InputError(_why_not_resumable(before, job))
         _remove_temporaries(out)  # we hold the lock: these belong to no live job
         _remove_temporaries(staging)
         runs = _read_json(out / RUNS_FILE, out) if (out / RUNS_FILE).is_file() else {"runs": []}
@@ -549,9 +563,10 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
 
     done: dict[int, dict] = {}
     redone: list[int] = []
+    repaired: dict[int, str] = {}
     complete = False
     manifest_path = out / MANIFEST_FILE
-    if manifest_path.is_file():  # a finished job: nothing to do if its input is unchanged
+    if manifest_path.is_file():  # a finished job: nothing to do if its input and files are sound
         manifest = _read_json(manifest_path, out)
         old = {s.get("shard", k): s.get("sha256") for k, s in enumerate(manifest.get("shards", []))}
         changed = [s for s in plan.shards if old.get(s.index) != s.sha256]
@@ -561,9 +576,21 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
                              f"{first.first_row}..{first.first_row + first.rows - 1}"
                              f"{f' and {len(changed) - 1} more shard(s)' if len(changed) > 1 else ''} "
                              "changed since; embed into a new --out")
-        for s in manifest["shards"]:
-            done[s.get("shard", 0)] = s
-        complete = True
+        records = _manifest_records(manifest)
+        for k, rec in records.items():
+            why = _shard_file_problem(out / rec["file"], rec, fmt, job["dim"])
+            if why is not None:
+                repaired[k] = why
+        if not repaired:
+            done, complete = records, True
+        else:  # unfinish the job: the good shards' records back in _staging, then no manifest
+            for k, rec in records.items():
+                if k not in repaired:
+                    _write_json(staging / _record_name(k), rec)
+                    done[k] = rec
+            for k in repaired:
+                (out / records[k]["file"]).unlink(missing_ok=True)
+            manifest_path.unlink()
     elif staging.is_dir():
         for shard in plan.shards:
             rec_path = staging / _record_name(shard.index)
@@ -572,18 +599,143 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
             rec = _read_json(rec_path, out)
             name = _shard_name(shard.index, fmt)
             present = (staging / name).is_file() or (out / name).is_file()
-            if rec.get("sha256") == shard.sha256 and rec.get("rows") == shard.rows and present:
-                done[shard.index] = rec
-            else:
-                if present and rec.get("sha256") != shard.sha256:
-                    redone.append(shard.index)
-                rec_path.unlink()
+            if rec.get("sha256") == shard.sha256 and rec.get("rows") == shard.rows:
+                path = staging / name if (staging / name).is_file() else out / name  # the one kept
+                why = _shard_file_problem(path, rec, fmt, job["dim"])
+                if why is None:
+                    done[shard.index] = rec
+                    continue
+                repaired[shard.index] = why
+                path.unlink(missing_ok=True)
+            elif present and rec.get("sha256") != shard.sha256:
+                redone.append(shard.index)
+            rec_path.unlink()
+    for k, why in repaired.items():
+        log.info("recomputing shard %d: %s", k, why)
     if not complete:  # a finished job's resume computes nothing: not a run
         _write_json(out / RUNS_FILE, runs)
     pending = [s for s in plan.shards if s.index not in done]
     return EmbedJob(plan=plan, out=out, fmt=fmt, batch_tokens=batch_tokens, job=job, run=run,
                     engine=engine, pending=pending, done=done, redone=redone, complete=complete,
-                    lock=lock)
+                    lock=lock, repaired=repaired)
+
+
+def _why_not_resumable(before: dict, job: dict) -> str:
+    """One line saying how this job differs from the one OUTPUT holds (``before``, its _job.json),
+    naming the old and the new value of each difference, and what to do."""
+    old_in = before.get("input") if isinstance(before.get("input"), dict) else {}
+    new_in = job["input"]
+    inputs: list[str] = []  # reasons about the input
+    settings: list[str] = []  # reasons about the options and the model
+
+    def began(new: object, old: object) -> str:
+        return f"{new}, not the {old} the job began with"
+
+    def files(names: object) -> str:
+        if not isinstance(names, list):
+            return repr(names)
+        shown = ", ".join(str(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+        return shown if len(names) == 1 else f"{len(names)} files ({shown})"
+
+    if old_in.get("files") != new_in.get("files"):
+        inputs.append(f"the input is now {files(new_in.get('files'))}, not {files(old_in.get('files'))} "
+                      "as when the job began")
+    if old_in.get("kind") != new_in.get("kind"):
+        inputs.append(f"the input is now read as {began(new_in.get('kind'), old_in.get('kind'))}")
+    old_rows = before.get("rows", old_in.get("rows"))
+    if old_rows != job["rows"] or old_in.get("rows") != new_in.get("rows"):
+        unit = "rows" if new_in.get("kind") == "parquet" else "lines"
+        inputs.append(f"the input now has {job['rows']} {unit}, not the {old_rows} the job began with")
+    flags = {"format": "--format", "field": "--field", "shard_rows": "--shard-rows"}
+    for key, flag in flags.items():
+        if before.get(key) != job.get(key):
+            old, new = before.get(key), job.get(key)
+            if key == "field":  # a text input has none
+                old, new = ("none" if v is None else repr(v) for v in (old, new))
+            settings.append(f"{flag} is now {began(new, old)}")
+    if before.get("model") != job.get("model"):
+        settings.append(f"the model is now {began(job.get('model'), before.get('model'))}")
+    else:
+        for key in ("dim", "max_seq_length"):
+            if before.get(key) != job.get(key):
+                settings.append(f"the model's {key} is now {began(job.get(key), before.get(key))}")
+    if before.get("precision") != job.get("precision"):
+        settings.append(f"precision changed: the job began with {before.get('precision')}, this run is "
+                        f"{job.get('precision')}")
+    known = {"input", "rows", "model", "dim", "max_seq_length", "precision", *flags}
+    for key in sorted(k for k in set(job) | set(before) if k not in known and before.get(k) != job.get(k)):
+        settings.append(f"{key} is now {began(job.get(key), before.get(key))}")
+    fixes = (["restore the input"] if inputs else []) + (["rerun with the settings the job began with"]
+                                                           if settings else [])
+    return (f"cannot resume: {'; '.join(inputs + settings)}; start a new job with another --out "
+            f"(or {' and '.join(fixes)})")
+
+
+def _manifest_records(manifest: dict) -> dict[int, dict]:
+    """A finished job's shards as records (index -> record), each with its own problems."""
+    problems = {p: sorted(v) for p, v in manifest.get("problems", {}).items()}
+    records = {}
+    for k, s in enumerate(manifest.get("shards", [])):
+        first, rows = s.get("first_line", 1), s.get("rows", 0)
+        mine = {p: v[bisect.bisect_left(v, first):bisect.bisect_left(v, first + rows)] for p, v in problems.items()}
+        records[s.get("shard", k)] = {**s, "problems": mine}
+    return records
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _shard_file_problem(path: Path, rec: dict, fmt: str, dim: int) -> str | None:
+    """Why the finished shard file ``path`` cannot be trusted (one clause naming it), or None:
+    it must have the size and SHA-256 its record holds; a record from before files were hashed
+    has its file's shape checked instead."""
+    name = path.name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{name} is missing"
+    except OSError as e:
+        return f"{name} is unreadable ({e.strerror or e})"
+    want = rec.get("file_bytes")
+    if want is not None and size != want:
+        return f"{name} has {size} bytes, not the {want} recorded"
+    digest = rec.get("file_sha256")
+    if digest is None:
+        return _shard_shape_problem(path, fmt, rec.get("rows"), dim)
+    try:
+        if _file_sha256(path) != digest:
+            return f"{name} does not match the SHA-256 recorded for it"
+    except OSError as e:
+        return f"{name} is unreadable ({e.strerror or e})"
+    return None
+
+
+def _shard_shape_problem(path: Path, fmt: str, rows: object, dim: int) -> str | None:
+    """Why ``path`` is not a readable shard of ``rows`` x ``dim`` (one clause), or None."""
+    try:
+        if fmt == "npy":
+            arr = np.load(path, mmap_mode="r")  # the header, and a size check; no data read
+            shape = arr.shape
+            del arr
+        else:
+            import pyarrow.parquet as pq
+
+            shape = (pq.read_metadata(path).num_rows, dim)
+    except Exception as e:  # any failure to read it means it cannot be trusted
+        return f"{path.name} is truncated or corrupt ({_first_line(e)})"
+    if shape != (rows, dim):
+        return f"{path.name} holds {' x '.join(map(str, shape))} values, not the {rows} x {dim} recorded"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
@@ -609,8 +761,12 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         shards = []
         for s in plan.shards:
             rec = all_records[s.index]
-            shards.append({"file": rec["file"], "shard": s.index, "first_line": rec["first_line"],
-                           "rows": rec["rows"], "sha256": rec["sha256"], "run": rec.get("run", 1)})
+            entry = {"file": rec["file"], "shard": s.index, "first_line": rec["first_line"],
+                     "rows": rec["rows"], "sha256": rec["sha256"]}
+            for key in ("file_bytes", "file_sha256"):  # absent from shards of older jobs
+                if key in rec:
+                    entry[key] = rec[key]
+            shards.append({**entry, "run": rec.get("run", 1)})
             for p in _PROBLEMS:
                 problems[p].extend(rec.get("problems", {}).get(p, []))
         if job.complete:  # a finished job's manifest already holds the problems
@@ -630,7 +786,8 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
             shutil.rmtree(staging, ignore_errors=True)
         return EmbedJobResult(out_dir=out, rows=plan.rows, dim=job.job["dim"], shards=len(plan.shards),
                               shards_skipped=skipped, problems=problems, shards_redone=list(job.redone),
-                              run=job.run, max_seq_length=job.job["max_seq_length"])
+                              run=job.run, max_seq_length=job.job["max_seq_length"],
+                              shards_repaired=dict(job.repaired))
     finally:
         job.close()
 
@@ -672,7 +829,11 @@ def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: Jo
 
 
 def read_embeddings(out_dir: str | Path) -> tuple[np.ndarray, list[str]]:
-    """A finished job's folder -> (embeddings (rows, C) float32, status per row), in input order."""
+    """A finished job's folder -> (embeddings (rows, C) float32, status per row), in input order.
+
+    A shard file that is missing, truncated or corrupt (or not the size the manifest records)
+    raises InputError naming it; ``--resume`` on the job recomputes it.
+    """
     out = Path(out_dir)
     try:
         manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
@@ -682,14 +843,35 @@ def read_embeddings(out_dir: str | Path) -> tuple[np.ndarray, list[str]]:
     for p, lines in manifest["problems"].items():
         for ln in lines:
             status[ln - 1] = p
-    if manifest["format"] == "npy":
-        parts = [np.load(out / s["file"]) for s in manifest["shards"]]
-    else:
-        import pyarrow.parquet as pq
-
-        parts = []
-        for s in manifest["shards"]:
-            col = pq.read_table(out / s["file"], columns=["embedding"]).column("embedding").combine_chunks()
-            parts.append(col.flatten().to_numpy().reshape(len(col), manifest["dim"]))
+    parts = [_read_shard_file(out, s, manifest["format"], manifest["dim"]) for s in manifest["shards"]]
     emb = np.concatenate(parts) if parts else np.zeros((0, manifest["dim"]), np.float32)
     return emb, status
+
+
+def _read_shard_file(out: Path, entry: dict, fmt: str, dim: int) -> np.ndarray:
+    """One finished shard's embeddings (rows, dim), or InputError naming its file."""
+    path = out / entry["file"]
+    fix = "run the embed job again with --resume to recompute it"
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise InputError(f"{path} is missing; {fix}") from None
+    except OSError as e:
+        raise InputError(f"cannot read {path} ({e.strerror or e})") from None
+    if entry.get("file_bytes") not in (None, size):
+        raise InputError(f"{path} is truncated or corrupt: it has {size} bytes, not the "
+                         f"{entry['file_bytes']} its manifest records; {fix}")
+    try:
+        if fmt == "npy":
+            arr = np.load(path)
+        else:
+            import pyarrow.parquet as pq
+
+            col = pq.read_table(path, columns=["embedding"]).column("embedding").combine_chunks()
+            arr = col.flatten().to_numpy().reshape(len(col), dim)
+    except (OSError, ValueError, EOFError, KeyError) as e:  # numpy's, pyarrow's "not a valid file"
+        raise InputError(f"{path} is truncated or corrupt ({_first_line(e)}); {fix}") from None
+    if arr.shape != (entry["rows"], dim):
+        raise InputError(f"{path} holds {' x '.join(map(str, arr.shape))} values, not the "
+                         f"{entry['rows']} x {dim} its manifest records; {fix}")
+    return arr

@@ -50,6 +50,7 @@ class Record:
     label: str | None = None
     label_problem: str | None = None
     field: str | None = None  # the field a no_field / not_text status is about
+    blank: bool = False  # an empty or whitespace-only line (status "empty"), not an empty field
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def _from_fields(line: int, get, text_field: str, pair_field: str | None,
     return Record(line, text, pair, status, label, problem)
 
 
-def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: str | None) -> Iterator[Record]:
+def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: str | None,
+           keep_blank: bool) -> Iterator[Record]:
     for n, raw in enumerate(split_lines(data), start=1):
         try:
             line = raw.decode("utf-8")
@@ -119,7 +121,9 @@ def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: st
             yield Record(n, "", None, "undecodable")
             continue
         if not line.strip():
-            continue  # blank lines are not records
+            if keep_blank:
+                yield Record(n, "", None, "empty", blank=True)
+            continue  # else blank lines are not records
         try:
             obj = json.loads(line.lstrip("\ufeff"))
         except ValueError:
@@ -132,7 +136,7 @@ def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: st
 
 
 def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_field: str | None,
-               label_field: str | None) -> Iterator[Record]:
+               label_field: str | None, keep_blank: bool) -> Iterator[Record]:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -153,7 +157,9 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
         for row in reader:
             n, start = start, reader.line_num + 1
             if not any(cell.strip() for cell in row):
-                continue  # blank lines are not records
+                if keep_blank:
+                    yield Record(n, "", None, "empty", blank=True)
+                continue  # else blank lines are not records
 
             def get(name: str, row=row):
                 i = where[name]
@@ -167,10 +173,11 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
 
 
 def read_records(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,
-                 label_field: str | None = None, lines_ok: bool = False) -> list[Record]:
+                 label_field: str | None = None, lines_ok: bool = False, keep_blank: bool = False) -> list[Record]:
     """Every record of a CSV, TSV or JSON Lines file (or, with ``lines_ok``, a text file: one
     text per line), each with its line number and status, in file order. Blank lines are skipped,
-    except in a text file, where every line is a record: a blank one has status "empty".
+    except in a text file, where every line is a record, and with ``keep_blank``: a blank line
+    is then a record with status "empty" and ``blank`` set (as `bertscope embed` counts lines).
 
     A missing or unreadable file, or a CSV/TSV header without the named columns, is an InputError.
     """
@@ -178,9 +185,10 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
     fmt = file_format(path, lines_ok=lines_ok)
     data = read_input_bytes(path)
     if fmt == "jsonl":
-        return list(_jsonl(data, text_field, pair_field, label_field))
+        return list(_jsonl(data, text_field, pair_field, label_field, keep_blank))
     if fmt in ("csv", "tsv"):
-        return list(_delimited(path, data, "," if fmt == "csv" else "\t", text_field, pair_field, label_field))
+        return list(_delimited(path, data, "," if fmt == "csv" else "\t", text_field, pair_field, label_field,
+                               keep_blank))
     out = []
     for n, raw in enumerate(split_lines(data), start=1):
         try:
@@ -188,7 +196,8 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
         except UnicodeDecodeError:
             out.append(Record(n, "", None, "undecodable"))
             continue
-        out.append(Record(n, line, None, "ok" if line.strip() else "empty"))
+        blank = not line.strip()
+        out.append(Record(n, line, None, "empty" if blank else "ok", blank=blank))
     return out
 
 

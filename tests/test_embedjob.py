@@ -206,11 +206,17 @@ def test_embed_bad_input_shows_no_progress_bar(tmp_path, capsys):
     code, _, err = _run_cli(["embed", str(inp), "--out", str(out)], capsys)  # already a job there
     assert code == 2 and err.strip().splitlines() == [err.strip()] and "--resume" in err
     assert "embed:" not in err
+    assert "already holds a finished job; pass --resume to check it" in err  # not "to finish it"
+    (out / "_manifest.json").unlink()  # as a job stopped before its end leaves it
+    code, _, err = _run_cli(["embed", str(inp), "--out", str(out)], capsys)
+    assert code == 2 and "already holds an unfinished job; pass --resume to finish it" in err
 
 
 @pytest.mark.parametrize("make_input, extra, message", [
     (None, [], "does not exist"),
     ("ok.txt", ["--format", "csv"], "--format"),
+    ("ok.txt", ["--shard-rows", "0"], "--shard-rows must be at least 1, not 0"),  # names the flag
+    ("ok.txt", ["--batch-tokens", "-5"], "--batch-tokens must be at least 1, not -5"),
     ("ok.txt", ["--compile"], "--compile applies to --precision int8 only"),
     ("ok.txt", ["--keep-precision"], "--keep-precision applies to --precision int8 or bf16 only"),
     # every line fails the same way: a usage mistake, refused rather than all zero rows

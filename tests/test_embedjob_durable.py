@@ -214,7 +214,7 @@ def test_job_options_are_checked_before_anything_is_written(tmp_path, bert):
         run_embed_job(bert, inp, out, {"shard_rows": 4})
     with pytest.raises(InputError, match="unknown format 'csv'"):
         run_embed_job(bert, inp, out, JobOptions(fmt="csv"))
-    with pytest.raises(InputError, match="shard size must be at least 1"):
+    with pytest.raises(InputError, match=r"shard size \(--shard-rows\) must be at least 1, not 0"):
         run_embed_job(bert, inp, out, JobOptions(shard_rows=0))
     assert not out.exists()
     res = run_embed_job(bert, inp, out, JobOptions(shard_rows=2, field_name=None))

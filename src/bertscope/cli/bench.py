@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from .guard import dumps_strict, null_non_finite
 
     check_preset(args.preset)
-    if args.rounds < 1 or (args.threads is not None and args.threads < 1):
-        raise InputError("--rounds and --threads must be at least 1")
+    if args.rounds < 1:
+        raise InputError(f"--rounds must be at least 1, not {args.rounds}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be at least 1, not {args.threads}")
     plot = None
     if args.plot:  # checked now: a bad path must not cost a finished run
         plot = check_output_file(args.plot, flag="--plot", suffixes=PLOT_SUFFIXES)

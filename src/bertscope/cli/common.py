@@ -114,7 +114,7 @@ def engine_options(args: argparse.Namespace):
     given = [f"--{f.replace('_', '-')}" for f in ENGINE_FLAGS if getattr(args, f) is not None]
     if args.engine == "local":
         if given:
-            raise InputError(f"{', '.join(given)} need(s) --engine ray")
+            raise InputError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --engine ray")
         return None
     from ..scale.cluster import EngineOptions, check_engine_options, require_ray
 

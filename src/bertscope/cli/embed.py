@@ -116,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.format not in ("npy", "parquet"):
         raise InputError(f"--format must be npy or parquet, not {args.format!r}")
-    if (args.batch_tokens is not None and args.batch_tokens < 1) or args.shard_rows < 1:
-        raise InputError("--batch-tokens and --shard-rows must be at least 1")
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise InputError(f"--batch-tokens must be at least 1, not {args.batch_tokens}")
+    if args.shard_rows < 1:
+        raise InputError(f"--shard-rows must be at least 1, not {args.shard_rows}")
     engine = engine_options(args)  # Ray missing, --workers 0...: one line, before anything
     if args.compile and args.precision != "int8":
         raise InputError("--compile applies to --precision int8 only")

@@ -379,7 +379,11 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
         if not (out / JOB_FILE).is_file():
             raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")
         if not resume:
-            raise InputError(f"{out} already holds a job; pass --resume to finish it, or choose a new --out")
+            if (out / MANIFEST_FILE).is_file():
+                raise InputError(f"{out} already holds a finished job; pass --resume to check it (and "
+                                 "redo what changed), or choose a new --out")
+            raise InputError(f"{out} already holds an unfinished job; pass --resume to finish it, or "
+                             "choose a new --out")
         return True
     return False
 
@@ -492,8 +496,10 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
             import pyarrow.parquet  # noqa: F401
         except ImportError:
             raise InputError("--format parquet needs pyarrow: pip install 'bertscope[parquet]'") from None
-    if (batch_tokens is not None and batch_tokens < 1) or shard_rows < 1:
-        raise InputError("--batch-tokens and the shard size must be at least 1")
+    if batch_tokens is not None and batch_tokens < 1:
+        raise InputError(f"--batch-tokens must be at least 1, not {batch_tokens}")
+    if shard_rows < 1:
+        raise InputError(f"the shard size (--shard-rows) must be at least 1, not {shard_rows}")
     files = resolve_inputs(input_path, field_name)
     for f in files:
         if f.kind == "jsonl" and f.name.lower().endswith(".json"):

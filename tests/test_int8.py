@@ -668,6 +668,8 @@ def test_int8_speed_measured_on_a_busy_machine_is_not_cached(bundled_path, monke
     load only, the note says why, and the next load measures it again."""
     from bertscope.fast import tuning
 
+    monkeypatch.delenv("BERTSCOPE_BUSY_SHARE", raising=False)  # conftest's, for the CLI's subprocesses
+
     b = bertscope.load(bundled_path, precision="int8", keep_precision=True)  # a quiet machine
     path = Path(b.fast.choice.path)
     stored = json.loads(path.read_text())

@@ -879,6 +879,7 @@ def busy_ticks(share: float):
 
 
 def test_a_choice_measured_on_a_busy_machine_is_used_but_not_cached(cache, small_model, monkeypatch, caplog):
+    monkeypatch.delenv("BERTSCOPE_BUSY_SHARE", raising=False)  # conftest's, for the CLI's subprocesses
     calls = counting(monkeypatch)
     monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(0.5))
     with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
@@ -894,11 +895,25 @@ def test_a_choice_measured_on_a_busy_machine_is_used_but_not_cached(cache, small
     assert quiet.busy == pytest.approx(0.1) and Path(quiet.path).is_file()
     assert choose(small_model, budget_s=0.2, candidates=FAST).source == "cache" and len(calls) == 3
     assert tuning.busy_note(0.1) == "" and tuning.busy_note(None) == "" and not tuning.too_busy(None)
+    # a machine that is never quiet: BERTSCOPE_BUSY_SHARE=1 caches what was measured anyway
+    tuning.forget_choice(quiet.key)
+    monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(0.9))
+    monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", "1")
+    kept = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert kept.busy == pytest.approx(0.9) and Path(kept.path).is_file()
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "cache"
+    monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", "0.95")
+    assert tuning.busy_limit() == 0.95 and not tuning.too_busy(0.9) and tuning.too_busy(0.96)
+    for bad in ("lots", "1.5", "-0.1", "nan"):
+        monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", bad)
+        with pytest.raises(tuning.TuningError, match=rf"^BERTSCOPE_BUSY_SHARE must be a number from 0 to 1, got '{bad}'$"):
+            tuning.busy_limit()
 
 
 def test_a_slower_probe_on_a_busy_machine_keeps_the_cached_choice(cache, small_model, monkeypatch, caplog):
     """Another job running makes the host check's probe read slow: that is not another host. A
     faster reading, or a slower one on a quiet machine, still measures the choice again."""
+    monkeypatch.delenv("BERTSCOPE_BUSY_SHARE", raising=False)  # conftest's, for the CLI's subprocesses
     calls = counting(monkeypatch)
     rate = [100.0]
     monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: rate[0])

@@ -97,7 +97,9 @@ test suite running beside it, 1.75x on the quiet machine minutes before). So the
 process's CPUs is read from /proc before and after each measurement (:func:`cpu_ticks`,
 :func:`others_share`; a 2-CPU VM with one other busy process reads about 0.5). A choice, or an
 int8 speed verdict, measured while others took more than :data:`BUSY_SHARE` holds for that run
-only and is not cached (a warning, and ``doctor``, say so); the next run measures again. And a
+only and is not cached (a warning, and ``doctor``, say so); the next run measures again
+(``BERTSCOPE_BUSY_SHARE`` sets another limit; 1 caches whatever was measured, for a machine that
+is never quiet). And a
 host check whose probe reads more than 2x slower while others are busy keeps the cached choice:
 load, not another host (a faster reading still measures again)."""
 
@@ -124,7 +126,7 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "RECHECK_S",
-           "BUSY_SHARE", "TuningError", "busy_note", "too_busy", "cache_dir", "choice_key", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
+           "BUSY_SHARE", "TuningError", "busy_limit", "busy_note", "too_busy", "cache_dir", "choice_key", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_id", "cpu_name", "describe_cpu", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
@@ -811,9 +813,25 @@ def others_share(before: tuple[int, int, int] | None, after: tuple[int, int, int
     return min(1.0, max(0.0, others / (after[1] - before[1])))
 
 
+def busy_limit() -> float:
+    """The share of the CPUs others may take while a choice is measured for it still to be cached:
+    ``BERTSCOPE_BUSY_SHARE`` (0 to 1; 1 caches whatever was measured, for a machine that is never
+    quiet), else :data:`BUSY_SHARE`."""
+    raw = os.environ.get("BERTSCOPE_BUSY_SHARE", "").strip()
+    if not raw:
+        return BUSY_SHARE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:
+        raise TuningError(f"BERTSCOPE_BUSY_SHARE must be a number from 0 to 1, got {raw!r}")
+    return value
+
+
 def too_busy(share: float | None) -> bool:
-    """Whether other processes took more than :data:`BUSY_SHARE` of the CPUs (unknown: no)."""
-    return share is not None and share > BUSY_SHARE
+    """Whether other processes took more of the CPUs than :func:`busy_limit` allows (unknown: no)."""
+    return share is not None and share > busy_limit()
 
 
 def busy_note(share: float | None) -> str:

@@ -630,6 +630,30 @@ def test_int8_floor_runs_on_whichever_int8_kernel_the_race_chose(bundled_path):
         assert lins and all(lin.kernel == kernel for lin in lins)
 
 
+@pytest.mark.real_cpu_ticks
+def test_busy_verdict_shows_a_busy_machines_choice_is_not_cached(tmp_path, capsys, monkeypatch):
+    """benchmarks/busy_verdict.py (docs/BENCHMARKS.md): int8's first use beside spinning
+    processes, one per CPU, reads others' share over the limit and caches neither the kernel
+    choice nor the speed verdict; refuses to run under a BERTSCOPE_BUSY_SHARE override."""
+    mod = benchmark_script("busy_verdict")
+    out = tmp_path / "busy.json"
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # the script sets its own; restored
+    monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", "1")
+    monkeypatch.setattr(sys, "argv", ["busy_verdict.py", "--loads", "1", "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        mod.main()
+    assert exc.value.code == 2 and "unset BERTSCOPE_BUSY_SHARE" in capsys.readouterr().err
+    monkeypatch.delenv("BERTSCOPE_BUSY_SHARE")
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["busy_share_limit"] == 0.3 and [x["spinners"] for x in r["loads"]] == [0, len(os.sched_getaffinity(0))]
+    busy = r["loads"][1]
+    assert busy["choice_busy"] > 0.3 and not busy["choice_cached"] and not busy["verdict_cached"], busy
+    assert "not cached" in busy["precision_note"] and busy["speedup"] > 0
+    assert "| quiet | 1 |" in printed and "spinning processes | 1 |" in printed
+
+
 def test_compiled_layer_norm_times_both_forms_after_checking_they_agree(tmp_path, capsys, monkeypatch):
     """benchmarks/compiled_layer_norm.py (the LayerNorm figures in docs/BENCHMARKS.md): the fused
     residual + LayerNorm + quantize step with inductor's Welford LayerNorm and with the two-pass

@@ -234,3 +234,16 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_says_how_to_resume(tmp_path,
     monkeypatch.setattr(params, "run", killed)  # a command with nothing to resume: no hint
     assert main(["params", "--preset", "bert-base"]) == 143
     assert capsys.readouterr().err == "bertscope: terminated\n"
+
+
+def test_explain_experiments_takes_the_same_progress_flags_as_every_command(tmp_path, capsys):
+    """--quiet and --progress, one or the other (its bars followed --quiet alone, and were drawn
+    into a pipe or a log)."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["explain-experiments", "--out", str(tmp_path), "--quiet", "--progress"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["explain-experiments", "--help"])
+    assert "--progress" in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_model_arg, check_output_dir, load_model
+from .progress import add_progress_args, progress_enabled
 
 HELP = """\
 Write the explain experiments into OUT/EXPERIMENTS.md, each in its own generated section (the
@@ -46,7 +47,7 @@ def register(sub) -> None:
     p.add_argument("--ig-steps", type=int, default=20, metavar="S",
                    help="integrated-gradients quadrature points (0: leave it out; default 20)")
     p.add_argument("--no-plots", action="store_true", help="write the Markdown only")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_progress_args(p)  # bars on a terminal; --quiet hides them, --progress forces them
     add_model_arg(p)
     p.set_defaults(func=run)
 
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
         def on_start(total: int, done: int) -> None:
             nonlocal bar
-            bar = tqdm(total=total, initial=done, desc="fine-tuning", unit="step", disable=args.quiet, file=sys.stderr)
+            bar = tqdm(total=total, initial=done, desc="fine-tuning", unit="step", disable=not progress_enabled(args), file=sys.stderr)
 
         def on_step(info) -> None:
             if bar is not None:
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(args.classifier)
         description = f"the fine-tuned classifier in `{args.classifier}`"
     clf = load(folder)
-    with tqdm(desc="faithfulness", unit="sentence", disable=args.quiet, file=sys.stderr) as bar:
+    with tqdm(desc="faithfulness", unit="sentence", disable=not progress_enabled(args), file=sys.stderr) as bar:
         result = fa.run_faithfulness(clf, folder, work, limit=args.limit, ig_steps=args.ig_steps,
                                      progress=bar.update, on_total=lambda n: setattr(bar, "total", n),
                                      description=description)

@@ -63,8 +63,10 @@ def test_trace_padding_does_not_change_real_tokens(bert):
 
 
 def test_trace_bad_input(bert):
-    with pytest.raises(InputError, match="layer"):
-        trace(bert, "The cat sat", "cat", 99, 0)
+    with pytest.raises(InputError, match=r"^--layer 99 does not exist \(the model has layers 0\.\.5\)$"):
+        trace(bert, "The cat sat", "cat", 99, 0)  # worded as explain words it
+    with pytest.raises(InputError, match=r"^--head 12 does not exist \(each layer has heads 0\.\.11\)$"):
+        trace(bert, "The cat sat", "cat", 0, 12)
     with pytest.raises(InputError, match="not in the text"):
         trace(bert, "The cat sat", "dog", 0, 0)
 

@@ -107,7 +107,8 @@ class Trace:
 
 def _check_range(name: str, value: int, n: int) -> None:
     if not 0 <= value < n:
-        raise InputError(f"--{name} {value} is out of range: the model has {n} {name}s (0..{n - 1})")
+        where = "the model has layers" if name == "layer" else f"each layer has {name}s"
+        raise InputError(f"--{name} {value} does not exist ({where} 0..{n - 1})")  # as explain says it
 
 
 @torch.inference_mode()

@@ -639,7 +639,9 @@ def test_busy_verdict_shows_a_busy_machines_choice_is_not_cached(tmp_path, capsy
     out = tmp_path / "busy.json"
     monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # the script sets its own; restored
     monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", "1")
-    monkeypatch.setattr(sys, "argv", ["busy_verdict.py", "--loads", "1", "--out", str(out)])
+    cpus = len(os.sched_getaffinity(0))
+    spin = min(cpus, 8)  # one per CPU (CI: 2); a larger machine runs 8, which its 2 torch threads may not feel
+    monkeypatch.setattr(sys, "argv", ["busy_verdict.py", "--loads", "1", "--spinners", str(spin), "--out", str(out)])
     with pytest.raises(SystemExit) as exc:
         mod.main()
     assert exc.value.code == 2 and "unset BERTSCOPE_BUSY_SHARE" in capsys.readouterr().err
@@ -647,10 +649,12 @@ def test_busy_verdict_shows_a_busy_machines_choice_is_not_cached(tmp_path, capsy
     assert mod.main() == 0
     printed = capsys.readouterr().out
     r = json.loads(out.read_text())
-    assert r["busy_share_limit"] == 0.3 and [x["spinners"] for x in r["loads"]] == [0, len(os.sched_getaffinity(0))]
+    assert r["busy_share_limit"] == 0.3 and [x["spinners"] for x in r["loads"]] == [0, spin]
     busy = r["loads"][1]
-    assert busy["choice_busy"] > 0.3 and not busy["choice_cached"] and not busy["verdict_cached"], busy
-    assert "not cached" in busy["precision_note"] and busy["speedup"] > 0
+    assert busy["speedup"] > 0 and busy["choice_cached"] == (not busy["choice_busy"] > 0.3)
+    if spin == cpus:  # every CPU has a spinner: the 2 torch threads must feel it
+        assert busy["choice_busy"] > 0.3 and not busy["choice_cached"] and not busy["verdict_cached"], busy
+        assert "not cached" in busy["precision_note"]
     assert "| quiet | 1 |" in printed and "spinning processes | 1 |" in printed
 
 

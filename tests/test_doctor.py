@@ -131,3 +131,37 @@ def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
         else:
             raise AssertionError(f"--budget {bad} was accepted")
         assert "--budget: must be a finite number of seconds above 0" in capsys.readouterr().err
+
+
+def test_doctor_retune_on_a_busy_machine_keeps_the_last_cached_choice(tmp_path, monkeypatch, capsys):
+    """--retune measures again; measured while others took half the CPUs, the new choice is shown
+    (with why it is not cached) and the last cached one stays for the next run."""
+    from bertscope.fast import tuning
+
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    monkeypatch.delenv("BERTSCOPE_BUSY_SHARE", raising=False)  # conftest's, for the CLI's subprocesses
+
+    def measured(model, **kw):
+        return tuning.KernelChoice(key=tuning.choice_key(model.config, torch.float32, kw.get("precision", "fp32")),
+                                   source="measured", measured_at=time.time())
+
+    monkeypatch.setattr(tuning, "measure_choice", measured)
+    assert main(["doctor", "--precision", "fp32"]) == 0  # quiet (conftest: no reading): cached
+    capsys.readouterr()
+    (path,) = (tmp_path / "cache" / "kernel-choice").glob("*.json")
+    first = json.loads(path.read_text())
+    k = [0]
+
+    def busy():  # others take half of every 200 ticks
+        k[0] += 1
+        return (k[0] * 150, k[0] * 200, k[0] * 50, 1)
+
+    monkeypatch.setattr(tuning, "cpu_ticks", busy)
+    assert main(["doctor", "--precision", "fp32", "--retune"]) == 0
+    text = capsys.readouterr().out
+    assert "choice (measured" in text and "measured on a busy machine: other processes took 50%" in text
+    assert json.loads(path.read_text())["measured_at"] == first["measured_at"]  # the last one stays
+    monkeypatch.setattr(tuning, "cpu_ticks", lambda: None)
+    assert main(["doctor", "--precision", "fp32"]) == 0
+    assert "choice (cache)" in capsys.readouterr().out

@@ -680,13 +680,22 @@ def test_int8_speed_measured_on_a_busy_machine_is_not_cached(bundled_path, monke
 
     def busy():  # others take half of every 200 ticks
         k[0] += 1
-        return (k[0] * 150, k[0] * 200, k[0] * 50)
+        return (k[0] * 150, k[0] * 200, k[0] * 50, 1)
 
     monkeypatch.setattr(tuning, "cpu_ticks", busy)
     again = bertscope.load(bundled_path, precision="int8", keep_precision=True)
     assert again.fast.choice.source == "cache"  # the kernel choice itself was measured quietly
     assert "other processes took 50% of the CPUs while it was measured, so it is not cached" in again.precision_note
     assert json.loads(path.read_text())["int8_speedup"] == {}  # nothing cached from the busy run
+    # a choice cached with a busy reading (under BERTSCOPE_BUSY_SHARE=1) does not make a quiet
+    # verdict look busy: only a choice measured in this process speaks for this run
+    stored = json.loads(path.read_text())
+    stored["busy"] = 0.9
+    path.write_text(json.dumps(stored))
+    monkeypatch.setattr(tuning, "cpu_ticks", lambda: None)
+    quiet = bertscope.load(bundled_path, precision="int8", keep_precision=True)
+    assert quiet.fast.choice.source == "cache" and "not cached" not in quiet.precision_note
+    assert len(json.loads(path.read_text())["int8_speedup"]) == 1
 
 
 def test_int8_stays_on_where_its_plan_is_faster_than_fp32(bundled_path, monkeypatch, own_cache):

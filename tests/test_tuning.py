@@ -852,7 +852,7 @@ def test_others_share_reads_the_other_processes_on_this_processs_cpus():
         time.sleep(0.3)  # the interpreters start
         before = tuning.cpu_ticks()
         time.sleep(1.0)
-        share = tuning.others_share(before, tuning.cpu_ticks())
+        share = tuning.others_share(before, tuning.cpu_ticks(), threads=allowed)  # all our CPUs
     finally:
         for p in spin:
             p.kill()
@@ -863,8 +863,26 @@ def test_others_share_reads_the_other_processes_on_this_processs_cpus():
     while time.perf_counter() < end:  # this process's own work
         pass
     after = tuning.cpu_ticks()
-    assert after[2] - before[2] >= 10  # about 30 ticks at the usual 100 per second
+    assert after[2] - before[2] >= 3  # about 30 ticks at the usual 100 per second
+    assert after[3] == allowed
     assert tuning.others_share(before, None) is None and tuning.others_share(after, before) is None
+    # a child process waited for (the compiler under torch.compile) is this process's work
+    before = tuning.cpu_ticks()
+    subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 0.5\nwhile time.time() < end: pass"],
+                   check=True)
+    assert tuning.cpu_ticks()[2] - before[2] >= 10  # about 50 ticks
+
+
+def test_others_work_on_cpus_this_process_leaves_idle_does_not_count():
+    """A Ray actor of one torch thread beside another on a 2-CPU machine: the other's CPU is not
+    this one's; past that CPU, others' work does count."""
+    before, t = (0, 0, 0, 2), 200  # 2 CPUs, 100 ticks each over the window
+    half = (100 + 50, t, 50, 2)  # others 100 of 200 ticks (one CPU), ours 50
+    assert tuning.others_share(before, half, threads=2) == pytest.approx(0.5)
+    assert tuning.others_share(before, half, threads=1) == pytest.approx(0.0)
+    more = (150 + 50, t, 50, 2)  # others 150 of 200: one CPU and half of the other
+    assert tuning.others_share(before, more, threads=1) == pytest.approx(0.5)
+    assert tuning.others_share(before, more, threads=4) == pytest.approx(0.75)  # more threads than CPUs
 
 
 def busy_ticks(share: float):
@@ -873,7 +891,7 @@ def busy_ticks(share: float):
 
     def read():
         k[0] += 1
-        return (k[0] * round(200 * share + 50), k[0] * 200, k[0] * 50)  # ours: 50 of every 200 ticks
+        return (k[0] * round(200 * share + 50), k[0] * 200, k[0] * 50, 1)  # ours: 50 of every 200 ticks
 
     return read
 
@@ -908,6 +926,21 @@ def test_a_choice_measured_on_a_busy_machine_is_used_but_not_cached(cache, small
         monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", bad)
         with pytest.raises(tuning.TuningError, match=rf"^BERTSCOPE_BUSY_SHARE must be a number from 0 to 1, got '{bad}'$"):
             tuning.busy_limit()
+    before = len(calls)
+    with pytest.raises(tuning.TuningError, match="BERTSCOPE_BUSY_SHARE"):  # before measuring anything
+        choose(small_model, budget_s=0.2, candidates=FAST, retune=True)
+    assert len(calls) == before
+
+
+def test_a_cache_folder_that_is_a_file_is_a_warning_not_a_failure(tmp_path, small_model, monkeypatch, caplog):
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kernel-choice").write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+        got = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert got.source == "measured" and got.path is None
+    assert any("could not cache the kernel choice" in r.getMessage() for r in caplog.records)
 
 
 def test_a_slower_probe_on_a_busy_machine_keeps_the_cached_choice(cache, small_model, monkeypatch, caplog):

@@ -379,7 +379,9 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> tuple[float | None, 
 
     before = cpu_ticks()
     speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
-    busy = busy_note(others_share(before, cpu_ticks())) or busy_note(choice.busy)
+    # this measurement's own reading, or the choice's where it was measured (not cached) just now
+    busy = busy_note(others_share(before, cpu_ticks())) or (busy_note(choice.busy) if choice.source == "measured"
+                                                             else "")
     if speedup is not None and not busy:
         choice.int8_speedup[plan] = round(speedup, 4)
         save_choice(choice)
@@ -403,7 +405,7 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
         if isinstance(raced, str):  # the race recorded the bf16 candidate's error
             why = f"the bf16 GEMM does not run here ({raced})"
         elif speedup is not None and speedup < 1 + NOISE_MARGIN and not keep_precision:
-            busy = busy_note(choice.busy)  # the race timed other work too: not cached
+            busy = busy_note(choice.busy) if choice.source == "measured" else ""  # timed others' work too
             why = (f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here{'; ' + busy if busy else ''} "
                    "(keep_precision=True, or embed --keep-precision, keeps bf16)")
         else:

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f", int8 kernel {c['int8_kernel']}" if precision == "int8" else "")
                   + (int8_steps_text(c) if precision == "int8" else "")
                   + (f", bf16 {c['bf16_speedup']:.2f}x fp32" if c.get("bf16_speedup") else ""))
-            if busy_note(c.get("busy")):  # the race timed other work too: shown, not cached
+            if c["source"] == "measured" and busy_note(c.get("busy")):  # timed others' work too
                 print(f"  measured on a busy machine: {busy_note(c['busy'])}; run doctor --retune when it is quiet")
             if c.get("gemm_gflops"):
                 print(f"  fp32 GEMM rate when measured: {c['gemm_gflops']:.1f} GFLOP/s (a cached choice is measured "

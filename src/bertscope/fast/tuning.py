@@ -95,7 +95,8 @@ A busy machine: a race on a machine where another job runs times that job as muc
 candidates (on the 2-CPU Zen 5 EPYC, a new user's review saw int8 measured at 0.47x fp32 with a
 test suite running beside it, 1.75x on the quiet machine minutes before). So the CPU time other processes take on this
 process's CPUs is read from /proc before and after each measurement (:func:`cpu_ticks`,
-:func:`others_share`; a 2-CPU VM with one other busy process reads about 0.5). A choice, or an
+:func:`others_share`: on the 2-CPU Zen 5 EPYC with 2 torch threads, one spinning process read
+0.34-0.38, two 0.50-0.52; others' work on CPUs this process leaves idle does not count). A choice, or an
 int8 speed verdict, measured while others took more than :data:`BUSY_SHARE` holds for that run
 only and is not cached (a warning, and ``doctor``, say so); the next run measures again
 (``BERTSCOPE_BUSY_SHARE`` sets another limit; 1 caches whatever was measured, for a machine that
@@ -376,15 +377,16 @@ def forget_choice(key: dict) -> bool:
 def save_choice(choice: KernelChoice) -> None:
     """Cache ``choice`` on disk, unless it was measured while other processes took more than
     :data:`BUSY_SHARE` of the CPUs (then it holds for this process only, and the next one
-    measures again)."""
-    if too_busy(choice.busy):
+    measures again). A choice read from the cache is saved whatever it recorded (it was cached
+    under a higher ``BERTSCOPE_BUSY_SHARE``): only a measurement made now can be too busy."""
+    if choice.source == "measured" and too_busy(choice.busy):
         return
     path = _cache_file(choice.key)
     try:
         write_text_atomic(path, json.dumps(choice.to_json(), indent=1))
         choice.path = str(path)
-    except OSError as e:  # a read-only home: the choice still holds for this process
-        log.warning("could not cache the kernel choice in %s (%s)", path.parent, e)
+    except (OSError, BertscopeError) as e:  # a read-only home, a file in the folder's place: the
+        log.warning("could not cache the kernel choice in %s (%s)", path.parent, e)  # choice still holds
 
 
 class _FirstLayers(nn.Module):
@@ -780,9 +782,11 @@ def act_runs(placements: list[str], rows: int, config,
     return {p: run_for(p) for p in placements}
 
 
-def cpu_ticks() -> tuple[int, int, int] | None:
-    """(busy ticks, all ticks) of the CPUs this process may run on, and this process's own busy
-    ticks, from /proc (Linux); None elsewhere. Two readings give :func:`others_share`."""
+def cpu_ticks() -> tuple[int, int, int, int] | None:
+    """(busy ticks, all ticks) of the CPUs this process may run on, this process's own busy ticks
+    (its threads', and its finished children's: the compiler ``torch.compile`` runs), and how
+    many CPUs those are, from /proc (Linux); None elsewhere. Two readings give
+    :func:`others_share`."""
     try:
         stat = Path("/proc/stat").read_text().splitlines()
         own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
@@ -793,24 +797,39 @@ def cpu_ticks() -> tuple[int, int, int] | None:
     except (AttributeError, OSError):
         allowed = set()
     lines = [ln.split() for ln in stat if ln.startswith("cpu")]
-    mine = [f for f in lines if f[0] in allowed] or [f for f in lines if f[0] == "cpu"]
+    mine = [f for f in lines if f[0] in allowed]  # the CPUs of this process's affinity
+    cpus = len(mine)
+    if not mine:  # ids that /proc/stat does not show (a container's renumbering): all of them
+        mine = [f for f in lines if f[0] == "cpu"]
+        cpus = sum(f[0] != "cpu" for f in lines)
+    if not mine or not cpus:
+        return None
     busy = total = 0
     for f in mine:
         ticks = [int(v) for v in f[1:9]]  # user nice system idle iowait irq softirq steal
         total += sum(ticks)
         busy += sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-    return busy, total, int(own[11]) + int(own[12])  # this process's utime + stime
+    # utime + stime, and cutime + cstime: the children waited for (g++ under torch.compile took
+    # 500 of 585 busy ticks of a cold compile on a quiet machine; they are this process's work)
+    return busy, total, sum(int(v) for v in own[11:15]), cpus
 
 
-def others_share(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float | None:
-    """The share (0 to 1) of this process's CPUs that other processes (and the hypervisor's
-    steal) took between two :func:`cpu_ticks` readings; None where unknown. A race on a machine
-    where another job runs measures that job as much as the candidates: a 2-CPU VM with one
-    other busy process reads about 0.5."""
+def others_share(before: tuple[int, int, int, int] | None, after: tuple[int, int, int, int] | None,
+                 threads: int | None = None) -> float | None:
+    """The share (0 to 1) of the CPUs this process needs (``threads``, default torch's) that other
+    processes (and the hypervisor's steal) took between two :func:`cpu_ticks` readings; None
+    where unknown. Others' work on CPUs this process leaves free does not count: a Ray actor of
+    one thread beside another on a 2-CPU machine reads 0. A race on a machine where another job
+    runs measures that job as much as the candidates: on the 2-CPU Zen 5 EPYC with 2 torch
+    threads, one spinning process read 0.34-0.38, two read 0.50-0.52."""
     if before is None or after is None or after[1] <= before[1]:
         return None
-    others = (after[0] - before[0]) - (after[2] - before[2])
-    return min(1.0, max(0.0, others / (after[1] - before[1])))
+    share = ((after[0] - before[0]) - (after[2] - before[2])) / (after[1] - before[1])
+    cpus = after[3]
+    need = min(cpus, threads or torch.get_num_threads())
+    if need < cpus:  # others may use the CPUs this process leaves idle without slowing it
+        share = (share - (cpus - need) / cpus) * cpus / need
+    return min(1.0, max(0.0, share))
 
 
 def busy_limit() -> float:
@@ -838,7 +857,8 @@ def busy_note(share: float | None) -> str:
     """"other processes took 48% of the CPUs while it was measured, so it is not cached", or ""."""
     if not too_busy(share):
         return ""
-    return f"other processes took {share:.0%} of the CPUs while it was measured, so it is not cached"
+    return (f"other processes took {share:.0%} of the CPUs while it was measured, so it is not cached "
+            "(BERTSCOPE_BUSY_SHARE=1 caches it anyway)")
 
 
 def gemm_rate(budget_s: float = PROBE_S, min_runs: int = 5, max_runs: int = 200) -> float:
@@ -912,6 +932,7 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     key = choice_key(model.config, dtype, precision, compile)
     if not tuning_enabled() and not retune:
         return KernelChoice(key=key, source="default")
+    busy_limit()  # a bad BERTSCOPE_BUSY_SHARE: refused now, not after a whole measurement
     if not retune:
         cached = load_choice(key)
         if cached is not None:
@@ -924,7 +945,7 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
                             candidates=candidates, compile=compile, levels=levels)
     choice.busy = others_share(before, cpu_ticks())
     if too_busy(choice.busy):
-        log.warning("the kernel choice holds for this run only: %s (measured again next time; "
-                    "`bertscope doctor --retune` measures it on demand)", busy_note(choice.busy))
+        log.warning("the kernel choice holds for this run only and is measured again next time: %s",
+                    busy_note(choice.busy))
     save_choice(choice)
     return choice

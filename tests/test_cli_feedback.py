@@ -208,10 +208,14 @@ def test_library_warnings_and_log_records_print_as_one_kind_of_line(capsys):
 
 def test_sigterm_stops_a_command_as_ctrl_c_does_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
     """A scheduler's SIGTERM: one line, exit 143, the command's cleanup run (as for Ctrl-C, exit
-    130), a hint to --resume where the command has it; the handler before it is restored."""
+    130), a hint to --resume only where there is something to resume (an embed job's _job.json, a
+    finetune's checkpoint: before them --resume would only fail); the handler before it is
+    restored, and a second SIGTERM while the first is reported goes to it, not up as a traceback."""
     import signal
 
-    from bertscope.cli import embed, params
+    from bertscope.cli import embed, finetune, params
+    from bertscope.fast.embedjob import JOB_FILE
+    from bertscope.train.loop import STATE_FILE
 
     def killed(args):
         os.kill(os.getpid(), signal.SIGTERM)
@@ -221,19 +225,61 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_says_how_to_resume(tmp_path,
     def interrupted(args):
         raise KeyboardInterrupt
 
+    hint = "; rerun the same command with --resume to finish"
     before = signal.getsignal(signal.SIGTERM)
     texts = tmp_path / "t.txt"
     texts.write_text("one\ntwo\n")
+    out = tmp_path / "t.emb"
     monkeypatch.setattr(embed, "run", killed)
-    assert main(["embed", str(texts), "--out", str(tmp_path / "t.emb")]) == 143
-    assert capsys.readouterr().err == "bertscope: terminated; rerun the same command with --resume to finish\n"
+    assert main(["embed", str(texts), "--out", str(out)]) == 143  # stopped before its job file
+    assert capsys.readouterr().err == "bertscope: terminated\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+    out.mkdir()
+    (out / JOB_FILE).write_text("{}")
+    assert main(["embed", str(texts), "--out", str(out)]) == 143
+    assert capsys.readouterr().err == f"bertscope: terminated{hint}\n"
     assert signal.getsignal(signal.SIGTERM) is before
     monkeypatch.setattr(embed, "run", interrupted)
-    assert main(["embed", str(texts), "--out", str(tmp_path / "t.emb")]) == 130
-    assert capsys.readouterr().err == "bertscope: interrupted; rerun the same command with --resume to finish\n"
+    assert main(["embed", str(texts), "--out", str(out), "--resume"]) == 130
+    assert capsys.readouterr().err == f"bertscope: interrupted{hint}\n"
+
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\ngood,pos\nbad,neg\n")
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(finetune, "run", killed)
+    assert main(["finetune", str(train), "--out", str(run_dir)]) == 143  # before a checkpoint
+    assert capsys.readouterr().err == "bertscope: terminated\n"
+    run_dir.mkdir()
+    (run_dir / STATE_FILE).write_bytes(b"")
+    assert main(["finetune", str(train), "--out", str(run_dir)]) == 143
+    assert capsys.readouterr().err == f"bertscope: terminated{hint}\n"
+
     monkeypatch.setattr(params, "run", killed)  # a command with nothing to resume: no hint
     assert main(["params", "--preset", "bert-base"]) == 143
     assert capsys.readouterr().err == "bertscope: terminated\n"
+
+    got = []
+
+    def second(args):  # called while the first SIGTERM is reported
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(500):
+            if got:
+                break
+            time.sleep(0.01)
+        return True
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        monkeypatch.setattr(embed, "run", killed)
+        monkeypatch.setattr(embed, "resumable", second)
+        try:
+            code = main(["embed", str(texts), "--out", str(out)])
+        except KeyboardInterrupt:
+            raise AssertionError("a second SIGTERM escaped main()") from None
+        assert code == 143 and got == [signal.SIGTERM]
+        assert capsys.readouterr().err == f"bertscope: terminated{hint}\n"
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_explain_experiments_takes_the_same_progress_flags_as_every_command(tmp_path, capsys):

@@ -339,3 +339,49 @@ def test_resume_refusal_names_each_change_with_its_old_and_new_value(tmp_path, c
             "the none the job began with; start a new job with another --out (or restore the input and rerun "
             "with the settings the job began with)") in err
     assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--resume", "--quiet"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("where", ["stat", "sha256", "shape"])
+def test_resume_refuses_a_shard_it_cannot_read_and_keeps_it(tmp_path, capsys, monkeypatch, where):
+    """A finished shard that cannot be read (permission denied, an I/O error) is not a damaged
+    one: --resume says so in one line naming the file, and neither deletes nor recomputes it.
+    The read is made to fail by a stand-in, since chmod 000 blocks no read for root."""
+    from bertscope.fast import embedjob
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--quiet"]
+    assert _cli(args, capsys)[0] == 0
+    victim = out / "part-00001.npy"
+    data = victim.read_bytes()
+    if where == "shape":  # a job from before files were hashed: its shards are checked by shape
+        manifest = json.loads((out / "_manifest.json").read_text())
+        for s in manifest["shards"]:
+            del s["file_bytes"], s["file_sha256"]
+        (out / "_manifest.json").write_text(json.dumps(manifest))
+
+    def denied(path):
+        if Path(path).name == victim.name:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    with monkeypatch.context() as m:
+        if where == "stat":
+            real_stat = Path.stat
+
+            def stat(self, *a, **k):
+                denied(self)
+                return real_stat(self, *a, **k)
+            m.setattr(Path, "stat", stat)
+        elif where == "sha256":
+            real_sha = embedjob._file_sha256
+            m.setattr(embedjob, "_file_sha256", lambda path: denied(path) or real_sha(path))
+        else:
+            real_load = np.load
+            m.setattr(np, "load", lambda path, *a, **k: denied(path) or real_load(path, *a, **k))
+        code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 2 and stdout == ""
+    assert err == (f"bertscope: error: cannot read {victim} (Permission denied); fix its "
+                   "permissions, or remove it to have --resume recompute it\n")
+    assert victim.read_bytes() == data and (out / "_manifest.json").is_file()
+    code, stdout, err = _cli(args + ["--resume"], capsys)  # readable again: nothing to do
+    assert code == 0 and "(3 already done)" in stdout and "recomputed" not in err

@@ -15,11 +15,22 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", default=None, help=MODEL_HELP)
 
 
-def load_model(args: argparse.Namespace):
+def load_model(args: argparse.Namespace, *, precision: str | None = None,
+               keep_precision: bool | None = None):
+    """The model ``args`` asks for (--model, --precision, --compile, --keep-precision).
+    ``precision`` and ``keep_precision``, where given, replace the flags' values (a run that
+    must continue a job in the precision it began with); one other than int8 drops --compile."""
     from ..bert import load
 
-    return load(getattr(args, "model", None), precision=getattr(args, "precision", "fp32"),
-                compile=getattr(args, "compile", False), keep_precision=getattr(args, "keep_precision", False))
+    compile = getattr(args, "compile", False)
+    if precision is None:
+        precision = getattr(args, "precision", "fp32")
+    elif precision != "int8":
+        compile = False
+    if keep_precision is None:
+        keep_precision = getattr(args, "keep_precision", False)
+    return load(getattr(args, "model", None), precision=precision, compile=compile,
+                keep_precision=keep_precision)
 
 
 def check_preset(name: str | None) -> None:

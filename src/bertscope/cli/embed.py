@@ -60,7 +60,9 @@ the few a calibration finds too sensitive stay fp32); bertscope bench prints its
 contract (cosine to fp32 mean >= 0.99, min >= 0.97, top-10 neighbours >= 0.9) and speed.
 int8 and bf16 stay on only where they measure faster than fp32 on this machine (on a CPU
 without VNNI, int8 may not be); elsewhere the job runs fp32 and a warning says why, unless
---keep-precision. A job records the precision it ran in; --resume refuses a different one.
+--keep-precision. A job records the precision it ran in, and --resume continues in it whatever
+speed is measured then (a job that began in fp32 because int8 or bf16 was off stays fp32, and
+says so); asking another precision than the job's (say fp32 for an int8 job) is refused.
 --compile (with --precision int8) also tries the int8 steps compiled by torch.compile, fused
 loops that took 5-14% less time end to end on a Xeon with AMX (docs/BENCHMARKS.md);
 compiling takes about 30 s the first time on a machine (about 10 s once cached on disk), so it
@@ -101,7 +103,54 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="finish an interrupted job in OUTPUT")
     add_progress_args(p)
     add_engine_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, resumable=resumable)
+
+
+def resumable(args: argparse.Namespace) -> bool:
+    """Whether OUTPUT holds a job for --resume to finish (its job file is written once the
+    input and OUTPUT are checked, before the first shard)."""
+    from pathlib import Path
+
+    from ..fast.embedjob import JOB_FILE
+
+    return (Path(args.out) / JOB_FILE).is_file()
+
+
+def _recorded_precision(out: str) -> str | None:
+    """The precision the job in ``out`` records (fp32 where it records none: jobs from before
+    precisions existed), or None where there is no readable job file (the job's own checks then
+    say what is wrong)."""
+    import json
+    from pathlib import Path
+
+    from ..fast.embedjob import JOB_FILE
+
+    try:
+        job = json.loads((Path(out) / JOB_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return job.get("precision", "fp32") if isinstance(job, dict) else None
+
+
+def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None, str | None]:
+    """How to load the model so that --resume continues the job in the precision it began with,
+    whatever a speed verdict measured now would say: (precision, keep_precision, a note for
+    stderr), Nones meaning "as the flags say".
+
+    int8 and bf16 stay on only where they measure faster than fp32, and a verdict measured on a
+    busy machine is not cached, so a fresh one can differ from the one the job began with. A job
+    that began in the reduced precision asked again keeps it; one that began in fp32 although
+    int8 or bf16 was asked (it was off then) continues in fp32. Any other difference is left to
+    the job's own refusal."""
+    if not args.resume or args.precision == "fp32":
+        return None, None, None
+    began = _recorded_precision(args.out)
+    if began == args.precision:
+        return began, True, None
+    if began == "fp32":
+        return "fp32", False, ("bertscope: note: the job began in fp32 "
+                               f"({args.precision} was off then); continuing in fp32")
+    return None, None, None
 
 
 def _lines(nums: list[int], k: int = 10) -> str:
@@ -136,8 +185,12 @@ def run(args: argparse.Namespace) -> int:
     bar = None
     loaded = []
 
+    precision, keep_precision, note = _resume_precision(args)
+
     def load():  # called by the job only once INPUT and OUTPUT have been checked
-        loaded.append(load_model(args))
+        if note:
+            print(note, file=sys.stderr)
+        loaded.append(load_model(args, precision=precision, keep_precision=keep_precision))
         return loaded[0]
 
     def on_total(total: int, done: int) -> None:  # the bar starts once everything is checked

@@ -60,7 +60,16 @@ def register(sub) -> None:
                    help="steps between checkpoints (0: only at epoch ends; default 200)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run in DIR")
     add_progress_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, resumable=resumable)
+
+
+def resumable(args: argparse.Namespace) -> bool:
+    """Whether DIR holds a checkpoint for --resume to continue from (none before the first)."""
+    from pathlib import Path
+
+    from ..train.loop import STATE_FILE
+
+    return (Path(args.out) / STATE_FILE).is_file()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -70,6 +70,19 @@ def _stop_on_sigterm():
     return signal.SIG_DFL if previous is None else previous  # None: one set outside Python
 
 
+def _resumable(args: argparse.Namespace) -> bool:
+    """Whether a stopped command left something for --resume to finish: a command that can
+    resume says so with ``set_defaults(resumable=FUNCTION(args) -> bool)``; before its first
+    checkpoint (or job file) there is nothing to resume, and the hint would only fail."""
+    check = getattr(args, "resumable", None)
+    if check is None:
+        return False
+    try:
+        return bool(check(args))
+    except Exception:  # an unreadable folder: no hint rather than a traceback
+        return False
+
+
 class _LogLine(logging.Formatter):
     """Log records as the CLI's own warnings and errors read: "bertscope: warning: ..."."""
 
@@ -162,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bertscope: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated): what was written is kept
-        resume = "; rerun the same command with --resume to finish" if hasattr(args, "resume") else ""
+        if previous is not None:  # a second SIGTERM from here on is not raised as a traceback
+            signal.signal(signal.SIGTERM, previous)
+        resume = "; rerun the same command with --resume to finish" if _resumable(args) else ""
         print(f"bertscope: {'terminated' if isinstance(e, _Terminated) else 'interrupted'}{resume}",
               file=sys.stderr)
         return 143 if isinstance(e, _Terminated) else 130

@@ -696,17 +696,24 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _unreadable(path: Path, e: OSError) -> InputError:
+    """A finished shard that cannot be read (permissions, an I/O error) is not proof it is damaged:
+    one line naming it, rather than deleting it and computing it again."""
+    return InputError(f"cannot read {path} ({e.strerror or e}); fix its permissions, or remove it "
+                      "to have --resume recompute it")
+
+
 def _shard_file_problem(path: Path, rec: dict, fmt: str, dim: int) -> str | None:
     """Why the finished shard file ``path`` cannot be trusted (one clause naming it), or None:
     it must have the size and SHA-256 its record holds; a record from before files were hashed
-    has its file's shape checked instead."""
+    has its file's shape checked instead. A file there that cannot be read raises InputError."""
     name = path.name
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return f"{name} is missing"
     except OSError as e:
-        return f"{name} is unreadable ({e.strerror or e})"
+        raise _unreadable(path, e) from None
     want = rec.get("file_bytes")
     if want is not None and size != want:
         return f"{name} has {size} bytes, not the {want} recorded"
@@ -716,8 +723,10 @@ def _shard_file_problem(path: Path, rec: dict, fmt: str, dim: int) -> str | None
     try:
         if _file_sha256(path) != digest:
             return f"{name} does not match the SHA-256 recorded for it"
+    except FileNotFoundError:  # removed meanwhile
+        return f"{name} is missing"
     except OSError as e:
-        return f"{name} is unreadable ({e.strerror or e})"
+        raise _unreadable(path, e) from None
     return None
 
 
@@ -732,7 +741,13 @@ def _shard_shape_problem(path: Path, fmt: str, rows: object, dim: int) -> str | 
             import pyarrow.parquet as pq
 
             shape = (pq.read_metadata(path).num_rows, dim)
-    except Exception as e:  # any failure to read it means it cannot be trusted
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EIO):  # the system's, not the content's
+            raise _unreadable(path, e) from None
+        return f"{path.name} is truncated or corrupt ({_first_line(e)})"
+    except Exception as e:  # any other failure to read it means it cannot be trusted
         return f"{path.name} is truncated or corrupt ({_first_line(e)})"
     if shape != (rows, dim):
         return f"{path.name} holds {' x '.join(map(str, shape))} values, not the {rows} x {dim} recorded"

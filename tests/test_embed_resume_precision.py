@@ -1,0 +1,114 @@
+"""`embed --resume` continues a job in the precision it began with, whatever speed verdict is
+measured on the resume (int8 and bf16 stay on only where they measure faster than fp32, and a
+verdict measured on a busy machine is not cached, so a fresh one can differ)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bertscope.bert as facade
+from bertscope.cli.main import main
+from bertscope.fast.embedjob import JOB_FILE, JobOptions, read_embeddings, run_embed_job
+
+TEXTS = [f"line {i}: " + "a few more words " * (i % 5) for i in range(12)]
+
+
+class _StopAfter:
+    """A progress callback that interrupts the job once ``n`` rows are done."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done = n, 0
+
+    def __call__(self, k: int) -> None:
+        self.done += k
+        if self.done > self.n:
+            raise KeyboardInterrupt
+
+
+def _interrupted_job(tmp_path: Path, bert, precision: str) -> tuple[Path, Path]:
+    """An fp32 job stopped after its first shard of 6, recorded as begun in ``precision``."""
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_embed_job(bert, inp, out, JobOptions(shard_rows=6), progress=_StopAfter(6))
+    job = json.loads((out / JOB_FILE).read_text())
+    assert job["precision"] == "fp32"
+    job["precision"] = precision
+    (out / JOB_FILE).write_text(json.dumps(job))
+    return inp, out
+
+
+def _spy_loads(monkeypatch) -> list[tuple[dict, object]]:
+    """Each bertscope.load the CLI makes: its keyword arguments and the model it gave."""
+    loads, real = [], facade.load
+
+    def load(*a, **k):
+        b = real(*a, **k)
+        loads.append((k, b))
+        return b
+    monkeypatch.setattr(facade, "load", load)
+    return loads
+
+
+def _slowed(monkeypatch, cls, seconds: float) -> None:
+    """Every call of ``cls`` (a linear) takes ``seconds`` longer: a CPU where it is slow."""
+    import time
+
+    inner = cls.__call__
+
+    def call(self, x):
+        time.sleep(seconds)
+        return inner(self, x)
+    monkeypatch.setattr(cls, "__call__", call)
+
+
+def test_a_job_begun_in_fp32_with_int8_off_resumes_in_fp32_and_says_so(tmp_path, bert, capsys,
+                                                                        monkeypatch):
+    inp, out = _interrupted_job(tmp_path, bert, "fp32")
+    loads = _spy_loads(monkeypatch)
+    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--precision", "int8",
+                 "--resume", "--quiet"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "(1 already done)" in cap.out
+    note = "bertscope: note: the job began in fp32 (int8 was off then); continuing in fp32\n"
+    assert cap.err.count(note) == 1 and "precision changed" not in cap.err
+    [(kwargs, model)] = loads
+    assert kwargs["precision"] == "fp32" and not kwargs["keep_precision"] and not kwargs["compile"]
+    assert model.precision == "fp32"
+    assert json.loads((out / JOB_FILE).read_text())["precision"] == "fp32"
+    assert np.abs(read_embeddings(out)[0] - bert.embed(TEXTS)).max() < 1e-5
+
+
+def test_a_job_begun_in_int8_resumes_in_int8_where_int8_now_measures_slower(tmp_path, bert, capsys,
+                                                                            monkeypatch):
+    from bertscope.fast.quant import Int8Linear
+
+    inp, out = _interrupted_job(tmp_path, bert, "int8")
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # no verdict cached
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    _slowed(monkeypatch, Int8Linear, 0.02)  # int8 GEMMs slower than fp32 ones, on any CPU
+    loads = _spy_loads(monkeypatch)
+    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--precision", "int8",
+                 "--resume", "--quiet"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "(1 already done)" in cap.out and "int8 is off" not in cap.err and "note:" not in cap.err
+    [(kwargs, model)] = loads
+    assert kwargs["precision"] == "int8" and kwargs["keep_precision"] is True
+    assert model.precision == "int8" and model.fast.gemm.precision == "int8"
+    assert json.loads((out / JOB_FILE).read_text())["precision"] == "int8"
+
+
+def test_another_precision_than_the_job_began_with_is_still_refused(tmp_path, bert, capsys):
+    inp, out = _interrupted_job(tmp_path, bert, "int8")
+    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--resume", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot resume: precision changed: the job began with int8, this run is fp32" in err
+    assert "note:" not in err

@@ -102,7 +102,7 @@ def main() -> int:
                   f"speed verdict cached: {r['verdict_cached']}")
     print("\n| machine | loads | int8 speed / fp32 (median, range) | others' share (median) | choices cached |")
     print("|---|---:|---|---:|---:|")
-    for label, busy in (("quiet", 0), (f"{spinners} spinning processes", spinners)):
+    for label, busy in (("quiet", 0), (f"{spinners} spinning process{'es' if spinners > 1 else ''}", spinners)):
         rs = [r for r in rows if r["spinners"] == busy]
         sp = [r["speedup"] for r in rs if r["speedup"] is not None]
         sh = [r["choice_busy"] for r in rs if r["choice_busy"] is not None]

@@ -96,7 +96,7 @@ candidates (on the 2-CPU Zen 5 EPYC, a new user's review saw int8 measured at 0.
 test suite running beside it, 1.75x on the quiet machine minutes before). So the CPU time other processes take on this
 process's CPUs is read from /proc before and after each measurement (:func:`cpu_ticks`,
 :func:`others_share`: on the 2-CPU Zen 5 EPYC with 2 torch threads, one spinning process read
-0.34-0.38, two 0.50-0.52; others' work on CPUs this process leaves idle does not count). A choice, or an
+0.36-0.39, two 0.50-0.51; others' work on CPUs this process leaves idle does not count). A choice, or an
 int8 speed verdict, measured while others took more than :data:`BUSY_SHARE` holds for that run
 only and is not cached (a warning, and ``doctor``, say so); the next run measures again
 (``BERTSCOPE_BUSY_SHARE`` sets another limit; 1 caches whatever was measured, for a machine that
@@ -821,7 +821,7 @@ def others_share(before: tuple[int, int, int, int] | None, after: tuple[int, int
     where unknown. Others' work on CPUs this process leaves free does not count: a Ray actor of
     one thread beside another on a 2-CPU machine reads 0. A race on a machine where another job
     runs measures that job as much as the candidates: on the 2-CPU Zen 5 EPYC with 2 torch
-    threads, one spinning process read 0.34-0.38, two read 0.50-0.52."""
+    threads, one spinning process read 0.36-0.39, two 0.50-0.51 (benchmarks/busy_verdict.py)."""
     if before is None or after is None or after[1] <= before[1]:
         return None
     share = ((after[0] - before[0]) - (after[2] - before[2])) / (after[1] - before[1])

@@ -13,20 +13,9 @@ import pytest
 import bertscope.bert as facade
 from bertscope.cli.main import main
 from bertscope.fast.embedjob import JOB_FILE, JobOptions, read_embeddings, run_embed_job
+from test_embedjob_durable import _StopAfter  # interrupts a job after n rows
 
 TEXTS = [f"line {i}: " + "a few more words " * (i % 5) for i in range(12)]
-
-
-class _StopAfter:
-    """A progress callback that interrupts the job once ``n`` rows are done."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.done = n, 0
-
-    def __call__(self, k: int) -> None:
-        self.done += k
-        if self.done > self.n:
-            raise KeyboardInterrupt
 
 
 def _interrupted_job(tmp_path: Path, bert, precision: str) -> tuple[Path, Path]:

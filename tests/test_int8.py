@@ -710,6 +710,17 @@ def test_int8_stays_on_where_its_plan_is_faster_than_fp32(bundled_path, monkeypa
     assert speedup >= 1.05 and f"{speedup:.2f}x the speed of fp32 on the calibration texts" in b.precision_note
 
 
+def test_the_int8_note_gives_the_speedup_as_cached(bundled_path, monkeypatch, own_cache):
+    """The note and the cache hold the same rounded figure: 10.32502 is cached as 10.325, which
+    prints as 10.32, where the unrounded figure printed 10.33 (a CI run met that boundary)."""
+    from bertscope.fast import tuning
+
+    monkeypatch.setattr(tuning, "measured_speedup", lambda *a, **k: 10.32502)
+    b = bertscope.load(bundled_path, precision="int8")
+    (speedup,) = b.fast.choice.int8_speedup.values()
+    assert speedup == 10.325 and f"{speedup:.2f}x the speed of fp32" in b.precision_note
+
+
 def test_bf16_is_off_with_a_warning_where_the_cpu_lacks_it(bundled_path, bert, monkeypatch):
     import bertscope.bert as facade
 

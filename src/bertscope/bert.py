@@ -382,8 +382,10 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> tuple[float | None, 
     # this measurement's own reading, or the choice's where it was measured (not cached) just now
     busy = busy_note(others_share(before, cpu_ticks())) or (busy_note(choice.busy) if choice.source == "measured"
                                                              else "")
+    if speedup is not None:
+        speedup = round(speedup, 4)  # as cached: a note read later from the cache says the same
     if speedup is not None and not busy:
-        choice.int8_speedup[plan] = round(speedup, 4)
+        choice.int8_speedup[plan] = speedup
         save_choice(choice)
     return speedup, busy
 

@@ -204,6 +204,13 @@ def test_library_warnings_and_log_records_print_as_one_kind_of_line(capsys):
     rec = logging.LogRecord("bertscope.fast.tuning", logging.WARNING, "tuning.py", 1,
                             "the rate is %.1f GFLOP/s", (43.14,), None)
     assert _LogLine().format(rec) == "bertscope: warning: the rate is 43.1 GFLOP/s"
+    try:  # a record logged with its exception (log.exception, exc_info=True) keeps it, in brief
+        raise OSError("disk full\nwhile writing")
+    except OSError:
+        import sys
+
+        rec = logging.LogRecord("x", logging.ERROR, "x.py", 1, "could not save", None, sys.exc_info())
+    assert _LogLine().format(rec) == "bertscope: error: could not save (OSError: disk full while writing)"
 
 
 def test_sigterm_stops_a_command_as_ctrl_c_does_and_says_how_to_resume(tmp_path, capsys, monkeypatch):

@@ -300,6 +300,38 @@ def test_shards_of_jobs_from_before_files_were_hashed_are_checked_by_shape(tmp_p
     assert np.array_equal(read_embeddings(out)[0], ref)
 
 
+@pytest.mark.parametrize("swap", ["narrower", "no_embedding"])
+def test_parquet_shards_of_older_jobs_are_checked_by_width_as_well_as_rows(tmp_path, capsys, swap):
+    """An older job's parquet shard replaced by a readable file with the right number of rows but
+    embeddings of the wrong width, or none: --resume finds it from the footer and recomputes it."""
+    import pyarrow as pa
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--format", "parquet", "--quiet"]
+    assert _cli(args, capsys)[0] == 0
+    ref = read_embeddings(out)[0]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    for s in manifest["shards"]:
+        del s["file_bytes"], s["file_sha256"]
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    victim = out / "part-00001.parquet"
+    table = pq.read_table(victim)
+    rows = table.num_rows
+    if swap == "narrower":
+        flat = pa.array(np.zeros(rows * 3, np.float32))
+        table = table.set_column(2, "embedding", pa.FixedSizeListArray.from_arrays(flat, 3))
+        why = f"part-00001.parquet holds {rows} x 3 values, not the {rows} x {ref.shape[1]} recorded"
+    else:
+        table = table.drop_columns(["embedding"])
+        why = "part-00001.parquet is truncated or corrupt ("
+    pq.write_table(table, victim)
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0 and "(2 already done)" in stdout, err
+    assert f"recomputed shard 1: {why}" in err
+    assert np.array_equal(read_embeddings(out)[0], ref)
+
+
 def test_read_embeddings_names_a_corrupt_parquet_shard(tmp_path, capsys):
     inp = _input(tmp_path / "in.txt")
     out = tmp_path / "out"

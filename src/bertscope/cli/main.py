@@ -87,7 +87,11 @@ class _LogLine(logging.Formatter):
     """Log records as the CLI's own warnings and errors read: "bertscope: warning: ..."."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"bertscope: {record.levelname.lower()}: {_one_line(record.getMessage())}"
+        line = f"bertscope: {record.levelname.lower()}: {_one_line(record.getMessage())}"
+        if record.exc_info and record.exc_info[1] is not None:  # the exception in brief; --debug shows all
+            e = record.exc_info[1]
+            line += f" ({type(e).__name__}: {_one_line(e)})" if str(e).strip() else f" ({type(e).__name__})"
+        return line
 
 
 class _Parser(argparse.ArgumentParser):

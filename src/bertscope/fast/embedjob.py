@@ -740,7 +740,9 @@ def _shard_shape_problem(path: Path, fmt: str, rows: object, dim: int) -> str | 
         else:
             import pyarrow.parquet as pq
 
-            shape = (pq.read_metadata(path).num_rows, dim)
+            meta = pq.read_metadata(path)  # the footer only; no data read
+            emb = meta.schema.to_arrow_schema().field("embedding").type  # KeyError: no such column
+            shape = (meta.num_rows, getattr(emb, "list_size", -1))  # a fixed-size list of C floats
     except FileNotFoundError:
         return f"{path.name} is missing"
     except OSError as e:

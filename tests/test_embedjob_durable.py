@@ -19,7 +19,8 @@ import pytest
 import bertscope.files
 from bertscope.cli.main import main
 from bertscope.errors import InputError
-from bertscope.fast.embedjob import KILL_HOOK_ENV, LOCK_FILE, JobOptions, read_embeddings, run_embed_job
+from bertscope.fast.embedjob import (KILL_HOOK_ENV, LOCK_FILE, JobOptions, prepare_embed_job, read_embeddings,
+                                     run_embed_job)
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TEXTS = [f"line {i}: " + "a few more words " * (i % 5) for i in range(20)]
@@ -202,6 +203,49 @@ def test_lock_refusal_from_the_library(tmp_path, bert):
     finally:
         os.close(fd)
     assert json.loads((run_embed_job(bert, inp, out).out_dir / "_manifest.json").read_text())["rows"] == len(TEXTS)
+
+
+def test_a_finished_job_removes_its_lock_file_and_a_resume_still_locks(tmp_path, bert):
+    """A finished folder holds the job's files, not the lock; a resume of it locks afresh."""
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    run_embed_job(bert, inp, out, JobOptions(shard_rows=8))
+    assert not (out / LOCK_FILE).exists()
+    job = prepare_embed_job(bert, inp, out, JobOptions(shard_rows=8, resume=True))
+    try:
+        assert job.complete and (out / LOCK_FILE).is_file()
+        with pytest.raises(InputError, match="in use by another running job"):
+            prepare_embed_job(bert, inp, out, JobOptions(shard_rows=8, resume=True))
+    finally:
+        job.close()
+    assert (out / LOCK_FILE).is_file()  # an unfinished close (Ctrl-C, an error) keeps the file: harmless
+
+
+def test_a_lock_taken_on_a_file_a_finished_job_just_removed_is_taken_again(tmp_path, monkeypatch):
+    """The race removing the lock file opens: job B opens .lock, job A finishes and removes it,
+    then B's flock succeeds on a file no longer there. B must lock the file now at the path, or a
+    job C that creates a new .lock would hold OUTPUT beside B."""
+    from bertscope.fast import embedjob
+
+    first = embedjob._Lock(tmp_path)
+    real_open, opened = os.open, []
+
+    def open_then_removed(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if not opened and Path(path).name == LOCK_FILE:  # B has opened; now A finishes
+            opened.append(path)
+            first.close(remove=True)
+        return fd
+
+    monkeypatch.setattr(embedjob.os, "open", open_then_removed)
+    second = embedjob._Lock(tmp_path)
+    monkeypatch.undo()
+    try:
+        assert opened and embedjob._same_file(second.fd, tmp_path / LOCK_FILE)
+        with pytest.raises(InputError, match=rf"in use by another running job \(pid {os.getpid()}\)"):
+            embedjob._Lock(tmp_path)  # job C
+    finally:
+        second.close()
 
 
 def test_job_options_are_checked_before_anything_is_written(tmp_path, bert):

@@ -16,6 +16,7 @@ Output layout (OUTPUT is a folder):
     OUTPUT/_job.json          the job's parameters and its input's files and record count
     OUTPUT/_runs.json         each run of the job (1 = the first, +1 per --resume) and its engine
     OUTPUT/.lock              held (flock) by the running job: a second job on OUTPUT is refused
+                              (removed when the job finishes)
     OUTPUT/_staging/          finished shards while the job runs, each with its record
                               _part-00000.json (line range, SHA-256 of its input, problems, run,
                               and the shard file's size and SHA-256)
@@ -389,35 +390,58 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
 
 
 class _Lock:
-    """An exclusive flock on OUTPUT/.lock, held for the whole job (released by close or exit)."""
+    """An exclusive flock on OUTPUT/.lock, held for the whole job (released by close or exit).
+
+    A finished job removes the file (``close(remove=True)``) while it still holds the lock, so a
+    finished folder holds only the job's files. A job that was waiting on that same file then
+    finds its lock is on a file no longer there, and takes the lock again on a new one: two jobs
+    can never both hold OUTPUT."""
 
     def __init__(self, out: Path) -> None:
         self.fd: int | None = None
+        self.path = out / LOCK_FILE
         try:
             import fcntl
         except ImportError:  # not POSIX: no lock, said once in the log
             log.warning("no file locking on this platform; do not run two jobs on %s", out)
             return
-        path = out / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise InputError(f"cannot write in {out} ({e.strerror or e})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pid = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise InputError(f"{out} is in use by another running job (pid {pid}); wait for it to "
-                             "finish, or choose another --out") from None
+        for _ in range(100):  # again only while another job removes the file under us
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise InputError(f"cannot write in {out} ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pid = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise InputError(f"{out} is in use by another running job (pid {pid}); wait for it to "
+                                 "finish, or choose another --out") from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # locked a file that a finished job had just removed: lock the new one
+        else:
+            raise InputError(f"cannot lock {self.path}: it keeps being removed")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
 
-    def close(self) -> None:
+    def close(self, remove: bool = False) -> None:
         if self.fd is not None:
+            if remove:  # while still held: no other job can be between its open and its flock
+                self.path.unlink(missing_ok=True)
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True if the open descriptor ``fd`` is the file at ``path`` now."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 @dataclass
@@ -447,9 +471,10 @@ class EmbedJob:
     def done_rows(self) -> int:
         return sum(r["rows"] for r in self.done.values())
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Release OUTPUT's lock; a ``finished`` job also removes the lock file."""
         if self.lock is not None:
-            self.lock.close()
+            self.lock.close(remove=finished)
             self.lock = None
 
 
@@ -807,6 +832,7 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         if not job.complete:
             _write_json(out / MANIFEST_FILE, manifest)
             shutil.rmtree(staging, ignore_errors=True)
+        job.close(finished=True)
         return EmbedJobResult(out_dir=out, rows=plan.rows, dim=job.job["dim"], shards=len(plan.shards),
                               shards_skipped=skipped, problems=problems, shards_redone=list(job.redone),
                               run=job.run, max_seq_length=job.job["max_seq_length"],

@@ -461,3 +461,73 @@ def test_resume_refuses_a_shard_it_cannot_read_and_keeps_it(tmp_path, capsys, mo
     assert victim.read_bytes() == data and (out / "_manifest.json").is_file()
     code, stdout, err = _cli(args + ["--resume"], capsys)  # readable again: nothing to do
     assert code == 0 and "(3 already done)" in stdout and "recomputed" not in err
+
+
+def test_describe_model_folder_says_what_the_loaded_model_records(tmp_path, bert, bundled_path):
+    """The description read from a folder's JSON files is the one a job records from the loaded
+    model: for the bundled model, and for a folder whose length limit its config caps."""
+    import bertscope
+    from bertscope.fast.embedjob import _describe_model, describe_model_folder
+    from trainkit import tiny_checkpoint
+
+    assert describe_model_folder(None) == _describe_model(bert)
+    folder = tiny_checkpoint(tmp_path / "tiny", bundled_path, positions=64)  # 64 positions, 512 in its tokenizer
+    loaded = bertscope.load(folder)
+    assert describe_model_folder(folder) == _describe_model(loaded) and loaded.max_seq_length == 64
+    assert describe_model_folder(folder, "int8")["precision"] == "int8"
+
+
+def test_resuming_a_finished_job_loads_no_model_unless_it_must(tmp_path, bert):
+    """A finished job whose record, input and files match the described model is complete
+    without loading the model (for int8 that saves its calibration); a damaged shard, a
+    description that differs from the job's, or a folder that cannot be described loads it,
+    and the loaded model decides as before."""
+    from bertscope.fast.embedjob import describe_model_folder
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    opts = JobOptions(shard_rows=8, resume=True)
+    run_embed_job(bert, inp, out, JobOptions(shard_rows=8))
+    ref, runs = read_embeddings(out)[0], (out / "_runs.json").read_text()
+    loads = []
+
+    def loader():
+        loads.append(1)
+        return bert
+
+    res = run_embed_job(loader, inp, out, opts, describe=lambda: describe_model_folder(None))
+    assert loads == [] and res.shards_skipped == 3 and (out / "_runs.json").read_text() == runs
+    assert not (out / LOCK_FILE).exists()
+
+    _truncate(out / "part-00001.npy", 200)
+    res = run_embed_job(loader, inp, out, opts, describe=lambda: describe_model_folder(None))
+    assert loads == [1] and list(res.shards_repaired) == [1] and np.array_equal(read_embeddings(out)[0], ref)
+
+    res = run_embed_job(loader, inp, out, opts, describe=lambda: describe_model_folder(None, "int8"))
+    assert loads == [1, 1] and res.shards_skipped == 3  # the fp32 model loaded matches the fp32 job
+
+    def cannot():
+        raise OSError("no such folder")
+
+    run_embed_job(loader, inp, out, opts, describe=cannot)
+    assert loads == [1, 1, 1]
+
+
+def test_embed_resume_of_a_finished_job_does_not_load_the_model(tmp_path, capsys, monkeypatch):
+    """From the command line, in int8 too: nothing to do, said without loading the model."""
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--quiet"]
+    assert _cli(args, capsys)[0] == 0
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("bertscope.bert.load", no_load)
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0 and "(3 already done)" in stdout, err
+    job = json.loads((out / "_job.json").read_text())
+    job["precision"] = "int8"  # as if it had been an int8 job
+    (out / "_job.json").write_text(json.dumps(job))
+    code, stdout, err = _cli(args + ["--resume", "--precision", "int8"], capsys)
+    assert code == 0 and "(3 already done)" in stdout, err

@@ -159,7 +159,7 @@ def _lines(nums: list[int], k: int = 10) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fast.embedjob import JobOptions, run_embed_job
+    from ..fast.embedjob import JobOptions, describe_model_folder, run_embed_job
     from ..errors import InputError
     from .common import check_output_dir
 
@@ -206,7 +206,11 @@ def run(args: argparse.Namespace) -> int:
                          resume=args.resume, shard_rows=args.shard_rows)
     try:
         if engine is None:
-            res = run_embed_job(load, args.input, args.out, options, progress=progress, on_total=on_total)
+            def describe() -> dict:  # a finished job is confirmed without loading the model
+                return describe_model_folder(args.model, precision or args.precision)
+
+            res = run_embed_job(load, args.input, args.out, options, progress=progress, on_total=on_total,
+                                describe=describe)
         else:
             from ..scale.embed import run_ray_embed_job
 

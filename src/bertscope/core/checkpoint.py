@@ -31,7 +31,7 @@ from .weights import count_non_finite, load_weights, to_checkpoint_name
 
 __all__ = ["BUNDLED_PACKAGE", "Checkpoint", "ClassifierSpec", "WEIGHT_FILES", "available_memory",
            "bundled_model_path", "check_fits_in_memory", "check_folder", "read_checkpoint",
-           "read_classifier_spec", "read_config", "read_config_dict"]
+           "read_classifier_spec", "read_config", "read_config_dict", "read_max_seq_length"]
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,22 @@ class Checkpoint:
     max_seq_length: int
 
 
+def read_max_seq_length(folder: Path, config: BertConfig) -> int:
+    """The length texts are cut to (see :class:`Checkpoint`), from the folder's small JSON files."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            log.warning("ignoring unreadable %s", path)
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, config.max_position_embeddings)
+    return config.max_position_embeddings
+
+
 def read_checkpoint(folder: Path, *, device: str | torch.device = "cpu",
                     dtype: torch.dtype | None = None) -> Checkpoint:
     """Build the model a folder describes and load its weights strictly."""
@@ -230,19 +246,7 @@ def read_checkpoint(folder: Path, *, device: str | torch.device = "cpu",
                 raise CheckpointError(f"weight {to_checkpoint_name(name)!r} does not fit in {dtype} "
                                       "(it overflows to infinity); load it in float32 or bfloat16")
     model.to(device)
-    max_seq = config.max_position_embeddings
-    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            value = json.loads(path.read_text(encoding="utf-8")).get(key)
-        except (OSError, ValueError, AttributeError):
-            log.warning("ignoring unreadable %s", path)
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            max_seq = min(value, max_seq)
-            break
+    max_seq = read_max_seq_length(folder, config)
     log.info("loaded %s (%d layers, hidden %d, %d heads)", folder, config.num_hidden_layers,
              config.hidden_size, config.num_attention_heads)
     return Checkpoint(folder=folder, config=config, model=model, tokenizer=tokenizer, max_seq_length=max_seq)

@@ -92,7 +92,7 @@ from .heap import release_free_memory
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
-           "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record", "embed_texts",
+           "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record", "describe_model_folder", "embed_texts",
            "finish_embed_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
            "write_error"]
 
@@ -496,9 +496,30 @@ def _describe_model(bert) -> dict:
             "max_seq_length": bert.max_seq_length, "precision": getattr(bert, "precision", "fp32")}
 
 
+def describe_model_folder(path: str | os.PathLike | None, precision: str = "fp32") -> dict:
+    """What a job records of the model that ``bertscope.load(path, precision=...)`` would give,
+    read from the folder's small JSON files without loading it (``path=None``: the bundled model).
+
+    Pass it as ``prepare_embed_job(..., describe=...)`` so that resuming a finished job finds
+    there is nothing to do without loading (and, for int8, calibrating) the model. It holds only
+    where the load keeps ``precision`` (fp32, or ``keep_precision=True``); where it does not, the
+    description differs from the job's and the model is loaded to decide, as without it."""
+    from ..core.checkpoint import bundled_model_path, read_config, read_max_seq_length
+
+    folder = bundled_model_path() if path is None else Path(path).expanduser()
+    config = read_config(folder)
+    return {"model": str(folder), "dim": config.hidden_size,
+            "max_seq_length": read_max_seq_length(folder, config), "precision": precision}
+
+
+class _NeedsModel(Exception):
+    """A finished job that cannot be confirmed complete from a described model: load it."""
+
+
 def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.PathLike,
                       options: JobOptions | None = None, *, engine: str = "local",
-                      before_model: Callable[[], object] | None = None) -> EmbedJob:
+                      before_model: Callable[[], object] | None = None,
+                      describe: Callable[[], dict] | None = None) -> EmbedJob:
     """Check everything, plan the input's shards and lock OUTPUT: the first half of every engine.
 
     ``bert`` is a loaded :class:`~bertscope.bert.Bert`, or a function that returns one: it is
@@ -506,6 +527,11 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     in moments, not after loading the model. ``before_model()`` runs just before that (an
     engine's own checks, such as reaching a cluster). Bad input raises InputError, before any
     work. Close the returned job (or let :func:`finish_embed_job` do it) to release the lock.
+
+    ``describe()`` (with a function for ``bert``, when resuming): the model's description as
+    the job records it (:func:`describe_model_folder`). A finished job whose record, input and
+    files all match it is returned complete without calling ``bert`` at all; anything else
+    loads the model and is decided as without it.
     """
     o = options if options is not None else JobOptions()
     if not isinstance(o, JobOptions):
@@ -534,13 +560,18 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     check_has_text(plan)
     if before_model is not None:
         before_model()
+    loader = not hasattr(bert, "config") and callable(bert)
+    if loader and describe is not None and resume and (out / MANIFEST_FILE).is_file():
+        finished = _finished_job(describe, plan, out, fmt, batch_tokens, engine)
+        if finished is not None:
+            return finished
     target = Path(os.path.abspath(out))  # ".." resolved by name, so no existing folder counts as new
     new = [d for d in (target, *target.parents) if not d.exists()]  # what mkdir makes, innermost first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create the folder {out} ({e.strerror or e})") from None
-    if not hasattr(bert, "config") and callable(bert):
+    if loader:
         made = {d: _identity(d) for d in new}
         try:
             bert = bert()
@@ -561,6 +592,26 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
         raise
 
 
+def _finished_job(describe: Callable[[], dict], plan: InputPlan, out: Path, fmt: str,
+                  batch_tokens: int | None, engine: str) -> EmbedJob | None:
+    """The finished job in ``out``, complete (nothing to compute) as the described model would
+    find it, or None where only the loaded model can decide (the lock released again)."""
+    try:
+        model = describe()
+    except Exception as e:  # an unreadable folder: the load says what is wrong
+        log.debug("not described (%s): loading the model", _first_line(e))
+        return None
+    lock = _Lock(out)
+    try:
+        return _open_job(model, plan, out, fmt, batch_tokens, True, engine, lock, only_if_complete=True)
+    except _NeedsModel:
+        lock.close()
+        return None
+    except BaseException:
+        lock.close()
+        raise
+
+
 def _identity(folder: Path) -> tuple[int, int] | None:
     """(device, inode) of ``folder``, or None: the same pair later means the same folder."""
     try:
@@ -571,17 +622,25 @@ def _identity(folder: Path) -> tuple[int, int] | None:
 
 
 def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | None, resume: bool,
-              engine: str, lock: _Lock) -> EmbedJob:
+              engine: str, lock: _Lock, only_if_complete: bool = False) -> EmbedJob:
+    """Open (or start) the job in ``out``. ``bert``: the loaded model, or its description (a
+    dict). ``only_if_complete``: raise _NeedsModel, before changing anything, unless the job in
+    ``out`` is finished and sound."""
     has_job = _check_out_dir(out, resume)  # again, now that OUTPUT is ours
+    model = bert if isinstance(bert, dict) else _describe_model(bert)
     job = {"input": plan.describe(), "format": fmt, "field": plan.field, "shard_rows": plan.shard_rows,
-           **_describe_model(bert), "rows": plan.rows}
+           **model, "rows": plan.rows}
     staging = out / STAGING
+    if only_if_complete and not (has_job and (out / MANIFEST_FILE).is_file()):
+        raise _NeedsModel
     if has_job:
         before = _read_json(out / JOB_FILE, out)
         if not isinstance(before, dict):
             raise InputError(f"{out / JOB_FILE} is unreadable; remove {out} and start again")
         before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
         if before != job:
+            if only_if_complete:  # the loaded model may differ from its description: let it decide
+                raise _NeedsModel
             raise InputError(_why_not_resumable(before, job))
         _remove_temporaries(out)  # we hold the lock: these belong to no live job
         _remove_temporaries(staging)
@@ -612,6 +671,8 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
             why = _shard_file_problem(out / rec["file"], rec, fmt, job["dim"])
             if why is not None:
                 repaired[k] = why
+        if repaired and only_if_complete:  # shards to recompute: with the model
+            raise _NeedsModel
         if not repaired:
             done, complete = records, True
         else:  # unfinish the job: the good shards' records back in _staging, then no manifest
@@ -843,15 +904,17 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
 
 def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: JobOptions | None = None, *,
                   progress: Callable[[int], None] | None = None,
-                  on_total: Callable[[int, int], None] | None = None) -> EmbedJobResult:
+                  on_total: Callable[[int, int], None] | None = None,
+                  describe: Callable[[], dict] | None = None) -> EmbedJobResult:
     """Embed every record of ``input_path`` into shards under ``out_dir`` (see the module doc),
     in this process: the local engine. ``options``: how to read and write (:class:`JobOptions`;
     its defaults when None).
 
     ``bert`` is a loaded :class:`~bertscope.bert.Bert`, or a function that returns one (called
-    only once everything is checked). ``progress(n)`` is called after each batch of n rows;
-    ``on_total(total, done)`` once the input is counted and checked (done = rows already in
-    finished shards when resuming). Bad input raises InputError, before work.
+    only once everything is checked, and not at all for a finished job that ``describe``
+    confirms: see :func:`prepare_embed_job`). ``progress(n)`` is called after each batch of n
+    rows; ``on_total(total, done)`` once the input is counted and checked (done = rows already
+    in finished shards when resuming). Bad input raises InputError, before work.
     """
     loaded: list = []
 
@@ -859,7 +922,7 @@ def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: Jo
         loaded.append(bert() if not hasattr(bert, "config") and callable(bert) else bert)
         return loaded[0]
 
-    job = prepare_embed_job(load, input_path, out_dir, options, engine="local")
+    job = prepare_embed_job(load, input_path, out_dir, options, engine="local", describe=describe)
     options = options if options is not None else JobOptions()
     try:
         if on_total is not None:

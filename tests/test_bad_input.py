@@ -397,3 +397,183 @@ def test_coref_cli_on_unclosed_tags(tmp_path, capsys):
     f = tmp_path / "hostile.xml"
     f.write_text("<schema>" * 50_000)
     cli_error(capsys, ["coref", str(f)], "has no <schema>...</schema> elements")
+
+
+# ---------------------------------------------------------------- the library, as a new user calls it
+
+class _Table:
+    """Stands in for a pandas DataFrame: iterating it gives its column names."""
+
+    columns = ["text"]
+
+    def __iter__(self):
+        return iter(self.columns)
+
+
+@pytest.mark.parametrize("texts, fragment", [
+    (_Table(), "not a _Table (its column names would be read as the texts); pass one column"),
+    ({"id1": "a text", "id2": "another"}, "not a dict (its keys would be read as the texts)"),
+    ({"b", "a"}, "not a set: its order is arbitrary"),
+    (frozenset({"a"}), "not a frozenset"),
+])
+def test_containers_whose_items_are_not_the_texts_are_refused(bert, texts, fragment):
+    """Before, a table's column names, a dict's keys, a set in arbitrary order were embedded."""
+    for call in (bert.embed, bert.encode):
+        with pytest.raises(InputTypeError, match=re.escape(fragment)):
+            call(texts)
+
+
+def test_sequences_of_strings_of_any_kind_still_embed(bert):
+    """What iterates to the texts themselves is fine: a tuple, a numpy array of str, a generator."""
+    ref = bert.embed(["a short text", "another one"])
+    assert np.array_equal(bert.embed(("a short text", "another one")), ref)
+    assert np.array_equal(bert.embed(np.array(["a short text", "another one"])), ref)
+    assert np.array_equal(bert.embed(t for t in ["a short text", "another one"]), ref)
+
+
+@pytest.mark.parametrize("max_length", [0, 1, 513, 10_000, 2.5, "8", True])
+def test_encode_max_length_out_of_range_is_refused(bert, max_length):
+    """Before, 0 meant "the default" and 1 or 10,000 were silently ignored by the tokenizer."""
+    with pytest.raises(InputError, match=r"max_length must be a whole number from 2 .* to 512"):
+        bert.encode(["a b c"], max_length=max_length)
+
+
+def test_encode_max_length_cuts_and_pools_as_embed_does(bert):
+    """encode cuts at the model's positions (512), embed at max_seq_length (256 here), as their
+    docs say; encoding with max_length=bert.max_seq_length pools to embed's vector."""
+    long = "word " * 400
+    assert bert.encode([long]).input_ids.shape[1] == 402
+    with pytest.warns(bertscope.TruncationWarning, match="longer than 256 tokens"):
+        batch = bert.encode([long], max_length=np.int64(bert.max_seq_length))
+    assert batch.input_ids.shape[1] == bert.max_seq_length == 256 and batch.truncated == [True]
+    with pytest.warns(bertscope.TruncationWarning):
+        ref = bert.embed([long])
+    with torch.inference_mode():
+        pooled = bert.pool(batch.input_ids, batch.attention_mask).numpy()
+    np.testing.assert_allclose(pooled, ref, atol=1e-5)
+    assert torch.equal(bert.pool(batch.input_ids), bert.pool(batch.input_ids, batch.attention_mask))
+
+
+@pytest.mark.parametrize("ids, error, fragment", [
+    ([[101, 999_999, 102]], InputError, "ids[0] holds ids 101..999999; they must lie in 0..30521"),
+    ([[101, 2000, 102], [101, -5, 102]], InputError, "ids[1] holds ids -5..102"),
+    ([[101] + [1000] * 600 + [102]], InputError, "ids[0] has 602 tokens; the model takes 1 to 512"),
+    ([[]], InputError, "ids[0] has 0 tokens"),
+    (["a b"], InputTypeError, "ids[0] must be a list of token ids, got str"),
+    ([[101, 2.5, 102]], InputTypeError, "ids[0] must hold whole-number token ids, found 2.5"),
+    ("101 102", InputTypeError, "ids must be a list of token-id lists, got str"),
+])
+def test_embed_ids_checks_the_ids_before_torch_sees_them(bert, ids, error, fragment):
+    """Before, these were IndexErrors from inside torch's embedding lookup."""
+    with pytest.raises(error, match=re.escape(fragment)) as e:
+        bert.embed_ids(ids)
+    assert "\n" not in str(e.value)
+
+
+def test_embed_ids_takes_a_numpy_array_of_ids(bert):
+    ids = [[101, 2000, 2001, 102], [101, 2003, 102, 0][:3]]
+    assert np.array_equal(bert.embed_ids([np.array(t) for t in ids]), bert.embed_ids(ids))
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"batch_size": 0}, "batch_size must be a whole number of at least 1, got 0"),
+    ({"batch_size": "8"}, "batch_size must be a whole number of at least 1, got '8'"),
+    ({"batch_size": 2.5}, "got 2.5"),
+    ({"batch_tokens": 0}, "batch_tokens must be a whole number of at least 1, got 0"),
+])
+def test_embed_counts_are_checked_as_input_errors(bert, kwargs, fragment):
+    """Before: a builtins ValueError naming an internal parameter, a TypeError, or 2.5 accepted."""
+    for call in (lambda: bert.embed(["a", "b", "c"], **kwargs), lambda: bert.embed_ids([[101, 102]], **kwargs)):
+        with pytest.raises(InputError, match=re.escape(fragment)):
+            call()
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"device": "gpu"}, "device must be 'cpu' or 'cuda' (or 'cuda:N'), not 'gpu'"),
+    ({"device": 3.5}, "device must be 'cpu' or 'cuda'"),
+    ({"device": "meta"}, "device must be 'cpu' or 'cuda'"),
+    ({"dtype": "float16"}, "dtype must be None, torch.float32, torch.bfloat16 or torch.float16, not 'float16'"),
+    ({"dtype": torch.int8}, "dtype must be None"),
+])
+def test_load_checks_device_and_dtype(kwargs, fragment):
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        bertscope.load(**kwargs)
+
+
+def test_load_on_a_cuda_device_that_is_not_there_says_so():
+    if torch.cuda.is_available():  # a GPU machine: a device index past its devices
+        with pytest.raises(InputError, match=r"device 'cuda:99': there are \d+ CUDA device\(s\)"):
+            bertscope.load(device="cuda:99")
+    else:
+        with pytest.raises(InputError, match=r"device 'cuda': this torch has no CUDA device .*use device='cpu'"):
+            bertscope.load(device="cuda")
+
+
+def test_a_hub_name_is_told_that_only_local_folders_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="loads local folders only; it downloads nothing"):
+        bertscope.load("sentence-transformers/all-MiniLM-L6-v2")
+    with pytest.raises(CheckpointError, match=r"does not exist$"):
+        bertscope.load(tmp_path / "no-such-model")
+
+
+@pytest.mark.parametrize("call", [
+    lambda b: b([[101, 2000, 102]]),
+    lambda b: b(np.array([[101, 2000, 102]])),
+    lambda b: b.model(np.array([[101, 2000, 102]])),
+    lambda b: b(torch.tensor([[101, 2000, 102]]), [[1, 1, 1]]),
+    lambda b: b.pool(np.array([[101, 2000, 102]])),
+])
+def test_tensor_entry_points_name_a_wrong_argument_type(bert, call):
+    """Before: AttributeError: 'list' object has no attribute 'to'."""
+    with pytest.raises(InputTypeError, match=r"(input_ids|attention_mask) must be a torch tensor \(B, T\), got "):
+        call(bert)
+
+
+def test_read_embeddings_names_what_is_wrong_with_the_folder(tmp_path):
+    from bertscope.fast.embedjob import read_embeddings
+
+    with pytest.raises(InputError, match="does not exist$"):
+        read_embeddings(tmp_path / "nothing")
+    (tmp_path / "a.txt").write_text("hi\n")
+    with pytest.raises(InputError, match="is a file, not an embed job's folder"):
+        read_embeddings(tmp_path / "a.txt")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    with pytest.raises(InputError, match="is not an embed job's folder"):
+        read_embeddings(folder)
+    (folder / "_job.json").write_text("{}")
+    with pytest.raises(InputError, match="the job is not finished"):
+        read_embeddings(folder)
+    (folder / "_manifest.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"cannot read .*_manifest\.json \("):
+        read_embeddings(folder)
+    (folder / "_manifest.json").write_text("{}")
+    with pytest.raises(InputError, match=r"_manifest\.json is damaged \(KeyError"):
+        read_embeddings(folder)
+
+
+def test_run_embed_job_names_wrong_arguments(tmp_path, bert):
+    from bertscope.fast.embedjob import run_embed_job
+
+    (tmp_path / "in.txt").write_text("hi\n")
+    with pytest.raises(InputTypeError, match="bert must be a model from bertscope.load"):
+        run_embed_job(None, tmp_path / "in.txt", tmp_path / "out")
+    with pytest.raises(InputTypeError, match=r"not a list; to embed texts held in memory use bert\.embed"):
+        run_embed_job(bert, ["a text"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_error_types_the_api_raises_are_exported():
+    assert issubclass(bertscope.InputTypeError, bertscope.InputError)
+    assert issubclass(bertscope.NonFiniteError, bertscope.BertscopeError)
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
+def test_a_model_loaded_in_a_reduced_dtype_says_so(bert, dtype, name):
+    """Before, load(dtype=torch.float16) reported precision "fp32" (and no note) for a model that
+    computes in fp16. Its embeddings stay near fp32's."""
+    b = bertscope.load(dtype=dtype)
+    assert b.precision == name and str(dtype) in b.precision_note
+    texts = ["The animal didn't cross the street", "a short one"]
+    assert (b.embed(texts) * bert.embed(texts)).sum(1).min() > 0.99

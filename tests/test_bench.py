@@ -798,3 +798,20 @@ def test_count_choices_counts_each_measured_choice_once_and_skips_overridden_val
     assert out.startswith("3 distinct kernel choices (4 records in 2 JSON files)") and "broken.json" in out
     assert mod.main([str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.strip() == f"error: not a folder: {tmp_path / 'none'}"
+
+
+def test_resume_finished_times_both_ways_and_checks_neither_recomputes(tmp_path, capsys, monkeypatch):
+    """benchmarks/resume_finished.py (docs/BENCHMARKS.md): a finished job resumed with the model
+    loaded, and confirmed from its description without loading it; both find every shard done."""
+    mod = benchmark_script("resume_finished")
+    out = tmp_path / "resume.json"
+    monkeypatch.setattr(sys, "argv", ["resume_finished.py", "--lines", "30", "--rounds", "1",
+                                      "--precisions", "fp32", "--out", str(out)])
+    assert mod.main() == 0
+    [r] = json.loads(out.read_text())["results"]
+    assert r["precision"] == "fp32" and r["shards"] == 1 and len(r["seconds"]["described"]) == 1
+    assert "| fp32 | 1 |" in capsys.readouterr().out
+    # a described resume that had to load the model after all is caught, not timed
+    monkeypatch.setattr(mod, "describe_model_folder", lambda path, precision: {"model": "another"})
+    with pytest.raises(mod.BertscopeError, match="described: 1 of 1 shards found done and 1 load"):
+        mod.main()

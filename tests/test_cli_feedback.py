@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bertscope.cli.main import main
 
@@ -300,3 +301,18 @@ def test_explain_experiments_takes_the_same_progress_flags_as_every_command(tmp_
     with pytest.raises(SystemExit):
         main(["explain-experiments", "--help"])
     assert "--progress" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["embed", "in.txt", "--out", "o", "--bogus"], "(see bertscope embed --help)"),
+    (["doctor", "--bogus", "x"], "(see bertscope doctor --help)"),
+    (["--bogus"], "(see bertscope --help)"),
+])
+def test_an_unknown_flag_points_to_the_help_of_its_command(capsys, argv, hint):
+    from bertscope.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("bertscope: error: unrecognized arguments: --bogus") and err.rstrip().endswith(hint)

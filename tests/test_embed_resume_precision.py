@@ -12,14 +12,15 @@ import pytest
 
 import bertscope.bert as facade
 from bertscope.cli.main import main
-from bertscope.fast.embedjob import JOB_FILE, JobOptions, read_embeddings, run_embed_job
+from bertscope.fast.embedjob import JOB_FILE, RUNS_FILE, JobOptions, read_embeddings, run_embed_job
 from test_embedjob_durable import _StopAfter  # interrupts a job after n rows
 
 TEXTS = [f"line {i}: " + "a few more words " * (i % 5) for i in range(12)]
 
 
-def _interrupted_job(tmp_path: Path, bert, precision: str) -> tuple[Path, Path]:
-    """An fp32 job stopped after its first shard of 6, recorded as begun in ``precision``."""
+def _interrupted_job(tmp_path: Path, bert, precision: str, asked: str | None = "") -> tuple[Path, Path]:
+    """An fp32 job stopped after its first shard of 6, recorded as begun in ``precision``, its
+    first run as asked for ``asked`` (None: not recorded, as in older jobs; "": as it ran)."""
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(TEXTS) + "\n")
     out = tmp_path / "out"
@@ -29,6 +30,13 @@ def _interrupted_job(tmp_path: Path, bert, precision: str) -> tuple[Path, Path]:
     assert job["precision"] == "fp32"
     job["precision"] = precision
     (out / JOB_FILE).write_text(json.dumps(job))
+    runs = json.loads((out / RUNS_FILE).read_text())
+    assert runs["runs"][0]["precision_asked"] == "fp32"  # the fp32 model's
+    if asked is None:
+        del runs["runs"][0]["precision_asked"]
+    else:
+        runs["runs"][0]["precision_asked"] = asked or precision
+    (out / RUNS_FILE).write_text(json.dumps(runs))
     return inp, out
 
 
@@ -58,7 +66,7 @@ def _slowed(monkeypatch, cls, seconds: float) -> None:
 
 def test_a_job_begun_in_fp32_with_int8_off_resumes_in_fp32_and_says_so(tmp_path, bert, capsys,
                                                                         monkeypatch):
-    inp, out = _interrupted_job(tmp_path, bert, "fp32")
+    inp, out = _interrupted_job(tmp_path, bert, "fp32", asked="int8")
     loads = _spy_loads(monkeypatch)
     code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--precision", "int8",
                  "--resume", "--quiet"])
@@ -101,3 +109,23 @@ def test_another_precision_than_the_job_began_with_is_still_refused(tmp_path, be
     assert code == 2
     assert "cannot resume: precision changed: the job began with int8, this run is fp32" in err
     assert "note:" not in err
+
+
+def test_a_job_asked_for_in_fp32_is_refused_another_precision(tmp_path, bert, capsys):
+    """Before, an fp32 job resumed with --precision int8 continued in fp32 "as int8 was off then",
+    which was never asked; now the int8 model is loaded and the change refused."""
+    inp, out = _interrupted_job(tmp_path, bert, "fp32")
+    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--precision", "int8",
+                 "--keep-precision", "--resume", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot resume: precision changed: the job began with fp32, this run is int8" in err
+    assert "note:" not in err
+
+
+def test_an_older_fp32_job_that_does_not_say_what_was_asked_resumes_in_fp32(tmp_path, bert, capsys):
+    inp, out = _interrupted_job(tmp_path, bert, "fp32", asked=None)
+    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--precision", "int8",
+                 "--resume", "--quiet"])
+    cap = capsys.readouterr()
+    assert code == 0 and "(1 already done)" in cap.out, cap.err
+    assert "bertscope: note: the job began in fp32; continuing in fp32\n" in cap.err

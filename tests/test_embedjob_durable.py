@@ -322,18 +322,29 @@ def test_resume_checks_the_staged_shards_of_an_unfinished_job(tmp_path, bert, ca
     assert np.abs(read_embeddings(out)[0] - bert.embed(TEXTS)).max() < 1e-5
 
 
-def test_shards_of_jobs_from_before_files_were_hashed_are_checked_by_shape(tmp_path, bert, capsys):
-    """A manifest without file sizes and SHA-256s (older jobs): the reader still names a
-    corrupt file in one line, and --resume still recomputes it (its shape does not fit)."""
+def _finished_older_job(tmp_path: Path, capsys, *flags: str) -> tuple[list[str], Path, np.ndarray]:
+    """A finished job of TEXTS (shards of 8) whose manifest lacks the files' sizes and SHA-256s,
+    as jobs from before files were hashed: (its command, OUTPUT, its embeddings)."""
     inp = _input(tmp_path / "in.txt")
     out = tmp_path / "out"
-    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--quiet"]
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--quiet", *flags]
     assert _cli(args, capsys)[0] == 0
     ref = read_embeddings(out)[0]
+    _as_older_job(out)
+    return args, out, ref
+
+
+def _as_older_job(out: Path) -> None:
     manifest = json.loads((out / "_manifest.json").read_text())
     for s in manifest["shards"]:
         del s["file_bytes"], s["file_sha256"]
     (out / "_manifest.json").write_text(json.dumps(manifest))
+
+
+def test_shards_of_jobs_from_before_files_were_hashed_are_checked_by_shape(tmp_path, bert, capsys):
+    """A manifest without file sizes and SHA-256s (older jobs): the reader still names a
+    corrupt file in one line, and --resume still recomputes it (its shape does not fit)."""
+    args, out, ref = _finished_older_job(tmp_path, capsys)
     _truncate(out / "part-00002.npy", 1000)
     with pytest.raises(InputError, match=r"part-00002\.npy is truncated or corrupt \(") as e:
         read_embeddings(out)
@@ -350,15 +361,7 @@ def test_parquet_shards_of_older_jobs_are_checked_by_width_as_well_as_rows(tmp_p
     embeddings of the wrong width, or none: --resume finds it from the footer and recomputes it."""
     import pyarrow as pa
 
-    inp = _input(tmp_path / "in.txt")
-    out = tmp_path / "out"
-    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--format", "parquet", "--quiet"]
-    assert _cli(args, capsys)[0] == 0
-    ref = read_embeddings(out)[0]
-    manifest = json.loads((out / "_manifest.json").read_text())
-    for s in manifest["shards"]:
-        del s["file_bytes"], s["file_sha256"]
-    (out / "_manifest.json").write_text(json.dumps(manifest))
+    args, out, ref = _finished_older_job(tmp_path, capsys, "--format", "parquet")
     victim = out / "part-00001.parquet"
     table = pq.read_table(victim)
     rows = table.num_rows
@@ -431,10 +434,7 @@ def test_resume_refuses_a_shard_it_cannot_read_and_keeps_it(tmp_path, capsys, mo
     victim = out / "part-00001.npy"
     data = victim.read_bytes()
     if where == "shape":  # a job from before files were hashed: its shards are checked by shape
-        manifest = json.loads((out / "_manifest.json").read_text())
-        for s in manifest["shards"]:
-            del s["file_bytes"], s["file_sha256"]
-        (out / "_manifest.json").write_text(json.dumps(manifest))
+        _as_older_job(out)
 
     def denied(path):
         if Path(path).name == victim.name:
@@ -531,3 +531,33 @@ def test_embed_resume_of_a_finished_job_does_not_load_the_model(tmp_path, capsys
     (out / "_job.json").write_text(json.dumps(job))
     code, stdout, err = _cli(args + ["--resume", "--precision", "int8"], capsys)
     assert code == 0 and "(3 already done)" in stdout, err
+
+
+def test_an_input_without_texts_is_embedded_with_a_warning(tmp_path, capsys):
+    """An empty file gives a job of no rows, a file of blank lines zero vectors: both are valid
+    jobs (exit 0), and both say so on stderr, where before they passed in silence."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    code, out, err = _cli(["embed", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e"), "--quiet"], capsys)
+    assert code == 0 and "wrote 0 rows" in out
+    assert f"bertscope: warning: {tmp_path / 'empty.txt'} holds no lines: the job has no rows" in err
+    code, out, err = _cli(["embed", str(tmp_path / "blank.txt"), "--out", str(tmp_path / "b"), "--quiet"], capsys)
+    assert code == 0 and "wrote 2 rows" in out and "every row is a zero vector" in err
+    assert not read_embeddings(tmp_path / "b")[0].any()
+
+
+def test_resume_takes_the_jobs_format_shard_rows_and_field(tmp_path, bert, capsys):
+    """`embed IN --out OUT --resume` alone finishes a job begun with --format parquet
+    --shard-rows 4 --field body, where before each had to be repeated; a flag given that
+    differs from the job's is still refused, naming it."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_embed_job(bert, inp, out, JobOptions(field_name="body", fmt="parquet", shard_rows=4),
+                      progress=_StopAfter(4))
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--resume", "--quiet"], capsys)
+    assert code == 0 and "in 5 shard(s) (1 already done)" in stdout, err
+    assert read_embeddings(out)[0].shape == (len(TEXTS), 384) and (out / "part-00004.parquet").is_file()
+    code, _, err = _cli(["embed", str(inp), "--out", str(out), "--resume", "--shard-rows", "5", "--quiet"], capsys)
+    assert code == 2 and "--shard-rows is now 5, not the 4 the job began with" in err

@@ -136,6 +136,34 @@ def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys
     assert err.count("\n") == 0 and "no record of" in err and "line 2 is undecodable" in err
 
 
+def test_predict_refuses_to_write_over_its_input_and_a_pair_field_it_cannot_read(trained, tmp_path, capsys):
+    """Before: --out INPUT replaced the texts with the table (exit 0), and --text-pair-field on a
+    text file was ignored (a pair model silently fed single texts)."""
+    out, _ = trained
+    inp = tmp_path / "same.txt"
+    inp.write_text("a first text\nanother\n")
+    assert main(["predict", str(out), str(inp), "--out", str(inp), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is INPUT itself: writing there would replace the texts" in err
+    (tmp_path / "link.txt").symlink_to(inp)
+    assert main(["predict", str(out), str(inp), "--out", str(tmp_path / "link.txt"), "--quiet"]) == 2
+    assert "is INPUT itself" in capsys.readouterr().err
+    assert inp.read_text() == "a first text\nanother\n"
+    assert main(["predict", str(out), str(inp), "--text-pair-field", "x", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input" in err
+
+
+def test_predict_gives_a_csv_row_that_is_not_utf8_a_row_of_status_undecodable(trained, tmp_path, capsys):
+    out, _ = trained
+    inp = tmp_path / "bad.csv"
+    inp.write_bytes(b"text\nfine\nnot \xff utf-8\nalso fine\n")
+    assert main(["predict", str(out), str(inp), "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert [r.split("\t")[:2] for r in cap.out.splitlines()[1:]] == [["2", "ok"], ["3", "undecodable"], ["4", "ok"]]
+    assert "1 undecodable record(s): line 3" in cap.err
+
+
 def test_predict_gives_a_blank_line_of_json_lines_or_csv_a_row_of_status_empty(trained, tmp_path, capsys):
     """A blank line of a JSON Lines file is a record of status "empty", as `embed` counts it: a
     row in order, listed on stderr, and not counted as a prediction."""
@@ -317,6 +345,26 @@ def test_read_records_line_numbers_and_statuses(tmp_path):
     raw = tmp_path / "b.jsonl"
     raw.write_bytes(b'{"text": "ok"}\n\xff\xfe\n[1]\n')
     assert [r.status for r in read_records(raw)] == ["ok", "undecodable", "no_field"]
+
+
+def test_a_csv_or_tsv_row_that_is_not_utf8_is_an_undecodable_record(tmp_path):
+    """As a text or JSON Lines file's line is (predict gives it a row of that status; training
+    data with one is refused naming its line), where before the whole file was refused; a
+    header that is not UTF-8 still refuses the file. A BOM is still dropped."""
+    from bertscope.errors import InputError
+    from bertscope.train.data import read_examples, read_records
+
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\xef\xbb\xbftext,label\ngood one,pos\n\"caf\xe9\nquoted\",neg\nlast,neg\n")
+    recs = read_records(bad, label_field="label")
+    assert [(r.line, r.status, r.text) for r in recs] == [(2, "ok", "good one"), (3, "undecodable", ""),
+                                                          (5, "ok", "last")]
+    with pytest.raises(InputError, match="1 bad record.*line 3 is not UTF-8 text"):
+        read_examples(bad)
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_bytes(b"t\xffext\tlabel\nx\ty\n")
+    with pytest.raises(InputError, match=r"bad\.tsv: line 1 \(the header\) is not UTF-8 text"):
+        read_records(tsv)
 
 
 def test_read_records_keeps_blank_lines_as_empty_records_when_asked(tmp_path):

@@ -685,7 +685,7 @@ def test_int8_speed_measured_on_a_busy_machine_is_not_cached(bundled_path, monke
     monkeypatch.setattr(tuning, "cpu_ticks", busy)
     again = bertscope.load(bundled_path, precision="int8", keep_precision=True)
     assert again.fast.choice.source == "cache"  # the kernel choice itself was measured quietly
-    assert "other processes took 50% of the CPUs while it was measured, so it is not cached" in again.precision_note
+    assert "other processes took 50% of the CPUs while the speed verdict was measured, so the speed verdict is not cached" in again.precision_note
     assert json.loads(path.read_text())["int8_speedup"] == {}  # nothing cached from the busy run
     # a choice cached with a busy reading (under BERTSCOPE_BUSY_SHARE=1) does not make a quiet
     # verdict look busy: only a choice measured in this process speaks for this run

@@ -8,6 +8,8 @@ import random
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pathlib import Path
+
 import pytest
 
 import bertscope.fast.jobinput as ji
@@ -93,6 +95,26 @@ def test_bad_input_specs(tmp_path, spec, message):
     spec = spec.format(tmp=tmp_path)
     with pytest.raises(InputError, match=message):
         resolve_inputs(spec if "://" in spec else str(tmp_path / spec))
+
+
+def test_field_does_not_take_stray_files_beside_json_lines_ones(tmp_path):
+    """Before, a README beside the .jsonl files was read as JSON Lines under --field, shifting
+    every row by its lines; now it is refused, naming both kinds. All-.txt files with --field (JSON
+    in text files) and a glob of just the JSON Lines files still resolve."""
+    d = tmp_path / "jl"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.jsonl").write_text('{"body": "x"}\n')
+    (d / "sub" / "b.ndjson").write_text('{"body": "y"}\n')
+    (d / "README.md").write_text("# notes\n")
+    with pytest.raises(InputError, match=r"holds JSON Lines files \(a\.jsonl\) and others \(README\.md\) that "
+                                         "--field would read as JSON Lines too"):
+        resolve_inputs(str(d), "body")
+    assert [Path(f.name).name for f in resolve_inputs(f"{d}/**/*.*json*", "body")] == ["a.jsonl", "b.ndjson"]
+    t = tmp_path / "txt"
+    t.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (t / name).write_text('{"body": "x"}\n')
+    assert {f.kind for f in resolve_inputs(str(t), "body")} == {"jsonl"}
 
 
 def test_parquet_input_by_row_groups_embeds_like_the_texts(tmp_path, bert, capsys):

@@ -18,7 +18,7 @@ from .see.aggregate import attention_rollout, mean_heads
 from .core.attention import AttentionRecord, MultiHeadSelfAttention, attention_reference
 from .core.classifier import BertForSequenceClassification, ClassifierOutput
 from .core.config import PRESETS, BertConfig, ConfigError
-from .errors import BertscopeError, CheckpointError, InputError
+from .errors import BertscopeError, CheckpointError, InputError, InputTypeError, NonFiniteError
 from .understand.inspect import AttendResult, attend, word_attention
 from .bert import Bert, bundled_model_path, load
 from .core.masks import mask_to_bias, to_key_padding_mask
@@ -33,7 +33,8 @@ from .explain import Explanation, explain
 __all__ = [
     "AttendResult", "AttentionRecord", "Batch", "Bert", "BertConfig", "BertForSequenceClassification",
     "BertModel", "BertOutput", "ClassifierOutput",
-    "BertTokenizer", "BertscopeError", "CheckpointError", "ConfigError", "InputError",
+    "BertTokenizer", "BertscopeError", "CheckpointError", "ConfigError", "InputError", "InputTypeError",
+    "NonFiniteError",
     "MultiHeadSelfAttention", "PRESETS", "ParamCount", "TruncationWarning", "__version__",
     "attend", "attention_reference", "bundled_model_path", "count_params", "load",
     "mask_to_bias", "to_key_padding_mask", "word_attention",

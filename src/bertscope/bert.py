@@ -26,6 +26,9 @@ Precision (``load(..., precision=...)``, CPU only):
             weights, per-token activations, the linears the calibration measures to break the
             bound kept fp32
 
+``load(..., dtype=torch.bfloat16 or torch.float16)`` (for a GPU) casts the whole model instead;
+``bert.precision`` then reads "bf16" or "fp16".
+
 Reduced precision changes only plain inference on the packed path (``embed``, ``bert(...)``
 without extras, the embedding jobs). Anything that asks for attentions, hidden states, head
 masks or intermediates (``view``, ``attend``, ``trace``...) runs ``bert.model``: exactly the
@@ -35,6 +38,7 @@ fp32 reference, whatever the precision. Under autograd the packed path is fp32 t
 from __future__ import annotations
 
 import logging
+import numbers
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
@@ -47,7 +51,7 @@ import torch
 from .core.checkpoint import bundled_model_path, read_checkpoint
 from .core.classifier import BertForSequenceClassification
 from .core.config import BertConfig
-from .core.model import BertModel
+from .core.model import BertModel, check_id_lists, check_tensor
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
 from .errors import InputError, NonFiniteError
@@ -61,6 +65,12 @@ __all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "bundled_
            "check_texts", "load"]
 
 log = logging.getLogger(__name__)
+
+
+def _check_count(value: object, name: str) -> None:
+    """InputError (one line) unless ``value`` is None or a whole number of at least 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+        raise InputError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 # Real tokens per batch in embed(), per device type: on CPU the (tokens, I) feed-forward
 # activations should stay in cache; a GPU wants large batches. The measured kernel choice may
@@ -95,6 +105,7 @@ class Bert:
     fast: PackedEncoder = field(default_factory=lambda: PackedEncoder(tune=True), repr=False)
     precision: str = "fp32"  # what the packed path runs in (see the module doc)
     precision_note: str = ""  # why a requested reduced precision is off, or what calibration decided
+    precision_asked: str = "fp32"  # what load() was asked for (``precision`` is what runs)
     int8_plan: object = field(default=None, repr=False)  # bertscope.fast.quant.Int8Plan in int8 mode
 
     @property
@@ -125,6 +136,9 @@ class Bert:
         ``output_hidden_states``, ``head_mask``, ``output_intermediates``) runs the reference
         model, which can return it.
         """
+        for x, name in ((input_ids, "input_ids"), (attention_mask, "attention_mask"),
+                        (token_type_ids, "token_type_ids")):
+            check_tensor(x, name)
         dev = self.device
         args = (input_ids.to(dev), None if attention_mask is None else attention_mask.to(dev),
                 None if token_type_ids is None else token_type_ids.to(dev))
@@ -134,7 +148,12 @@ class Bert:
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                max_length: int | None = None):
-        """Tokenize texts for this model (see :meth:`BertTokenizer.encode`)."""
+        """Tokenize texts for this model (see :meth:`BertTokenizer.encode`).
+
+        Texts are cut to ``max_length`` tokens, by default the model's positions (512 for BERT),
+        which is longer than the ``max_seq_length`` that :meth:`embed` cuts to (256 for the
+        bundled all-MiniLM-L6-v2, as sentence-transformers does). To pool exactly what
+        :meth:`embed` pools, pass ``max_length=bert.max_seq_length``."""
         return self.tokenizer.encode(texts, pairs=pairs, max_length=max_length)
 
     def embed(self, texts: Sequence[str], batch_size: int | None = None, normalize: bool = True,
@@ -149,7 +168,12 @@ class Bert:
         empty line). Texts longer than the model's ``max_seq_length`` are cut, with a
         :class:`~bertscope.core.tokenizer.TruncationWarning`. A text that is not a string, or
         not valid Unicode, is an :class:`~bertscope.errors.InputError`.
+
+        The first call on a machine measures the fastest kernels for this model's shape (about
+        2 s; cached, see ``bertscope doctor``).
         """
+        _check_count(batch_size, "batch_size")
+        _check_count(batch_tokens, "batch_tokens")
         texts = check_texts(texts)
         real = [i for i, t in enumerate(texts) if t.strip()]
         ids, truncated = self.tokenizer.encode_ids([texts[i] for i in real], max_length=self.max_seq_length)
@@ -172,11 +196,14 @@ class Bert:
         Embedding is inference: the model runs in eval mode (no dropout), as
         sentence-transformers' ``encode`` does, and its mode is restored afterwards.
         ``progress(n)`` is called after each packed batch with the number of texts it held.
+        Ids outside the vocabulary, or lists longer than the model's positions, are an
+        InputError.
         """
+        _check_count(batch_size, "batch_size")
+        _check_count(batch_tokens, "batch_tokens")
+        check_id_lists(self.config, ids)
         C = self.config.hidden_size
         out = np.zeros((len(ids), C), dtype=np.float32)
-        if batch_size is not None and batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
         was_training = self.model.training
         self.model.eval()
         try:
@@ -238,8 +265,13 @@ class Bert:
         """:meth:`classify` for texts already tokenized (ids with [CLS] and [SEP], and segments)."""
         if not isinstance(self.model, BertForSequenceClassification):
             raise InputError("this model has no classification head")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        _check_count(batch_size, "batch_size")
+        _check_count(batch_tokens, "batch_tokens")
+        check_id_lists(self.config, ids)
+        if type_ids is not None:
+            check_id_lists(self.config, type_ids, "type_ids", vocab=self.config.type_vocab_size)
+            if [len(t) for t in type_ids] != [len(t) for t in ids]:
+                raise InputError("type_ids must hold one segment id per token of ids")
         if batch_tokens is None:
             batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
         out = np.zeros((len(ids), self.model.num_labels), dtype=np.float32)
@@ -257,9 +289,15 @@ class Bert:
             self.model.train(was_training)
         return out
 
-    def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
              token_type_ids: torch.Tensor | None = None, normalize: bool = True) -> torch.Tensor:
-        """Mean-pooled (and optionally L2-normalised) sentence vectors (B, C) for one batch."""
+        """Mean-pooled (and optionally L2-normalised) sentence vectors (B, C) for one batch
+        (``attention_mask`` None: every token is real). For :meth:`embed`'s vectors, encode with
+        ``max_length=bert.max_seq_length``."""
+        check_tensor(input_ids, "input_ids")
+        check_tensor(attention_mask, "attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
         mask = attention_mask.to(self.device)
         h = self(input_ids, mask, token_type_ids).last_hidden_state  # (B, T, C)
         m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
@@ -287,10 +325,16 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
     cached with the kernel choice. ``keep_precision=True`` keeps the precision asked for anyway
     (to study its numerics, or to benchmark it); quality bounds are never waived.
 
+    ``device``: "cpu" (the default) or "cuda" / "cuda:N" where torch has CUDA. ``dtype``: None
+    (the checkpoint's float32), torch.float32, torch.bfloat16 or torch.float16 for the whole
+    model: how to run reduced precision on a GPU (on a CPU, ``precision`` is the fast way).
+
     Raises :class:`~bertscope.errors.CheckpointError` with one clear sentence when the folder
     is missing, is not a checkpoint, or its weights do not match its config; InputError for a
-    precision that cannot be used as asked.
+    precision, device or dtype that cannot be used as asked.
     """
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise InputError(f"dtype must be None, torch.float32, torch.bfloat16 or torch.float16, not {dtype!r}")
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if compile and precision != "int8":
@@ -298,20 +342,49 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
     if keep_precision and precision == "fp32":
         raise InputError("keep_precision=True applies to precision='int8' or 'bf16' only")
     if precision != "fp32":
-        if torch.device(device).type != "cpu":
+        if _device_type(device) not in (None, "cpu"):
             raise InputError(f"precision {precision!r} is a CPU mode; on a GPU load with dtype=torch.bfloat16")
         if dtype not in (None, torch.float32):
             raise InputError(f"precision {precision!r} works on an fp32 model; do not also give dtype={dtype}")
+    device = _check_device(device)
     folder = bundled_model_path() if path is None else Path(path).expanduser()
     ck = read_checkpoint(folder, device=device, dtype=dtype)
     bert = Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
                 max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",
-                fast=PackedEncoder(gemm=GemmBackend(precision=precision, compile=compile), tune=True))
+                fast=PackedEncoder(gemm=GemmBackend(precision=precision, compile=compile), tune=True),
+                precision_asked=precision)
+    if dtype in (torch.bfloat16, torch.float16):  # the whole model, weights and all, in that dtype
+        bert.precision = bert.precision_asked = "bf16" if dtype == torch.bfloat16 else "fp16"
+        bert.precision_note = f"the whole model in {dtype} (dtype={dtype})"
     if precision == "int8":
         _calibrate_int8(bert, keep_precision)
     elif precision == "bf16":
         _check_bf16(bert, keep_precision)
     return bert
+
+
+def _device_type(device: object) -> str | None:
+    try:
+        return torch.device(device).type  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _check_device(device: object) -> torch.device:
+    """``device`` as a torch.device this torch can use, or InputError (one line)."""
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), not {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r}: this torch has no CUDA device ({torch.__version__}); "
+                             "use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r}: there are {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), not {device!r}")
+    return dev
 
 
 def _calibration_batch(bert: Bert):
@@ -380,8 +453,9 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> tuple[float | None, 
     before = cpu_ticks()
     speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
     # this measurement's own reading, or the choice's where it was measured (not cached) just now
-    busy = busy_note(others_share(before, cpu_ticks())) or (busy_note(choice.busy) if choice.source == "measured"
-                                                             else "")
+    verdict = "the speed verdict"
+    busy = busy_note(others_share(before, cpu_ticks()), verdict) or (
+        busy_note(choice.busy, verdict) if choice.source == "measured" else "")
     if speedup is not None:
         speedup = round(speedup, 4)  # as cached: a note read later from the cache says the same
     if speedup is not None and not busy:
@@ -407,7 +481,7 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
         if isinstance(raced, str):  # the race recorded the bf16 candidate's error
             why = f"the bf16 GEMM does not run here ({raced})"
         elif speedup is not None and speedup < 1 + NOISE_MARGIN and not keep_precision:
-            busy = busy_note(choice.busy) if choice.source == "measured" else ""  # timed others' work too
+            busy = busy_note(choice.busy, "the speed verdict") if choice.source == "measured" else ""  # timed others' work too
             why = (f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here{'; ' + busy if busy else ''} "
                    "(keep_precision=True, or embed --keep-precision, keeps bf16)")
         else:

@@ -24,7 +24,7 @@ def register(sub) -> None:
     p = sub.add_parser("attend", help="where one word looks, per layer and head", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", metavar="TEXT", help="the text to run through the model")
-    p.add_argument("--token", metavar="WORD", required=True, help="the word whose attention to show")
+    p.add_argument("--token", metavar="WORD", required=True, help="the word whose attention to show (matched ignoring case, as the uncased model reads it)")
     p.add_argument("--occurrence", type=int, default=1, metavar="K",
                    help="which occurrence of WORD, if it appears more than once (default 1)")
     p.add_argument("--top", type=int, default=3, metavar="K", help="words per head and heads per word to list (default 3)")

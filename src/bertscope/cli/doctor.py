@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     h = m["has"]
     print(f"          AVX2 {yes(h['avx2'])}, AVX-512 {yes(h['avx512'])}, AVX512-BF16 {yes(h['avx512_bf16'])}, "
           f"VNNI {yes(h['vnni'])}, AMX {yes(h['amx'])}")
-    print(f"kernels:  ATen dispatches {m['isa_limits']['aten']}" + "".join(
+    print(f"ISA:      ATen dispatches {m['isa_limits']['aten']}" + "".join(
         f"; {k}={v}" for k, v in m["isa_limits"].items() if k != "aten"))
     k = res["kernels_available"]
     print("kernels:  " + ", ".join(f"{name} {yes(v)}" for name, v in k.items()))
@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
             if c.get("gemm_gflops"):
                 print(f"  fp32 GEMM rate when measured: {c['gemm_gflops']:.1f} GFLOP/s (a cached choice is measured "
                       f"again if this machine's moves {HOST_SPEED_CHANGE}x either way)")
-            print(f"  candidates (s per 1,000 tokens, one layer; batch sizes: the first {BATCH_RACE_LAYERS} layers; * = chosen):")
+            print(f"  candidates (median s per 1,000 tokens, one layer; batch sizes: the first {BATCH_RACE_LAYERS} "
+                  "layers; in brackets the median of each round's time over the first's, which decides; * = chosen):")
             for line in _timings(c):
                 print(line)
         cal = e.get("int8_calibration")

@@ -12,12 +12,16 @@ HELP = """\
 Embed every line of INPUT with the packed, length-batched fast path, and write OUTPUT as a
 folder of shards plus _manifest.json. One row per input line, in input order.
 
-INPUT is one file, a folder (its files, in sorted order) or a glob ("crawl/*.jsonl"), local or
-any URI pyarrow reads (s3://, gs://, hdfs://). Each file is a text file (one text per line),
-JSON Lines (one JSON object per line, the text in field "text" or the one --field names) if its
-name ends in .jsonl, .ndjson or .json, or if --field is given, or Parquet (.parquet: the text in
-column "text" or --field). A .json file must be JSON Lines: a single JSON document (one that
-starts with "[", or whose first line is not a whole JSON object) is refused.
+INPUT is one file, a folder (every file in it and its subfolders, in sorted order; names that
+start with "." or "_" are skipped) or a glob ("crawl/*.jsonl", "crawl/**/*.jsonl"), local or
+any URI pyarrow reads (s3://, gs://, hdfs://). Line numbers count on across the files, in that
+order; _job.json lists the files and the manifest each shard's first line.
+Each file is a text file (one text per line), JSON Lines (one JSON object per line, the text in
+field "text" or the one --field names) if its name ends in .jsonl, .ndjson or .json, or if
+--field is given (a folder holding .jsonl files and others is then refused: name the files with
+a glob), or Parquet (.parquet: the text in column "text" or --field). A .json file must be JSON
+Lines: a single JSON document (one that starts with "[", or whose first line is not a whole
+JSON object) is refused.
 
 A bad line never stops the job: it gets a zero vector and a status -- empty, undecodable (not
 UTF-8), bad_json (not valid JSON), no_field (not an object with the field), not_text (the field
@@ -27,10 +31,13 @@ non-blank line fails), the input is refused at once: that is the wrong --field o
 Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
 file. Finished shards wait in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a
 dataset reader never mistakes an unfinished job for a complete one. --resume finishes a job
-without redoing shards; a shard whose input lines changed since (by content, not by size or
-date) is computed again, and so is one whose file is missing or no longer has the size and
-SHA-256 recorded when it was written (a finished job's too). If the input itself changed (lines
-added, other files), the job cannot be resumed: start a new one with another --out.
+without redoing shards (--format, --shard-rows and --field default to the job's); a shard whose
+input lines changed since (by content, not by size or date) is computed again in an unfinished
+job, and a shard whose file is missing or no longer has the size and SHA-256 recorded when it
+was written is computed again in any job, finished or not. A finished job whose input lines
+changed is refused, and so is any job whose input changed in size (lines added, other files):
+start a new one with another --out. A finished job that is sound is checked without loading
+the model, in about a second plus the time to read its shards.
 One job at a time per OUTPUT (a lock file): a second is refused.
 
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
@@ -96,11 +103,13 @@ def register(sub) -> None:
     p.add_argument("--keep-precision", action="store_true",
                    help="keep --precision int8 or bf16 even where it measures no faster than fp32 on this "
                         "machine (by default bertscope then runs fp32 and says why)")
-    p.add_argument("--format", default="npy", metavar="npy|parquet",
-                   help="shard format: npy (default) or parquet (needs pyarrow)")
-    p.add_argument("--shard-rows", type=int, default=10_000, metavar="N",
-                   help="input lines per shard (default 10000)")
-    p.add_argument("--resume", action="store_true", help="finish an interrupted job in OUTPUT")
+    p.add_argument("--format", default=None, metavar="npy|parquet",
+                   help="shard format: npy (default) or parquet (needs pyarrow); with --resume, the job's")
+    p.add_argument("--shard-rows", type=int, default=None, metavar="N",
+                   help="input lines per shard (default 10000; with --resume, the job's)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted job in OUTPUT (or check a finished one); --format, "
+                        "--shard-rows and --field default to the job's")
     add_progress_args(p)
     add_engine_args(p)
     p.set_defaults(func=run, resumable=resumable)
@@ -116,20 +125,47 @@ def resumable(args: argparse.Namespace) -> bool:
     return (Path(args.out) / JOB_FILE).is_file()
 
 
-def _recorded_precision(out: str) -> str | None:
-    """The precision the job in ``out`` records (fp32 where it records none: jobs from before
-    precisions existed), or None where there is no readable job file (the job's own checks then
-    say what is wrong)."""
+def _read_job_file(out: str, name: str) -> dict:
+    """The JSON object in OUTPUT/``name``, or {} where there is none readable (the job's own
+    checks then say what is wrong)."""
     import json
     from pathlib import Path
 
+    try:
+        obj = json.loads((Path(out) / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _settings_of_the_job(args: argparse.Namespace) -> None:
+    """--format, --shard-rows and --field as given, else (with --resume) the job's, else the
+    defaults: a resume need not repeat them."""
     from ..fast.embedjob import JOB_FILE
 
-    try:
-        job = json.loads((Path(out) / JOB_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return job.get("precision", "fp32") if isinstance(job, dict) else None
+    job = _read_job_file(args.out, JOB_FILE) if args.resume else {}
+    if args.format is None:
+        args.format = job.get("format") if job.get("format") in ("npy", "parquet") else "npy"
+    if args.shard_rows is None:
+        rows = job.get("shard_rows")
+        args.shard_rows = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else 10_000
+    if args.field is None and isinstance(job.get("field"), str):
+        args.field = job["field"]
+
+
+def _recorded_precision(out: str) -> tuple[str | None, str | None]:
+    """(the precision the job in ``out`` runs in, the one its first run asked for): fp32 where
+    the job records none (jobs from before precisions existed), None for what it does not say
+    (no readable job file: the job's own checks then say what is wrong; no record of what was
+    asked: jobs from before it was recorded)."""
+    from ..fast.embedjob import JOB_FILE, RUNS_FILE
+
+    job, runs = _read_job_file(out, JOB_FILE), _read_job_file(out, RUNS_FILE)
+    if not job:
+        return None, None
+    first = runs.get("runs") if isinstance(runs, dict) else None
+    asked = first[0].get("precision_asked") if isinstance(first, list) and first and isinstance(first[0], dict) else None
+    return job.get("precision", "fp32"), asked
 
 
 def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None, str | None]:
@@ -139,17 +175,18 @@ def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None
 
     int8 and bf16 stay on only where they measure faster than fp32, and a verdict measured on a
     busy machine is not cached, so a fresh one can differ from the one the job began with. A job
-    that began in the reduced precision asked again keeps it; one that began in fp32 although
-    int8 or bf16 was asked (it was off then) continues in fp32. Any other difference is left to
-    the job's own refusal."""
+    that began in the reduced precision asked again keeps it; one that began in fp32 because
+    int8 or bf16 was off then continues in fp32. A job that began in fp32 because fp32 was asked
+    is left to the job's own check (a refusal, where the precision asked now runs), and so is
+    any other difference."""
     if not args.resume or args.precision == "fp32":
         return None, None, None
-    began = _recorded_precision(args.out)
+    began, asked = _recorded_precision(args.out)
     if began == args.precision:
         return began, True, None
-    if began == "fp32":
-        return "fp32", False, ("bertscope: note: the job began in fp32 "
-                               f"({args.precision} was off then); continuing in fp32")
+    if began == "fp32" and asked in (args.precision, None):
+        why = f" ({args.precision} was off then)" if asked else ""
+        return "fp32", False, f"bertscope: note: the job began in fp32{why}; continuing in fp32"
     return None, None, None
 
 
@@ -163,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from .common import check_output_dir
 
+    _settings_of_the_job(args)
     if args.format not in ("npy", "parquet"):
         raise InputError(f"--format must be npy or parquet, not {args.format!r}")
     if args.batch_tokens is not None and args.batch_tokens < 1:
@@ -221,6 +259,11 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     skipped = f" ({res.shards_skipped} already done)" if res.shards_skipped else ""
     print(f"wrote {res.rows} rows x {res.dim} to {res.out_dir} in {res.shards} shard(s){skipped}")
+    if res.rows == 0:
+        print(f"bertscope: warning: {args.input} holds no lines: the job has no rows", file=sys.stderr)
+    elif len(res.problems.get("empty", [])) == res.rows:
+        print(f"bertscope: warning: every line of {args.input} is blank: every row is a zero vector",
+              file=sys.stderr)
     if res.shards_redone:
         print(f"  recomputed shard(s) {', '.join(str(k) for k in res.shards_redone)}: their input lines "
               "changed since they were embedded", file=sys.stderr)

@@ -156,10 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (the top-level one where there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv, debug = _split_debug(sys.argv[1:] if argv is None else list(argv))
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an unknown flag: say so with the help of the command it was given to
+        shown = " ".join(a for a in extra if a != "--")
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {shown}")
     args.debug = args.debug or debug
     if args.command is None:
         parser.print_help()

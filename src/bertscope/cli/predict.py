@@ -36,15 +36,18 @@ def register(sub) -> None:
     p = sub.add_parser("predict", help="classify every line of a file with a fine-tuned model",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", metavar="DIR", help="a fine-tuned classifier folder")
-    p.add_argument("input", metavar="INPUT", help="text file (one per line), .jsonl, .csv or .tsv")
+    p.add_argument("input", metavar="INPUT",
+                   help="text file (one per line), JSON Lines (.jsonl, .ndjson, .json), .csv or .tsv")
     p.add_argument("--json", action="store_true", help="JSON Lines instead of a tab-separated table")
     p.add_argument("--out", metavar="FILE", default=None, help="write here instead of stdout")
     p.add_argument("--text-field", default="text", metavar="NAME",
                    help='the text field or column of .jsonl/.csv/.tsv input (default "text")')
-    p.add_argument("--text-pair-field", default=None, metavar="NAME", help="the second text of a pair")
+    p.add_argument("--text-pair-field", default=None, metavar="NAME",
+                   help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV)")
     p.add_argument("--max-length", type=int, default=None, metavar="N",
                    help="cut texts to N tokens (default: the length the model was fine-tuned at)")
-    p.add_argument("--batch-tokens", type=int, default=None, metavar="N", help="real tokens per batch")
+    p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
+                   help="real tokens per batch (default: 2048 on CPU, 16384 on a GPU)")
     add_progress_args(p)
     p.set_defaults(func=run)
 
@@ -106,13 +109,14 @@ def summary(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
     from pathlib import Path
 
     from ..bert import load
     from ..errors import InputError
     from ..files import why_not_a_file, write_text_atomic
-    from ..train.data import read_records
+    from ..train.data import file_format, read_records
     from .common import check_output_file
     from .guard import writing
     from .progress import progress_enabled
@@ -122,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise InputError("--batch-tokens must be at least 1")
     out = check_output_file(args.out) if args.out is not None else None
+    if out is not None and Path(out).exists() and os.path.samefile(out, args.input):
+        raise InputError(f"--out {args.out} is INPUT itself: writing there would replace the texts; "
+                         "choose another file")
+    if args.text_pair_field is not None and file_format(args.input, lines_ok=True) == "lines":
+        raise InputError(f"--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input with the pair in a "
+                         f"field; {args.input} is read as one text per line")
     records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True,
                            keep_blank=True)
     # as `embed` judges: refused when records fail and none holds a text; a blank line fails

@@ -9,7 +9,8 @@ from .common import add_model_arg, load_model
 from .guard import print_json_strict
 
 HELP = """\
-Walk through one layer's self-attention on real numbers, the way the seed explains it:
+Walk through one layer's self-attention on real numbers, the way the seed (the explainer of
+BERT's attention that bertscope grew from; see the README) explains it:
 [1] project x to Q, K, V; [2] split into heads; [3] scores Q·Kᵀ, ÷√d_head, the PAD mask,
 softmax, dropout; [4] merge heads; [5] output projection W_O. For the chosen token and head it
 prints the raw scores, the scaled scores, the mask, the softmax row (top tokens and words),

@@ -13,8 +13,9 @@ Write one HTML file that shows the attention of TEXT in every layer and head: a 
 model view (every layer x head as a thumbnail, on one stated colour scale), a matrix view (the
 heatmap with exact values, zoomable), and a query-key view (for one head and one query token:
 q and every k over the head's dimensions, q·k, ÷√D, the mask, the softmax and the weighted sum
-of the values -- the seed's steps on the model's own numbers). Words or sub-tokens, [CLS]/[SEP]
-hidden or shown, the mean over heads and attention rollout; a window of tokens for long texts.
+of the values -- the seed's steps (the explainer bertscope grew from; see the README) on the
+model's own numbers). Words or sub-tokens, [CLS]/[SEP] hidden or shown, the mean over heads
+and attention rollout; a window of tokens for long texts.
 
 With TEXT_B the two texts are shown side by side with their difference A - B (words aligned by
 sequence alignment; unmatched words are marked). With --pair TEXT_B the two are read as ONE

@@ -55,7 +55,9 @@ def bundled_model_path() -> Path:
 def check_folder(folder: Path) -> None:
     """Raise CheckpointError unless ``folder`` is a folder holding config.json."""
     if not folder.exists():
-        raise CheckpointError(f"model folder {folder} does not exist")
+        hub = "" if folder.is_absolute() or len(folder.parts) != 2 else (
+            " (bertscope loads local folders only; it downloads nothing from a model hub)")
+        raise CheckpointError(f"model folder {folder} does not exist{hub}")
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder; pass a checkpoint folder with config.json")
     if not (folder / "config.json").is_file():

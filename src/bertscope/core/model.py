@@ -14,14 +14,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import InputError
+import numbers
+from typing import Mapping
+
+from ..errors import InputError, InputTypeError
 from .attention import AttentionRecord
 from .config import BertConfig
 from .layer import BertLayer, FeedForward, LayerRecord
 from .masks import check_attention_mask, mask_to_bias
 from .outputs import BertOutput
 
-__all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForward", "check_inputs"]
+__all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForward", "check_id_lists", "check_inputs",
+           "check_tensor"]
 
 
 class BertEmbeddings(nn.Module):
@@ -72,6 +76,36 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))  # (B, T, C) -> (B, C)
 
 
+def check_tensor(x: object, name: str) -> None:
+    """InputTypeError (one line) unless ``x`` is None or a torch tensor."""
+    if x is not None and not isinstance(x, torch.Tensor):
+        hint = "; bert.encode(texts) gives a batch of them" if name in ("input_ids", "attention_mask") else ""
+        raise InputTypeError(f"{name} must be a torch tensor (B, T), got {type(x).__name__}{hint}")
+
+
+def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: int | None = None) -> None:
+    """Raise InputError (one line) unless ``ids`` is a sequence of token-id lists the model can
+    run: each a list of whole numbers in 0..``vocab`` - 1 (default: the vocabulary), 1 to
+    max_position_embeddings long."""
+    if (isinstance(ids, (str, bytes, torch.Tensor, Mapping, set, frozenset))
+            or not (hasattr(ids, "__len__") and hasattr(ids, "__getitem__"))):
+        raise InputTypeError(f"{what} must be a list of token-id lists, got {type(ids).__name__}")
+    P, V = config.max_position_embeddings, config.vocab_size if vocab is None else vocab
+    name = "the vocabulary" if vocab is None else "the segment types"
+    for i, one in enumerate(ids):
+        if isinstance(one, (str, bytes)) or not hasattr(one, "__len__"):
+            raise InputTypeError(f"{what}[{i}] must be a list of token ids, got {type(one).__name__}")
+        if not 1 <= len(one) <= P:
+            raise InputError(f"{what}[{i}] has {len(one)} tokens; the model takes 1 to {P} "
+                             "(with [CLS] and [SEP])")
+        lo, hi = min(one), max(one)
+        bad = [v for v in (lo, hi) if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+        if bad:
+            raise InputTypeError(f"{what}[{i}] must hold whole-number token ids, found {bad[0]!r}")
+        if lo < 0 or hi >= V:
+            raise InputError(f"{what}[{i}] holds ids {lo}..{hi}; they must lie in 0..{V - 1} ({name})")
+
+
 def check_inputs(config: BertConfig, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                  token_type_ids: torch.Tensor | None, head_mask: torch.Tensor | None = None, *,
                  inputs_embeds: torch.Tensor | None = None) -> None:
@@ -80,6 +114,9 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor | None, attention_m
     (B, T, C) floats); a 0/1 mask and segment ids in range of the same shape; a (layers, heads)
     head_mask. Run once per forward (each check that reads values is one reduction, and one
     host sync on a GPU)."""
+    for x, name in ((input_ids, "input_ids"), (attention_mask, "attention_mask"),
+                    (token_type_ids, "token_type_ids"), (inputs_embeds, "inputs_embeds")):
+        check_tensor(x, name)
     if (input_ids is None) == (inputs_embeds is None):
         raise InputError("give input_ids or inputs_embeds (exactly one of them)")
     if inputs_embeds is not None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from tokenizers import Encoding, Tokenizer
@@ -53,6 +54,16 @@ def check_texts(texts: object, what: str = "texts") -> list[str]:
     (a lone surrogate such as "\\ud800")."""
     if isinstance(texts, (str, bytes)):
         raise InputTypeError(f"{what} must be a list of strings, not one {type(texts).__name__}")
+    kind = type(texts).__name__
+    if hasattr(texts, "columns"):  # a table: iterating it gives its column names
+        raise InputTypeError(f"{what} must be a list of strings, not a {kind} (its column names would be "
+                             "read as the texts); pass one column, e.g. df['text'].tolist()")
+    if isinstance(texts, Mapping):
+        raise InputTypeError(f"{what} must be a list of strings, not a {kind} (its keys would be read as "
+                             "the texts); pass list(d.values())")
+    if isinstance(texts, (set, frozenset)):
+        raise InputTypeError(f"{what} must be a list of strings, not a {kind}: its order is arbitrary, so "
+                             "rows could not be matched to texts; pass a list")
     try:
         items = list(texts)  # type: ignore[call-overload]
     except TypeError:
@@ -152,7 +163,7 @@ class BertTokenizer:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise InputError(f"texts and pairs must have the same length ({len(texts)} and {len(pairs)})")
-        limit = max_length or self.max_length
+        limit = self._limit(max_length)
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:
@@ -173,6 +184,16 @@ class BertTokenizer:
                 stacklevel=2,
             )
         return self._pad(encs, truncated)
+
+    def _limit(self, max_length: int | None) -> int:
+        """The length to cut texts to: ``max_length`` (checked), or the model's positions."""
+        if max_length is None:
+            return self.max_length
+        if (isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral)
+                or not 2 <= max_length <= self.max_length):
+            raise InputError(f"max_length must be a whole number from 2 ([CLS] and [SEP]) to "
+                             f"{self.max_length} (the model's positions), got {max_length!r}")
+        return int(max_length)
 
     def _pad(self, encs: list[Encoding], truncated: list[bool]) -> Batch:
         B = len(encs)
@@ -200,7 +221,7 @@ class BertTokenizer:
         """Token ids per text (with [CLS] and [SEP], cut to ``max_length``), unpadded, and
         whether each text was cut. No warning: the caller reports truncation its own way."""
         texts = check_texts(texts)
-        limit = max_length or self.max_length
+        limit = self._limit(max_length)
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:
@@ -218,7 +239,7 @@ class BertTokenizer:
             raise TypeError("encode_segments takes a list of texts, not one string")
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError("texts and pairs must have the same length")
-        limit = max_length or self.max_length
+        limit = self._limit(max_length)
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:

@@ -86,14 +86,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .heap import release_free_memory
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
-           "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record", "describe_model_folder", "embed_texts",
-           "finish_embed_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
+           "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record",
+           "describe_model_folder", "embed_texts", "finish_embed_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
            "write_error"]
 
 log = logging.getLogger(__name__)
@@ -538,6 +538,7 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
         raise TypeError(f"options must be a JobOptions, got {type(o).__name__}: "
                         "JobOptions(shard_rows=..., fmt=..., ...)")
     field_name, batch_tokens, fmt, resume, shard_rows = o.field_name, o.batch_tokens, o.fmt, o.resume, o.shard_rows
+    _check_bert(bert)
     out = Path(out_dir)
     if fmt not in ("npy", "parquet"):
         raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
@@ -612,6 +613,12 @@ def _finished_job(describe: Callable[[], dict], plan: InputPlan, out: Path, fmt:
         raise
 
 
+def _check_bert(bert: object) -> None:
+    if not (hasattr(bert, "config") or callable(bert)):
+        raise InputTypeError("bert must be a model from bertscope.load(), or a function that returns one; "
+                             f"got {type(bert).__name__}")
+
+
 def _identity(folder: Path) -> tuple[int, int] | None:
     """(device, inode) of ``folder``, or None: the same pair later means the same folder."""
     try:
@@ -649,7 +656,10 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
         _write_json(out / JOB_FILE, job)
         runs = {"runs": []}
     run = len(runs["runs"]) + 1
-    runs["runs"].append({"run": run, "engine": engine, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    entry = {"run": run, "engine": engine, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if not isinstance(bert, dict):  # what load() was asked for: "int8 was off" is not "fp32 was asked"
+        entry["precision_asked"] = getattr(bert, "precision_asked", job["precision"])
+    runs["runs"].append(entry)
 
     done: dict[int, dict] = {}
     redone: list[int] = []
@@ -916,6 +926,7 @@ def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: Jo
     rows; ``on_total(total, done)`` once the input is counted and checked (done = rows already
     in finished shards when resuming). Bad input raises InputError, before work.
     """
+    _check_bert(bert)
     loaded: list = []
 
     def load():
@@ -947,16 +958,30 @@ def read_embeddings(out_dir: str | Path) -> tuple[np.ndarray, list[str]]:
     raises InputError naming it; ``--resume`` on the job recomputes it.
     """
     out = Path(out_dir)
+    if not out.exists():
+        raise InputError(f"{out} does not exist")
+    if not out.is_dir():
+        raise InputError(f"{out} is a file, not an embed job's folder")
     try:
         manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if not (out / JOB_FILE).is_file():
+            raise InputError(f"{out} is not an embed job's folder (it has no {JOB_FILE})") from None
         raise InputError(f"{out} has no {MANIFEST_FILE}: the job is not finished (rerun with --resume)") from None
-    status = ["ok"] * manifest["rows"]
-    for p, lines in manifest["problems"].items():
-        for ln in lines:
-            status[ln - 1] = p
-    parts = [_read_shard_file(out, s, manifest["format"], manifest["dim"]) for s in manifest["shards"]]
-    emb = np.concatenate(parts) if parts else np.zeros((0, manifest["dim"]), np.float32)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read {out / MANIFEST_FILE} ({_first_line(e)})") from None
+    try:
+        rows, dim, fmt, shards = manifest["rows"], manifest["dim"], manifest["format"], manifest["shards"]
+        status = ["ok"] * rows
+        for p, lines in manifest["problems"].items():
+            for ln in lines:
+                status[ln - 1] = p
+        for s in shards:  # each entry names its file and rows
+            s["file"], s["rows"]
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise InputError(f"{out / MANIFEST_FILE} is damaged ({type(e).__name__}: {_first_line(e)})") from None
+    parts = [_read_shard_file(out, s, fmt, dim) for s in shards]
+    emb = np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
     return emb, status
 
 

@@ -37,7 +37,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..files import split_lines, why_not_a_file
 
 __all__ = ["InputFile", "InputPlan", "Piece", "Shard", "iter_records", "plan_input", "read_shard",
@@ -144,6 +144,9 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
 
     Raises InputError (one line) when nothing matches, or when the files are of mixed kinds.
     """
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InputTypeError(f"the input must be a file, folder or glob (a str or a path), not a "
+                             f"{type(spec).__name__}; to embed texts held in memory use bert.embed(texts)")
     spec = os.fspath(spec)
     names: list[str]
     fs_uri = None
@@ -164,6 +167,14 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
         else:
             raise InputError(f"input file {spec} does not exist" if not p.exists() else why_not_a_file(spec))
     files = [InputFile(n, _kind(n, field_name), fs_uri) for n in names]
+    if field_name is not None and len(files) > 1:  # --field reads any file as JSON Lines: not strays beside them
+        named = [f.name for f in files if os.path.splitext(f.name)[1].lower() in JSONL_SUFFIXES]
+        other = [f.name for f in files if f.kind == "jsonl" and f.name not in named]
+        if named and other:
+            raise InputError(f"{spec} holds JSON Lines files ({os.path.basename(named[0])}) and others "
+                             f"({os.path.basename(other[0])}{f' and {len(other) - 1} more' if len(other) > 1 else ''}) "
+                             "that --field would read as JSON Lines too; name the files with a glob "
+                             "such as 'FOLDER/**/*.jsonl'")
     kinds = sorted({f.kind for f in files})
     if len(kinds) > 1:
         first = {k: next(f.name for f in files if f.kind == k) for k in kinds}

@@ -853,11 +853,12 @@ def too_busy(share: float | None) -> bool:
     return share is not None and share > busy_limit()
 
 
-def busy_note(share: float | None) -> str:
-    """"other processes took 48% of the CPUs while it was measured, so it is not cached", or ""."""
+def busy_note(share: float | None, what: str = "it") -> str:
+    """"other processes took 48% of the CPUs while it was measured, so it is not cached", or ""
+    (``what``: what was measured, where "it" would be unclear)."""
     if not too_busy(share):
         return ""
-    return (f"other processes took {share:.0%} of the CPUs while it was measured, so it is not cached "
+    return (f"other processes took {share:.0%} of the CPUs while {what} was measured, so {what} is not cached "
             "(BERTSCOPE_BUSY_SHARE=1 caches it anyway)")
 
 

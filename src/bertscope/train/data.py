@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -135,18 +136,21 @@ def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: st
         yield _from_fields(n, obj.__getitem__, text_field, pair_field, label_field)
 
 
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
 def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_field: str | None,
                label_field: str | None, keep_blank: bool) -> Iterator[Record]:
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise InputError(f"{path}: line {line} is not UTF-8 text") from None
+    # bytes that are not UTF-8 become lone surrogates (U+DC80..U+DCFF), which no UTF-8 text
+    # holds: a row with one is a record of status "undecodable", as a text file's line is
+    text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         header = next(reader, None)
         if header is None:
             return
+        if _UNDECODABLE.search("".join(header)):
+            raise InputError(f"{path}: line 1 (the header) is not UTF-8 text")
         columns = [c.strip() for c in header]
         wanted = [f for f in (text_field, pair_field, label_field) if f is not None]
         missing = [f for f in wanted if f not in columns]
@@ -160,6 +164,10 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
                 if keep_blank:
                     yield Record(n, "", None, "empty", blank=True)
                 continue  # else blank lines are not records
+
+            if _UNDECODABLE.search("".join(row)):
+                yield Record(n, "", None, "undecodable")
+                continue
 
             def get(name: str, row=row):
                 i = where[name]

@@ -96,7 +96,7 @@ def main() -> int:
     print("| precision | shards | loaded, median s (range) | described, median s (range) | loaded / described |")
     print("|---|---:|---|---|---:|")
     for r in rows:
-        cells = [f"{r['median_s'][k]:.2f} ({min(v):.2f}-{max(v):.2f})" for k, v in r["seconds"].items()]
+        cells = [f"{r['median_s'][k]:.3f} ({min(v):.3f}-{max(v):.3f})" for k, v in r["seconds"].items()]
         print(f"| {r['precision']} | {r['shards']} | {cells[0]} | {cells[1]} | {r['ratio']:.1f}x |")
     if a.out:
         write_text_atomic(a.out, json.dumps({"machine": m, "results": rows}, indent=1))

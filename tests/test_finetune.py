@@ -475,3 +475,22 @@ def test_movie_reviews_long_split_is_balanced_disjoint_and_long(bert):
     assert not {r["text"] for r in train} & {r["text"] for r in dev}
     assert min(bert.tokenizer.count_tokens([r["text"] for r in train + dev])) >= 30
     assert (train, dev) == long_review_split(bert, rows, 20, 10, min_tokens=30, seed=1)
+
+
+def test_the_text_field_flag_has_one_name_in_every_command(trained, tmp_path, capsys):
+    """embed's --field and predict's (and finetune's) --text-field each take the other's name
+    too, with the same result."""
+    out, _ = trained
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"body": "a fine film"}\n{"body": "dull"}\n')
+    tables = []
+    for flag in ("--text-field", "--field"):
+        assert main(["predict", str(out), str(inp), flag, "body", "--quiet"]) == 0
+        tables.append(capsys.readouterr().out)
+    assert tables[0] == tables[1] and tables[0].count("\tok\t") == 2
+    for flag, folder in (("--field", "a"), ("--text-field", "b")):
+        assert main(["embed", str(inp), "--out", str(tmp_path / folder), flag, "body", "--quiet"]) == 0
+    from bertscope.fast.embedjob import read_embeddings
+
+    a, b = read_embeddings(tmp_path / "a"), read_embeddings(tmp_path / "b")
+    assert np.array_equal(a[0], b[0]) and a[1] == b[1] == ["ok", "ok"]

@@ -10,6 +10,16 @@ from .common import MODEL_HELP, check_preset, print_json
 HELP = """\
 Show what this machine is and which kernels bertscope's fast path uses on it, and why.
 
+What to look for: each precision's "runs in" line (int8 or bf16 asked for but running fp32 says
+why: on a CPU without VNNI int8 may be no faster); "measured on a busy machine" (the choice
+holds for this run only: run doctor --retune when the machine is quiet); and the fp32 GEMM rate
+(a cached choice is measured again when this machine's rate moves 2x: another host). A sample:
+
+  fp32: runs in fp32
+    choice (cache): onednn GEMMs, 2048-token batches, attention slack 0
+  int8: runs in int8 -- int8 (onednn kernel); 0 of 24 linears kept fp32, ...; 1.70x the speed
+        of fp32 on the calibration texts
+
 Machine: the CPU model and the instruction sets that decide which kernels are fast (AVX2,
 AVX-512, AVX512-BF16, VNNI, AMX), logical CPUs, torch and its threads, and which of torch's
 kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul, torch._int_mm).

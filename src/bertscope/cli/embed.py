@@ -85,7 +85,7 @@ def register(sub) -> None:
                    help="a file, folder or glob: text (one text per line), JSON Lines (.jsonl/.ndjson/.json) or Parquet")
     p.add_argument("--out", metavar="OUTPUT", required=True, help="output folder (created)")
     add_model_arg(p)
-    p.add_argument("--field", metavar="NAME", default=None,
+    p.add_argument("--field", "--text-field", dest="field", metavar="NAME", default=None,
                    help='the JSON Lines field or Parquet column holding the text (default "text"; '
                         'implies JSON Lines for files that are not Parquet)')
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",

@@ -41,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (must be new or empty, unless --resume)")
     p.add_argument("--dev", metavar="DEV", default=None, help="dev data, scored each epoch (same format)")
     p.add_argument("--model", metavar="PATH", default=None, help="the model to start from: " + MODEL_HELP)
-    p.add_argument("--text-field", default="text", metavar="NAME", help='the text column or field (default "text")')
+    p.add_argument("--text-field", "--field", dest="text_field", default="text", metavar="NAME", help='the text column or field (default "text")')
     p.add_argument("--text-pair-field", default=None, metavar="NAME",
                    help="a second text per example (segment 1), for text pairs")
     p.add_argument("--label-field", default="label", metavar="NAME", help='the label column or field (default "label")')

@@ -40,7 +40,7 @@ def register(sub) -> None:
                    help="text file (one per line), JSON Lines (.jsonl, .ndjson, .json), .csv or .tsv")
     p.add_argument("--json", action="store_true", help="JSON Lines instead of a tab-separated table")
     p.add_argument("--out", metavar="FILE", default=None, help="write here instead of stdout")
-    p.add_argument("--text-field", default="text", metavar="NAME",
+    p.add_argument("--text-field", "--field", dest="text_field", default="text", metavar="NAME",
                    help='the text field or column of .jsonl/.csv/.tsv input (default "text")')
     p.add_argument("--text-pair-field", default=None, metavar="NAME",
                    help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV)")

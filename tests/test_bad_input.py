@@ -577,3 +577,15 @@ def test_a_model_loaded_in_a_reduced_dtype_says_so(bert, dtype, name):
     assert b.precision == name and str(dtype) in b.precision_note
     texts = ["The animal didn't cross the street", "a short one"]
     assert (b.embed(texts) * bert.embed(texts)).sum(1).min() > 0.99
+
+
+def test_attend_result_names_an_index_out_of_range(bert):
+    """Before: a raw IndexError from the tensor."""
+    res = bertscope.attend(bert, "The cat sat on the mat", "cat")
+    with pytest.raises(InputError, match=r"target \(an index into words\) must be a whole number from 0 to \d+, got 99"):
+        res.heads_for(99)
+    with pytest.raises(InputError, match="layer must be a whole number from 0 to 5, got 50"):
+        res.top_words(50, 0)
+    with pytest.raises(InputError, match="head must be a whole number from 0 to 11, got 12"):
+        res.top_words(0, 12)
+    assert len(res.top_words(5, 11, k=2)) == 2 and res.heads_for(-1, k=1)

@@ -494,3 +494,20 @@ def test_the_text_field_flag_has_one_name_in_every_command(trained, tmp_path, ca
 
     a, b = read_embeddings(tmp_path / "a"), read_embeddings(tmp_path / "b")
     assert np.array_equal(a[0], b[0]) and a[1] == b[1] == ["ok", "ok"]
+
+
+def test_predict_names_a_parquet_file_or_a_json_array_for_what_it_is(trained, tmp_path, capsys):
+    """Before: "line 1 is undecodable; check --text-field" for Parquet, and "no_field" for a
+    .json file holding one JSON array."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out, _ = trained
+    pq.write_table(pa.table({"text": ["a fine film"]}), tmp_path / "in.parquet")
+    assert main(["predict", str(out), str(tmp_path / "in.parquet"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "predict reads text, JSON Lines, CSV or TSV files, not Parquet" in err
+    (tmp_path / "in.json").write_text('[{"text": "a fine film"}, {"text": "dull"}]\n')
+    assert main(["predict", str(out), str(tmp_path / "in.json"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is one JSON document (an array), not JSON Lines; predict reads JSON Lines" in err

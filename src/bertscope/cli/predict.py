@@ -129,6 +129,15 @@ def run(args: argparse.Namespace) -> int:
     if out is not None and Path(out).exists() and os.path.samefile(out, args.input):
         raise InputError(f"--out {args.out} is INPUT itself: writing there would replace the texts; "
                          "choose another file")
+    suffix = Path(args.input).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        raise InputError(f"predict reads text, JSON Lines, CSV or TSV files, not Parquet ({args.input}); "
+                         "export the text column, e.g. with pyarrow, to .jsonl first")
+    if suffix == ".json":  # one JSON document (an array) is not JSON Lines: say so, with the fix
+        from ..fast.embedjob import check_json_lines
+        from ..fast.jobinput import resolve_inputs
+
+        check_json_lines(resolve_inputs(args.input, args.text_field)[0], who="predict")
     if args.text_pair_field is not None and file_format(args.input, lines_ok=True) == "lines":
         raise InputError(f"--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input with the pair in a "
                          f"field; {args.input} is read as one text per line")

@@ -92,7 +92,7 @@ from .heap import release_free_memory
 from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
-           "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "compute_shard", "decode_record",
+           "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "check_json_lines", "compute_shard", "decode_record",
            "describe_model_folder", "embed_texts", "finish_embed_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
            "write_error"]
 
@@ -144,8 +144,9 @@ class EmbedJobResult:
 # --- reading records -------------------------------------------------------------------------
 
 
-def _check_json_lines(file: InputFile) -> None:
-    """Refuse a .json file that is one JSON document rather than one JSON object per line."""
+def check_json_lines(file: InputFile, who: str = "embed") -> None:
+    """Refuse a .json file that is one JSON document rather than one JSON object per line
+    (``who``: the command named in the message)."""
     first = b""
     with file.open() as f:
         head = f.read(1 << 20)
@@ -156,7 +157,7 @@ def _check_json_lines(file: InputFile) -> None:
     if not first:
         return  # empty: nothing to embed, nothing to refuse
     path = file.name
-    hint = "embed reads JSON Lines, one JSON object per line"
+    hint = f"{who} reads JSON Lines, one JSON object per line"
     if first.startswith((b"[", b"\xef\xbb\xbf[")):
         raise InputError(f"{path} is one JSON document (an array), not JSON Lines; {hint} "
                          f"(convert with: jq -c '.[]' {path})")
@@ -555,7 +556,7 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     files = resolve_inputs(input_path, field_name)
     for f in files:
         if f.kind == "jsonl" and f.name.lower().endswith(".json"):
-            _check_json_lines(f)
+            check_json_lines(f)
     _check_out_dir(out, resume)  # early, before reading a large input
     plan = plan_input(input_path, field_name=field_name, shard_rows=shard_rows, files=files)
     check_has_text(plan)

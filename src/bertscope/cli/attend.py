@@ -10,7 +10,9 @@ HELP = """\
 Show, for every layer and head, the words that WORD attends to most, and rank the heads by the
 attention from WORD to each other word. Word level (Clark et al. 2019): attention to a word is
 the sum over its sub-tokens; attention from a word is the mean over its sub-tokens. [CLS] and
-[SEP] are shown as words: many heads park their attention there.
+[SEP] are shown as words: many heads park their attention there. A word is what BERT's
+tokenizer splits at spaces and punctuation, so "didn't" is three words: didn ' t. WORD is
+matched ignoring case, as the uncased model reads it.
 
 Layers and heads are numbered from 0.
 

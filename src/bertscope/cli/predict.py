@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.input).is_file():
         raise InputError(why_not_a_file(args.input))
     if args.batch_tokens is not None and args.batch_tokens < 1:
-        raise InputError("--batch-tokens must be at least 1")
+        raise InputError(f"--batch-tokens must be at least 1, not {args.batch_tokens}")
     out = check_output_file(args.out) if args.out is not None else None
     if out is not None and Path(out).exists() and os.path.samefile(out, args.input):
         raise InputError(f"--out {args.out} is INPUT itself: writing there would replace the texts; "

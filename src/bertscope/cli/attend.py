@@ -12,7 +12,7 @@ attention from WORD to each other word. Word level (Clark et al. 2019): attentio
 the sum over its sub-tokens; attention from a word is the mean over its sub-tokens. [CLS] and
 [SEP] are shown as words: many heads park their attention there. A word is what BERT's
 tokenizer splits at spaces and punctuation, so "didn't" is three words: didn ' t. WORD is
-matched ignoring case, as the uncased model reads it.
+matched ignoring case.
 
 Layers and heads are numbered from 0.
 
@@ -26,7 +26,7 @@ def register(sub) -> None:
     p = sub.add_parser("attend", help="where one word looks, per layer and head", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", metavar="TEXT", help="the text to run through the model")
-    p.add_argument("--token", metavar="WORD", required=True, help="the word whose attention to show (matched ignoring case, as the uncased model reads it)")
+    p.add_argument("--token", metavar="WORD", required=True, help="the word whose attention to show (matched ignoring case)")
     p.add_argument("--occurrence", type=int, default=1, metavar="K",
                    help="which occurrence of WORD, if it appears more than once (default 1)")
     p.add_argument("--top", type=int, default=3, metavar="K", help="words per head and heads per word to list (default 3)")

@@ -470,9 +470,18 @@ def test_embed_ids_checks_the_ids_before_torch_sees_them(bert, ids, error, fragm
     assert "\n" not in str(e.value)
 
 
-def test_embed_ids_takes_a_numpy_array_of_ids(bert):
-    ids = [[101, 2000, 2001, 102], [101, 2003, 102, 0][:3]]
-    assert np.array_equal(bert.embed_ids([np.array(t) for t in ids]), bert.embed_ids(ids))
+def test_embed_ids_takes_ids_as_lists_tensors_or_arrays(bert):
+    """Rows as lists, 1-D tensors or arrays, or the whole batch as a 2-D tensor or array: the
+    same embeddings (the check once refused tensor rows, "found tensor(101)")."""
+    ids = [[101, 2000, 2001, 102], [101, 2003, 2004, 102]]
+    ref = bert.embed_ids(ids)
+    for form in ([np.array(t) for t in ids], [torch.tensor(t) for t in ids], np.array(ids), torch.tensor(ids),
+                 [np.array(t, dtype=np.int32) for t in ids]):
+        assert np.array_equal(bert.embed_ids(form), ref)
+    with pytest.raises(InputTypeError, match=r"ids\[0\] must hold whole-number token ids, not torch\.float32"):
+        bert.embed_ids(torch.tensor(ids, dtype=torch.float32))
+    with pytest.raises(InputTypeError, match=r"ids must be a list of token-id lists, got Tensor of shape \(4,\)"):
+        bert.embed_ids(torch.tensor(ids[0]))
 
 
 @pytest.mark.parametrize("kwargs, fragment", [

@@ -561,3 +561,37 @@ def test_resume_takes_the_jobs_format_shard_rows_and_field(tmp_path, bert, capsy
     assert read_embeddings(out)[0].shape == (len(TEXTS), 384) and (out / "part-00004.parquet").is_file()
     code, _, err = _cli(["embed", str(inp), "--out", str(out), "--resume", "--shard-rows", "5", "--quiet"], capsys)
     assert code == 2 and "--shard-rows is now 5, not the 4 the job began with" in err
+
+
+def test_a_loaded_model_is_trusted_over_a_description(tmp_path, bert):
+    """run_embed_job given a loaded model checks the job against that model, whatever
+    ``describe`` says (a description is for a loader function only)."""
+    import dataclasses
+
+    from bertscope.fast.embedjob import describe_model_folder
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    run_embed_job(bert, inp, out, JobOptions(shard_rows=8))
+    shorter = dataclasses.replace(bert, max_seq_length=128)
+    with pytest.raises(InputError, match="max_seq_length is now 128, not the 256"):
+        run_embed_job(shorter, inp, out, JobOptions(shard_rows=8, resume=True),
+                      describe=lambda: describe_model_folder(None))
+
+
+def test_a_refused_resume_leaves_a_finished_folder_without_a_lock_file(tmp_path, bert):
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    run_embed_job(bert, inp, out, JobOptions(shard_rows=8))
+    _edit_keeping_size_and_mtime(inp, "line 6: a few", "line 6: x few")
+    for describe in (None, lambda: _describe(bert)):
+        with pytest.raises(InputError, match="is complete, but input records 1..8 changed"):
+            run_embed_job(bert if describe is None else (lambda: bert), inp, out,
+                          JobOptions(shard_rows=8, resume=True), describe=describe)
+        assert not (out / LOCK_FILE).exists()
+
+
+def _describe(bert) -> dict:
+    from bertscope.fast.embedjob import _describe_model
+
+    return _describe_model(bert)

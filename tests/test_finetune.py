@@ -365,6 +365,9 @@ def test_a_csv_or_tsv_row_that_is_not_utf8_is_an_undecodable_record(tmp_path):
     tsv.write_bytes(b"t\xffext\tlabel\nx\ty\n")
     with pytest.raises(InputError, match=r"bad\.tsv: line 1 \(the header\) is not UTF-8 text"):
         read_records(tsv)
+    other = tmp_path / "other.csv"  # a bad byte in a column that is not read costs nothing
+    other.write_bytes(b"text,note\ngood text,caf\xe9\n")
+    assert [(r.status, r.text) for r in read_records(other)] == [("ok", "good text")]
 
 
 def test_read_records_keeps_blank_lines_as_empty_records_when_asked(tmp_path):
@@ -494,6 +497,11 @@ def test_the_text_field_flag_has_one_name_in_every_command(trained, tmp_path, ca
 
     a, b = read_embeddings(tmp_path / "a"), read_embeddings(tmp_path / "b")
     assert np.array_equal(a[0], b[0]) and a[1] == b[1] == ["ok", "ok"]
+    from bertscope.cli.main import build_parser
+
+    for flag in ("--text-field", "--field"):
+        args = build_parser().parse_args(["finetune", "train.csv", "--out", "o", flag, "body"])
+        assert args.text_field == "body"
 
 
 def test_predict_names_a_parquet_file_or_a_json_array_for_what_it_is(trained, tmp_path, capsys):

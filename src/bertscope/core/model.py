@@ -84,24 +84,32 @@ def check_tensor(x: object, name: str) -> None:
 
 
 def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: int | None = None) -> None:
-    """Raise InputError (one line) unless ``ids`` is a sequence of token-id lists the model can
-    run: each a list of whole numbers in 0..``vocab`` - 1 (default: the vocabulary), 1 to
+    """Raise InputError (one line) unless ``ids`` holds token-id lists the model can run: a
+    sequence of lists (or of 1-D integer tensors or arrays), or a 2-D integer tensor or array;
+    each row whole numbers in 0..``vocab`` - 1 (default: the vocabulary), 1 to
     max_position_embeddings long."""
-    if (isinstance(ids, (str, bytes, torch.Tensor, Mapping, set, frozenset))
-            or not (hasattr(ids, "__len__") and hasattr(ids, "__getitem__"))):
-        raise InputTypeError(f"{what} must be a list of token-id lists, got {type(ids).__name__}")
+    if (isinstance(ids, (str, bytes, Mapping, set, frozenset))
+            or not (hasattr(ids, "__len__") and hasattr(ids, "__getitem__"))
+            or getattr(ids, "ndim", 2) != 2):
+        shape = f" of shape {tuple(ids.shape)}" if hasattr(ids, "shape") else ""
+        raise InputTypeError(f"{what} must be a list of token-id lists, got {type(ids).__name__}{shape}")
     P, V = config.max_position_embeddings, config.vocab_size if vocab is None else vocab
     name = "the vocabulary" if vocab is None else "the segment types"
     for i, one in enumerate(ids):
-        if isinstance(one, (str, bytes)) or not hasattr(one, "__len__"):
+        if isinstance(one, (str, bytes)) or not hasattr(one, "__len__") or getattr(one, "ndim", 1) != 1:
             raise InputTypeError(f"{what}[{i}] must be a list of token ids, got {type(one).__name__}")
         if not 1 <= len(one) <= P:
             raise InputError(f"{what}[{i}] has {len(one)} tokens; the model takes 1 to {P} "
                              "(with [CLS] and [SEP])")
-        lo, hi = min(one), max(one)
-        bad = [v for v in (lo, hi) if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
-        if bad:
-            raise InputTypeError(f"{what}[{i}] must hold whole-number token ids, found {bad[0]!r}")
+        if hasattr(one, "dtype"):  # a tensor or an array row: its dtype says what it holds
+            if "int" not in str(one.dtype):
+                raise InputTypeError(f"{what}[{i}] must hold whole-number token ids, not {one.dtype}")
+            lo, hi = int(one.min()), int(one.max())
+        else:
+            lo, hi = min(one), max(one)
+            bad = [v for v in (lo, hi) if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+            if bad:
+                raise InputTypeError(f"{what}[{i}] must hold whole-number token ids, found {bad[0]!r}")
         if lo < 0 or hi >= V:
             raise InputError(f"{what}[{i}] holds ids {lo}..{hi}; they must lie in 0..{V - 1} ({name})")
 

@@ -502,9 +502,11 @@ def describe_model_folder(path: str | os.PathLike | None, precision: str = "fp32
     read from the folder's small JSON files without loading it (``path=None``: the bundled model).
 
     Pass it as ``prepare_embed_job(..., describe=...)`` so that resuming a finished job finds
-    there is nothing to do without loading (and, for int8, calibrating) the model. It holds only
-    where the load keeps ``precision`` (fp32, or ``keep_precision=True``); where it does not, the
-    description differs from the job's and the model is loaded to decide, as without it."""
+    there is nothing to do without loading (and, for int8, calibrating) the model. It is what
+    the load gives where the load keeps ``precision`` (fp32, or ``keep_precision=True`` on a CPU
+    that runs it). Where the load would not (bf16 on a CPU without AVX512-BF16 or AMX, int8
+    without an int8 kernel), a finished job recorded in that precision is still confirmed
+    complete: it needs nothing computed. Any other difference loads the model to decide."""
     from ..core.checkpoint import bundled_model_path, read_config, read_max_seq_length
 
     folder = bundled_model_path() if path is None else Path(path).expanduser()
@@ -590,7 +592,7 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     try:
         return _open_job(bert, plan, out, fmt, batch_tokens, resume, engine, lock)
     except BaseException:
-        lock.close()
+        _release(lock, out)
         raise
 
 
@@ -610,8 +612,14 @@ def _finished_job(describe: Callable[[], dict], plan: InputPlan, out: Path, fmt:
         lock.close()
         return None
     except BaseException:
-        lock.close()
+        _release(lock, out)
         raise
+
+
+def _release(lock: _Lock, out: Path) -> None:
+    """Release a lock taken for a job that was refused: a finished folder (it holds the
+    manifest) is left as it was found, without the lock file."""
+    lock.close(remove=(out / MANIFEST_FILE).is_file())
 
 
 def _check_bert(bert: object) -> None:
@@ -928,6 +936,8 @@ def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: Jo
     in finished shards when resuming). Bad input raises InputError, before work.
     """
     _check_bert(bert)
+    if hasattr(bert, "config"):  # a loaded model describes itself: a description could differ
+        describe = None
     loaded: list = []
 
     def load():

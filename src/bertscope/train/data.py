@@ -142,7 +142,8 @@ _UNDECODABLE = re.compile("[\udc80-\udcff]")
 def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_field: str | None,
                label_field: str | None, keep_blank: bool) -> Iterator[Record]:
     # bytes that are not UTF-8 become lone surrogates (U+DC80..U+DCFF), which no UTF-8 text
-    # holds: a row with one is a record of status "undecodable", as a text file's line is
+    # holds: a row with one in a column read is a record of status "undecodable", as a text
+    # file's line is (other columns are not read)
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
@@ -165,7 +166,7 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
                     yield Record(n, "", None, "empty", blank=True)
                 continue  # else blank lines are not records
 
-            if _UNDECODABLE.search("".join(row)):
+            if any(_UNDECODABLE.search(row[i]) for i in where.values() if i < len(row)):  # the cells read
                 yield Record(n, "", None, "undecodable")
                 continue
 

@@ -38,7 +38,8 @@ class AttendResult:
 
     def _check(self, name: str, value: object, size: int) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -size <= value < size:
-            raise InputError(f"{name} must be a whole number from 0 to {size - 1}, got {value!r}")
+            raise InputError(f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
+                             f"counted from the end), got {value!r}")
 
     def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
         """The ``k`` words that ``token`` attends to most in ``layer``, ``head``, with their weights."""

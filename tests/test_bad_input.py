@@ -591,10 +591,11 @@ def test_a_model_loaded_in_a_reduced_dtype_says_so(bert, dtype, name):
 def test_attend_result_names_an_index_out_of_range(bert):
     """Before: a raw IndexError from the tensor."""
     res = bertscope.attend(bert, "The cat sat on the mat", "cat")
-    with pytest.raises(InputError, match=r"target \(an index into words\) must be a whole number from 0 to \d+, got 99"):
+    with pytest.raises(InputError, match=r"target \(an index into words\) must be a whole number from 0 to \d+ \(or -\d+ to -1, counted "
+                       r"from the end\), got 99"):
         res.heads_for(99)
-    with pytest.raises(InputError, match="layer must be a whole number from 0 to 5, got 50"):
+    with pytest.raises(InputError, match=r"layer must be a whole number from 0 to 5 \(or -6 to -1, counted from the end\), got 50"):
         res.top_words(50, 0)
-    with pytest.raises(InputError, match="head must be a whole number from 0 to 11, got 12"):
+    with pytest.raises(InputError, match=r"head must be a whole number from 0 to 11 \(or -12 to -1, counted from the end\), got 12"):
         res.top_words(0, 12)
     assert len(res.top_words(5, 11, k=2)) == 2 and res.heads_for(-1, k=1)

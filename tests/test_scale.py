@@ -105,7 +105,7 @@ def test_ray_engine_equals_local_engine_row_for_row(cluster, tmp_path, capsys):
     assert status == status_l and np.array_equal(emb, emb_r)
 
 
-def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp_path, bert, capsys):
+def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp_path, bert, capsys, monkeypatch):
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(_sentences(400, seed=3)) + "\n")
     whole = run_embed_job(bert, inp, tmp_path / "whole", JobOptions(shard_rows=40, fmt="parquet"))
@@ -140,6 +140,14 @@ def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp
     lines, status, emb = _table(out)
     assert lines == lines_w == list(range(1, 401)) and status == status_w
     assert np.abs(emb - emb_w).max() <= 1e-6
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("bertscope.bert.load", no_load)  # the finished job, resumed again: confirmed
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--quiet", "--engine", "ray",  # without it
+                              "--workers", "2", "--resume"], capsys)
+    assert code == 0 and "(10 already done)" in stdout, err
 
 
 def test_a_worker_killed_mid_shard_is_retried_and_every_row_is_written_once(cluster, tmp_path, bert, monkeypatch):

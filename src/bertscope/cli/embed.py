@@ -36,8 +36,8 @@ input lines changed since (by content, not by size or date) is computed again in
 job, and a shard whose file is missing or no longer has the size and SHA-256 recorded when it
 was written is computed again in any job, finished or not. A finished job whose input lines
 changed is refused, and so is any job whose input changed in size (lines added, other files):
-start a new one with another --out. On the local engine a finished job that is sound is checked
-without loading the model, in about a second plus the time to read its shards.
+start a new one with another --out. A finished job that is sound is checked without loading the
+model, in about a second plus the time to read its shards.
 One job at a time per OUTPUT (a lock file): a second is refused.
 
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, JobOptions, compute_shard, decode_record,
-                             embed_texts, finish_embed_job, prepare_embed_job)
+                             describe_model_folder, embed_texts, finish_embed_job, prepare_embed_job)
 from .cluster import (EngineOptions, check_address, check_engine_options, map_shards, pool_size, ray_session,
                       require_ray, unwrap_error)
 
@@ -116,8 +116,12 @@ def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.Pa
 
         return model if hasattr(model, "config") else load_bert(ref)
 
+    def describe() -> dict:  # a finished job is confirmed without loading the model on the driver
+        return describe_model_folder(ref)
+
     job = prepare_embed_job(load, input_path, out_dir, options, engine="ray",
-                            before_model=lambda: check_address(opts.address))
+                            before_model=lambda: check_address(opts.address),
+                            describe=None if hasattr(model, "config") else describe)
     options = options if options is not None else JobOptions()
     try:
         if on_total is not None:

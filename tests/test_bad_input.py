@@ -475,9 +475,12 @@ def test_embed_ids_takes_ids_as_lists_tensors_or_arrays(bert):
     same embeddings (the check once refused tensor rows, "found tensor(101)")."""
     ids = [[101, 2000, 2001, 102], [101, 2003, 2004, 102]]
     ref = bert.embed_ids(ids)
+    ragged = np.empty(2, dtype=object)  # rows of unequal length, as pandas holds them
+    ragged[:] = [ids[0], ids[1][:3]]
     for form in ([np.array(t) for t in ids], [torch.tensor(t) for t in ids], np.array(ids), torch.tensor(ids),
-                 [np.array(t, dtype=np.int32) for t in ids]):
+                 [np.array(t, dtype=np.int32) for t in ids], np.array(ids, dtype=object)):
         assert np.array_equal(bert.embed_ids(form), ref)
+    assert np.array_equal(bert.embed_ids(ragged), bert.embed_ids([ids[0], ids[1][:3]]))
     with pytest.raises(InputTypeError, match=r"ids\[0\] must hold whole-number token ids, not torch\.float32"):
         bert.embed_ids(torch.tensor(ids, dtype=torch.float32))
     with pytest.raises(InputTypeError, match=r"ids must be a list of token-id lists, got Tensor of shape \(4,\)"):
@@ -599,3 +602,5 @@ def test_attend_result_names_an_index_out_of_range(bert):
     with pytest.raises(InputError, match=r"head must be a whole number from 0 to 11 \(or -12 to -1, counted from the end\), got 12"):
         res.top_words(0, 12)
     assert len(res.top_words(5, 11, k=2)) == 2 and res.heads_for(-1, k=1)
+    assert res.heads_for(torch.tensor(2)) == res.heads_for(2)  # a 0-d tensor, as argmax gives one
+    assert res.top_words(np.int64(3), torch.tensor(1)) == res.top_words(3, 1)

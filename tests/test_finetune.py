@@ -152,6 +152,10 @@ def test_predict_refuses_to_write_over_its_input_and_a_pair_field_it_cannot_read
     assert main(["predict", str(out), str(inp), "--text-pair-field", "x", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input" in err
+    for flag in ("--text-field", "--field"):  # a field of a text file: refused, not ignored
+        assert main(["predict", str(out), str(inp), flag, "body", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "--text-field needs JSON Lines (.jsonl) or CSV/TSV input" in err
 
 
 def test_predict_gives_a_csv_row_that_is_not_utf8_a_row_of_status_undecodable(trained, tmp_path, capsys):

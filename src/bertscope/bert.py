@@ -202,6 +202,7 @@ class Bert:
         _check_count(batch_size, "batch_size")
         _check_count(batch_tokens, "batch_tokens")
         check_id_lists(self.config, ids)
+        ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
         C = self.config.hidden_size
         out = np.zeros((len(ids), C), dtype=np.float32)
         was_training = self.model.training
@@ -268,8 +269,10 @@ class Bert:
         _check_count(batch_size, "batch_size")
         _check_count(batch_tokens, "batch_tokens")
         check_id_lists(self.config, ids)
+        ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
         if type_ids is not None:
             check_id_lists(self.config, type_ids, "type_ids", vocab=self.config.type_vocab_size)
+            type_ids = type_ids if isinstance(type_ids, list) else list(type_ids)
             if [len(t) for t in type_ids] != [len(t) for t in ids]:
                 raise InputError("type_ids must hold one segment id per token of ids")
         if batch_tokens is None:

@@ -40,7 +40,7 @@ def register(sub) -> None:
                    help="text file (one per line), JSON Lines (.jsonl, .ndjson, .json), .csv or .tsv")
     p.add_argument("--json", action="store_true", help="JSON Lines instead of a tab-separated table")
     p.add_argument("--out", metavar="FILE", default=None, help="write here instead of stdout")
-    p.add_argument("--text-field", "--field", dest="text_field", default="text", metavar="NAME",
+    p.add_argument("--text-field", "--field", dest="text_field", default=None, metavar="NAME",
                    help='the text field or column of .jsonl/.csv/.tsv input (default "text")')
     p.add_argument("--text-pair-field", default=None, metavar="NAME",
                    help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV)")
@@ -138,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
         from ..fast.jobinput import resolve_inputs
 
         check_json_lines(resolve_inputs(args.input, args.text_field)[0], who="predict")
+    if args.text_field is not None and file_format(args.input, lines_ok=True) == "lines":
+        raise InputError(f"--text-field needs JSON Lines (.jsonl) or CSV/TSV input; {args.input} is read as one "
+                         "text per line (name it .jsonl if its lines are JSON objects)")
+    args.text_field = args.text_field or "text"
     if args.text_pair_field is not None and file_format(args.input, lines_ok=True) == "lines":
         raise InputError(f"--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input with the pair in a "
                          f"field; {args.input} is read as one text per line")

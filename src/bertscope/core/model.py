@@ -88,9 +88,10 @@ def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: in
     sequence of lists (or of 1-D integer tensors or arrays), or a 2-D integer tensor or array;
     each row whole numbers in 0..``vocab`` - 1 (default: the vocabulary), 1 to
     max_position_embeddings long."""
+    ndim = getattr(ids, "ndim", None)  # a tensor, an array or a pandas Series
     if (isinstance(ids, (str, bytes, Mapping, set, frozenset))
             or not (hasattr(ids, "__len__") and hasattr(ids, "__getitem__"))
-            or getattr(ids, "ndim", 2) != 2):
+            or ndim not in (None, 2) and not (ndim == 1 and str(getattr(ids, "dtype", "")) == "object")):
         shape = f" of shape {tuple(ids.shape)}" if hasattr(ids, "shape") else ""
         raise InputTypeError(f"{what} must be a list of token-id lists, got {type(ids).__name__}{shape}")
     P, V = config.max_position_embeddings, config.vocab_size if vocab is None else vocab
@@ -101,7 +102,7 @@ def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: in
         if not 1 <= len(one) <= P:
             raise InputError(f"{what}[{i}] has {len(one)} tokens; the model takes 1 to {P} "
                              "(with [CLS] and [SEP])")
-        if hasattr(one, "dtype"):  # a tensor or an array row: its dtype says what it holds
+        if hasattr(one, "dtype") and str(one.dtype) != "object":  # a tensor or array row: its dtype says
             if "int" not in str(one.dtype):
                 raise InputTypeError(f"{what}[{i}] must hold whole-number token ids, not {one.dtype}")
             lo, hi = int(one.min()), int(one.max())

@@ -7,7 +7,7 @@ Word level follows Clark et al. 2019: see :mod:`bertscope.core.words`.
 
 from __future__ import annotations
 
-import numbers
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -36,16 +36,21 @@ class AttendResult:
     weights: torch.Tensor
     truncated: bool
 
-    def _check(self, name: str, value: object, size: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -size <= value < size:
+    def _check(self, name: str, value: object, size: int) -> int:
+        """``value`` as an int (a 0-d integer tensor too), if it indexes ``size`` things."""
+        try:
+            index = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            index = None
+        if index is None or not -size <= index < size:
             raise InputError(f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
                              f"counted from the end), got {value!r}")
+        return index
 
     def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
         """The ``k`` words that ``token`` attends to most in ``layer``, ``head``, with their weights."""
         N, H, _ = self.weights.shape
-        self._check("layer", layer, N)
-        self._check("head", head, H)
+        layer, head = self._check("layer", layer, N), self._check("head", head, H)
         row = self.weights[layer, head]
         vals, idx = row.topk(min(k, row.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
@@ -53,7 +58,7 @@ class AttendResult:
     def heads_for(self, target: int, k: int | None = None) -> list[tuple[int, int, float]]:
         """(layer, head, weight) sorted by the weight from the token to word ``target`` (an index
         into ``words``: ``res.words.index("animal")``)."""
-        self._check("target (an index into words)", target, len(self.words))
+        target = self._check("target (an index into words)", target, len(self.words))
         w = self.weights[:, :, target]  # (N, H)
         H = w.shape[1]
         flat = w.flatten()

@@ -317,3 +317,19 @@ def test_a_workers_input_error_reaches_the_driver_as_its_one_line(cluster):
         list(map_shards(ray, [0], _Refuses, {}, EngineOptions(workers=1)))
     inner = unwrap_error(info.value)
     assert type(inner) is InputError and str(inner) == "shard 0 cannot be read"
+
+
+def test_what_ray_prints_during_a_session_goes_to_stderr_not_to_the_results(cluster, capsys):
+    """Ray's driver prints messages such as "(raylet) A worker died ..." to sys.stdout, which
+    once landed in `heads --engine ray --json`'s output in CI; inside a session they go to
+    stderr, and stdout is back afterwards."""
+    from ray._private.worker import print_to_stdstream
+
+    from bertscope.scale.cluster import ray_session
+
+    with ray_session(EngineOptions(address=cluster)):
+        print_to_stdstream({"lines": ["A worker died or was killed (a test)"], "pid": "raylet", "is_err": False},
+                           ignore_prefix=False)
+    print("results")
+    cap = capsys.readouterr()
+    assert cap.out == "results\n" and "A worker died or was killed (a test)" in cap.err

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -133,12 +134,18 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
 
     Without an address, Ray starts on this machine with at least ``workers x cpus_per_worker``
     CPUs, so the same command runs on a laptop and on a cluster.
+
+    While the block runs, what Ray prints to stdout goes to stderr: its driver prints messages
+    such as "(raylet) A worker died or was killed ..." to sys.stdout, which would corrupt a
+    command's results there (``heads --engine ray --json`` in a CI run did). bertscope itself
+    prints nothing inside the block.
     """
     ray = require_ray()
     check_address(opts.address)
     if ray.is_initialized():
         _quiet_ray(ray)
-        yield ray
+        with contextlib.redirect_stdout(sys.stderr):
+            yield ray
         return
     if not log.isEnabledFor(logging.DEBUG):
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ log lines off the terminal
@@ -157,9 +164,11 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     try:
         _quiet_ray(ray)
         _check_resources(ray, opts)
-        yield ray
+        with contextlib.redirect_stdout(sys.stderr):
+            yield ray
     finally:
-        ray.shutdown()
+        with contextlib.redirect_stdout(sys.stderr):  # its last messages too
+            ray.shutdown()
 
 
 @contextlib.contextmanager

@@ -139,8 +139,9 @@ def test_usage_mistakes_are_one_line_too(args, fragment):
 
 def test_debug_is_accepted_after_the_command():
     proc = run_cli("attend", "the cat sat", "--token", "dog", "--debug")
-    assert proc.returncode != 0
+    assert proc.returncode == 2  # the same status as without --debug: a user error
     assert "Traceback" in proc.stderr and "InputError" in proc.stderr  # --debug shows the traceback
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("bertscope: error: ")
 
 
 def test_multi_line_library_errors_are_collapsed(tmp_path):

@@ -3,7 +3,7 @@
 Every command lives in its own module in this package and exposes ``register(subparsers)``;
 add new commands to ``COMMAND_MODULES``. Errors meant for the user (BertscopeError, and bad
 values) print one line, ``bertscope: error: ...``, and exit with status 2; an unexpected failure
-prints one line too (``--debug`` shows the traceback).
+prints one line too. ``--debug`` shows the traceback before that line; the exit status stays.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import importlib
 import logging
 import signal
 import sys
+import traceback
 import warnings
 from typing import NoReturn, Sequence
 
@@ -185,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_arguments(args)
         return int(args.func(args) or 0)
     except BertscopeError as e:
-        if args.debug:
-            raise
+        if args.debug:  # the traceback, then the same line and exit status as without --debug
+            traceback.print_exc()
         print(f"bertscope: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated): what was written is kept
@@ -200,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as e:  # an unexpected failure still gets one line, not a traceback
         if args.debug:
-            raise
+            traceback.print_exc()
         msg = _one_line(e)[:300]
         print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)",
               file=sys.stderr)

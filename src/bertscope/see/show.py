@@ -135,7 +135,8 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
 
     Args:
         attentions: per layer a (B, H, T, T) tensor (torch or numpy; e.g. Hugging Face's
-            ``outputs.attentions``), or (H, T, T) per layer, or one (N, H, T, T) array.
+            ``outputs.attentions``), or (H, T, T) per layer, or one (N, H, T, T) array. A single
+            4-D array is always read as (N, H, T, T): pass one layer's (B, H, T, T) as ``[a]``.
             Rows are queries and must be probabilities (after the softmax).
         tokens: the token strings of batch item 0, in order (e.g.
             ``tokenizer.convert_ids_to_tokens(ids)``); padding after them is dropped.
@@ -154,6 +155,9 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
     toks = _tokens(tokens, "tokens")
     want = 1 if tokens_b is None else 2
     if B != want:
+        if tokens_b is not None and not isinstance(attentions, (list, tuple)) and np.ndim(attentions) == 4:
+            raise InputError("tokens_b needs a batch of 2 texts, but one 4-D array is read as (N, H, T, T), "
+                             "a batch of 1: pass one layer's (B, H, T, T) as a list, [a]")
         if tokens_b is None:
             raise InputError(f"the attentions hold a batch of {B} texts: pass tokens_b for a second text, "
                              "or select one item, e.g. [a[i:i+1] for a in attentions]")

@@ -304,6 +304,10 @@ def test_record_shapes_and_word_rules(bert):
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, layer=9), "layer 9 does not exist"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("zebra"), "no word 'zebra' in the text"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(99), "an index 0..14, got 99"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("it", k=-1), "k must be a whole number >= 1"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("it", k=2.5), "k must be a whole number"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").ranked("it", layer=2.0), "layer must be a whole number"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").ranked("it", head="1"), "head must be a whole number"),
 ])
 def test_errors_are_one_sentence(bert, call, fragment):
     with pytest.raises(InputError) as e:
@@ -369,3 +373,18 @@ def test_explain_a_classifier(classifier, bert):
         bertscope.explain(classifier, SHORT, "grad-input", target=5)
     maps = bertscope.explain(classifier, SHORT, "alti").maps  # map methods read the classifier's encoder
     np.testing.assert_array_equal(maps, bertscope.explain(bert, SHORT, "alti").maps)
+
+
+def test_a_classifier_explains_the_text_it_classifies(classifier):
+    """A classifier fine-tuned at a shorter length cuts the text there, as classify and predict
+    do: explain's predicted class is theirs (it used to read up to 512 tokens, and could explain
+    another class than predict printed)."""
+    import dataclasses
+
+    short = dataclasses.replace(classifier, max_seq_length=6)
+    exp = bertscope.explain(short, LONG, "grad-input")
+    assert exp.truncated and len(exp.tokens) == 6
+    with pytest.warns(bertscope.TruncationWarning):
+        pred = short.labels[int(short.classify([LONG])[0].argmax())]
+    assert exp.target == f"probability of the predicted class {pred!r}"
+    assert len(bertscope.explain(short, LONG, "alti").tokens) == 6  # its maps too: one text, one cut

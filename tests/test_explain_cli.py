@@ -90,6 +90,7 @@ def test_text_outputs(capsys):
     (["--compare", "--token", "zebra"], "'zebra' is not in the text"),
     (["--method", "alti", "--token", "didn't"], "splits \"didn't\" into the words didn ' t"),
     (["--compare"], "give --token WORD"),
+    (["--method", "alti", "--occurrence", "2"], "--occurrence picks one of the places --token WORD appears"),
     (["--method", "grad-input"], "give --similar-to"),
     (["--method", "grad-input", "--similar-to", "x", "--token", "it"], "--token does not apply"),
     (["--method", "norm", "--similar-to", "x"], "--similar-to is for grad-input"),
@@ -178,3 +179,11 @@ def test_unknown_label_on_a_classifier(classifier_folder, capsys):
     assert main(["explain", IT_ANIMAL, "--method", "grad-input", "--model", str(classifier_folder),
                  "--label", "meh"]) == 2
     assert "unknown class 'meh'" in capsys.readouterr().err
+
+
+def test_compare_shows_small_values_with_two_significant_digits():
+    """A classifier's gradient attributions are often about 1e-4: two decimals showed 0.00."""
+    from bertscope.cli.explain import _value
+
+    assert [_value(v) for v in (0.0, 0.1234, -0.0312, 3.1e-4, -2e-6)] == ["0.00", "0.12", "-0.03", "3.1e-04",
+                                                                         "-2.0e-06"]

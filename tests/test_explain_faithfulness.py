@@ -127,6 +127,9 @@ def test_command_writes_the_section_and_plot(clf_folder, tmp_path, capsys):
 
 @pytest.mark.parametrize("args,fragment", [
     (["--limit", "3"], "--limit is for --faithfulness"),
+    (["--epochs", "5"], "--epochs is for --faithfulness"),  # flags the re-read ignores are refused
+    (["--no-plots"], "--no-plots is for --faithfulness"),
+    (["--work", "/nonexistent/zzz"], "--work is for --faithfulness"),
     (["--faithfulness", "--limit", "0"], "--limit must be at least 1"),
     (["--faithfulness", "--classifier", "/nonexistent"], "is not a folder"),
     (["--faithfulness", "--model", "/somewhere"], "pass --classifier"),
@@ -136,3 +139,33 @@ def test_command_errors(args, fragment, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
     assert not (tmp_path / "EXPERIMENTS.md").exists()  # refused before any work
+
+
+def test_a_classifier_of_other_classes_or_settings_is_refused(clf_folder, tmp_path, capsys):
+    """--classifier with classes other than negative/positive, --epochs beside --classifier, and a
+    finished WORK/classifier fine-tuned with other settings: one line each, before any scoring
+    (they used to give 0.0% accuracy, or the old classifier reported under the new settings)."""
+    import shutil
+
+    other = tmp_path / "nli"
+    shutil.copytree(clf_folder, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["id2label"], cfg["label2id"] = {"0": "0", "1": "1"}, {"0": 0, "1": 1}
+    (other / "config.json").write_text(json.dumps(cfg))
+    for args, fragment in (
+            (["--classifier", str(other)], "its classes are 0, 1"),
+            (["--classifier", str(clf_folder), "--epochs", "5"], "--epochs is for the classifier")):
+        assert main(["explain-experiments", "--out", str(tmp_path / "docs"), "--faithfulness",
+                     "--work", str(tmp_path / "w"), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err
+    with pytest.raises(bertscope.InputError, match="classes are 0, 1"):
+        fa.run_faithfulness(bertscope.load(other), other, tmp_path / "w2", limit=1)
+    # a finished classifier in WORK, fine-tuned with 3 epochs, asked for with 5
+    work = tmp_path / "work"
+    shutil.copytree(clf_folder, work / "classifier")
+    (work / "classifier" / "metrics.json").write_text(json.dumps(
+        {"settings": {"epochs": 3, "max_length": 128, "lr": 5e-5}}))
+    with pytest.raises(bertscope.InputError, match="fine-tuned with epochs 3, max_length 128"):
+        fa.prepare_classifier(work, epochs=5)
+    assert fa.prepare_classifier(work, epochs=3) == work / "classifier"  # the same settings: reused

@@ -523,3 +523,92 @@ def test_predict_names_a_parquet_file_or_a_json_array_for_what_it_is(trained, tm
     assert main(["predict", str(out), str(tmp_path / "in.json"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "is one JSON document (an array), not JSON Lines; predict reads JSON Lines" in err
+
+
+def test_a_diverging_run_stops_at_its_first_non_finite_loss(tmp_path, tiny, good_train, capsys):
+    """A learning rate far too high: the run stops with one line at the first NaN/inf loss and
+    writes no model (it used to train on, report the majority class's accuracy, and fail at
+    the end writing metrics.json, with model.safetensors already written)."""
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--lr", "1e8",
+                      "--warmup", "0", "--epochs", "3", "--batch-size", "4", "--save-every", "0"],
+             "the training loss became")
+    assert not (out / "model.safetensors").exists() and not (out / "metrics.json").exists()
+
+
+def test_a_temporary_left_by_a_killed_write_does_not_block_out(tmp_path, tiny, good_train):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".training_state.pt.x1y2.tmp").write_bytes(b"half a checkpoint")
+    assert main(["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--epochs", "1",
+                 "--max-length", "16", "--quiet"]) == 0
+    assert (out / "model.safetensors").is_file()
+
+
+def test_resume_takes_the_same_files_by_another_path(tmp_path, tiny, monkeypatch):
+    """--resume compares TRAIN and --model as files: ./train.jsonl, an absolute path, or the run
+    resumed from another working folder."""
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(40, seed=5))
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", str(tiny), "--epochs", "2", "--batch-size", "8", "--max-length", "16", "--seed", "1",
+              "--save-every", "2", "--quiet"]
+    cut = _run_cli(["finetune", "train.jsonl", "--out", "run", *common], {"BERTSCOPE_TRAIN_KILL_AFTER_STEP": "2"})
+    assert cut.returncode == -9, cut.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    again = _run_cli(["finetune", str(train), "--out", str(tmp_path / "run"), "--resume",
+                      "--model", str(tiny) + "/", *common[2:]])
+    assert again.returncode == 0, again.stderr
+    assert "resumed at step 2" in again.stdout
+    renamed = tmp_path / "other.jsonl"  # a different file is still refused, by its name
+    renamed.write_bytes(train.read_bytes())
+    cut2 = _run_cli(["finetune", str(train), "--out", str(tmp_path / "run2"), *common],
+                    {"BERTSCOPE_TRAIN_KILL_AFTER_STEP": "2"})
+    assert cut2.returncode == -9
+    refused = _run_cli(["finetune", str(renamed), "--out", str(tmp_path / "run2"), "--resume", *common])
+    assert refused.returncode == 2 and "--resume: train is" in refused.stderr
+
+
+def test_an_unclosed_quote_is_refused_not_merged(tmp_path, trained, capsys):
+    """A quote opening a CSV/TSV field that never closes used to swallow every later line into
+    one record, silently (predict) or with a misleading label error (finetune)."""
+    model, _ = trained
+    tsv = tmp_path / "q.tsv"
+    tsv.write_text('text\n"Wow, just wow\nawful film\nbad\ngreat\n', encoding="utf-8")
+    csv_ = tmp_path / "q.csv"
+    csv_.write_text('text,label\nfine,pos\n"never closed,neg\nok,pos\n', encoding="utf-8")
+    _refused(capsys, ["predict", str(model), str(tsv), "--out", str(tmp_path / "p.jsonl")],
+             "line 2 opens a quoted field")
+    _refused(capsys, ["finetune", str(csv_), "--out", str(tmp_path / "o")], "line 3 opens a quoted field")
+    ok = tmp_path / "ok.tsv"  # a quote inside a field, and a quoted field over two lines, are fine
+    ok.write_text('text\tlabel\nhe said "hi"\tpos\n"two\nlines"\tneg\n', encoding="utf-8")
+    from bertscope.train.data import read_records
+    got = [(r.line, r.text, r.label) for r in read_records(ok, label_field="label")]
+    assert got == [(2, 'he said "hi"', "pos"), (3, "two\nlines", "neg")]
+
+
+def test_one_number_written_two_ways_is_refused_as_two_labels(tmp_path, tiny, capsys):
+    rows = sentiment_rows(10, seed=0)
+    for i, r in enumerate(rows):
+        r["label"] = ["1", "0.0", "1.0", "0"][i % 4]
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(write_csv(tmp_path / "t.csv", rows)), "--model", str(tiny), "--out", str(out)],
+             "one number written two ways", out)
+
+
+def test_finetune_names_a_json_array_for_what_it_is(tmp_path, tiny, capsys):
+    arr = tmp_path / "train.json"
+    arr.write_text(json.dumps(sentiment_rows(6, seed=0)), encoding="utf-8")
+    _refused(capsys, ["finetune", str(arr), "--model", str(tiny), "--out", str(tmp_path / "o")],
+             "is one JSON document (an array), not JSON Lines")
+
+
+@pytest.mark.parametrize("kw, fragment", [({"lr": True}, "--lr must be a number"),
+                                          ({"warmup": "0.1"}, "--warmup must be a number"),
+                                          ({"weight_decay": "0"}, "--weight-decay must be a number")])
+def test_finetune_config_refuses_values_that_are_not_numbers(kw, fragment):
+    from bertscope.train.loop import FinetuneConfig
+
+    with pytest.raises(bertscope.InputError, match=fragment):
+        FinetuneConfig(train="t.csv", **kw).check()

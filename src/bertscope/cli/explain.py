@@ -47,7 +47,7 @@ def register(sub) -> None:
     mode.add_argument("--method", metavar="M", help="one method (see the list above)")
     mode.add_argument("--compare", action="store_true", help="every method's top words side by side (needs --token)")
     p.add_argument("--token", metavar="WORD", help="the word whose sources to rank")
-    p.add_argument("--occurrence", type=int, default=1, metavar="K",
+    p.add_argument("--occurrence", type=int, default=None, metavar="K",
                    help="which occurrence of WORD, if it appears more than once (default 1)")
     p.add_argument("--layer", type=int, metavar="L", help="layer (default: the last)")
     p.add_argument("--head", type=int, metavar="H", help="head, for per-head methods (default: mean over heads)")
@@ -76,7 +76,9 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--layer must be 0 or more")
     if args.head is not None and args.head < 0:
         raise InputError("--head must be 0 or more")
-    if args.occurrence < 1:
+    if args.occurrence is not None and args.token is None:
+        raise InputError("--occurrence picks one of the places --token WORD appears: give --token")
+    if args.occurrence is not None and args.occurrence < 1:
         raise InputError("--occurrence must be at least 1")
     if args.similar_to is not None and not args.similar_to.strip():
         raise InputError("--similar-to is empty")
@@ -131,7 +133,7 @@ def _locate(bert, exp, args) -> int | None:
     if args.token is None:
         return None
     try:
-        return find_word(exp.words, args.token, args.occurrence)
+        return find_word(exp.words, args.token, args.occurrence or 1)
     except InputError:
         if exp.truncated and args.token.strip().lower() in args.text.lower():
             raise InputError(f"the word {args.token!r} was cut off: the text is longer than the model's "
@@ -191,7 +193,7 @@ def _one(bert, args) -> int:
     if exp.kind == "input":
         print(f"{exp.method} ({who}): attribution of the {exp.target} to each word{note}")
         for r, (_, w, v) in enumerate(ranked, 1):
-            print(f"  {r:>2}. {w:<16} {v:+.4f}")
+            print(f"  {r:>2}. {w:<16} {v:+.3g}")
         return 0
     where = f"layer {layer}" + ("" if exp.kind == "layer" else
                                 (f" head {args.head}" if args.head is not None else " (mean over heads)"))
@@ -205,6 +207,12 @@ def _one(bert, args) -> int:
         tops = "  ".join(f"{w} {v:.2f}" for _, w, v in exp.ranked(i, layer, args.head, k=args.top))
         print(f"  {word:<16} {tops}")
     return 0
+
+
+def _value(v: float) -> str:
+    """Two decimals, or two significant digits where two decimals would show 0.00 (a classifier's
+    gradient attributions are often about 1e-4)."""
+    return f"{v:.2f}" if v == 0 or abs(v) >= 0.005 else f"{v:.1e}"
 
 
 def _compare(bert, args) -> int:
@@ -242,12 +250,12 @@ def _compare(bert, args) -> int:
         return 0
     print(f'What "{word}" (word {index}) takes, layer {layer}: per-head methods averaged over heads, '
           "norm as a share of its row" + (" (text truncated)" if first.truncated else ""))
-    width = max(max(len(m) for m in columns) + 2, max(len(w) for w in first.words) + 7)
+    width = max(max(len(m) for m in columns) + 2, max(len(w) for w in first.words) + 10)
     print("rank  " + "".join(f"{m:<{width}}" for m in columns))
     for r in range(args.top):
         cells = []
         for m, ranked in columns.items():
-            cells.append(f"{ranked[r][1]} {ranked[r][2]:.2f}" if r < len(ranked) else "")
+            cells.append(f"{ranked[r][1]} {_value(ranked[r][2])}" if r < len(ranked) else "")
         print(f"{r + 1:<6}" + "".join(f"{c:<{width}}" for c in cells))
     if target is not None:
         print(f"grad-input and integrated-gradients: attribution of the {target}, not a row of \"{word}\"")

@@ -33,20 +33,24 @@ examples:
 """
 
 
+EPOCHS, IG_STEPS, WORK = 3, 20, ".bertscope-work/faithfulness"  # the defaults of the flags below
+
+
 def register(sub) -> None:
     p = sub.add_parser("explain-experiments", help="the explain measures' experiments, into EXPERIMENTS.md",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", metavar="DIR", required=True, help="folder of EXPERIMENTS.md (e.g. docs/)")
     p.add_argument("--faithfulness", action="store_true", help="also run the faithfulness experiment")
-    p.add_argument("--work", metavar="DIR", default=".bertscope-work/faithfulness",
+    p.add_argument("--work", metavar="DIR", default=None,
                    help="working folder: data splits, the fine-tuned classifier, partial results "
                         "(default .bertscope-work/faithfulness)")
     p.add_argument("--classifier", metavar="DIR", help="use this fine-tuned classifier instead of fine-tuning one")
     p.add_argument("--limit", type=int, metavar="N", help="score only the first N held-out sentences (default all 1,000)")
-    p.add_argument("--epochs", type=int, default=3, metavar="N", help="fine-tuning epochs (default 3)")
-    p.add_argument("--ig-steps", type=int, default=20, metavar="S",
+    p.add_argument("--epochs", type=int, default=None, metavar="N",
+                   help=f"fine-tuning epochs (default {EPOCHS}; not with --classifier)")
+    p.add_argument("--ig-steps", type=int, default=None, metavar="S",
                    help="integrated-gradients quadrature points (0: leave it out; default 20)")
-    p.add_argument("--no-plots", action="store_true", help="write the Markdown only")
+    p.add_argument("--no-plots", action="store_true", help="write the Markdown only (the faithfulness plot)")
     add_progress_args(p)  # bars on a terminal; --quiet hides them, --progress forces them
     add_model_arg(p)
     p.set_defaults(func=run)
@@ -62,12 +66,12 @@ def command_line(args: argparse.Namespace) -> str:
             parts += ["--classifier", args.classifier]
         if args.limit is not None:
             parts += ["--limit", str(args.limit)]
-        if args.epochs != 3:
+        if args.epochs is not None and args.epochs != EPOCHS:
             parts += ["--epochs", str(args.epochs)]
-        if args.ig_steps != 20:
+        if args.ig_steps is not None and args.ig_steps != IG_STEPS:
             parts += ["--ig-steps", str(args.ig_steps)]
-    if getattr(args, "no_plots", False):
-        parts.append("--no-plots")
+        if getattr(args, "no_plots", False):
+            parts.append("--no-plots")
     if getattr(args, "model", None):
         parts += ["--model", args.model]
     return shlex.join(parts)
@@ -82,17 +86,37 @@ def _checks(args: argparse.Namespace) -> None:
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")
-    if args.epochs < 1:
+    if args.epochs is not None and args.epochs < 1:
         raise InputError("--epochs must be at least 1")
-    if args.ig_steps < 0:
+    if args.ig_steps is not None and args.ig_steps < 0:
         raise InputError("--ig-steps must be 0 or more")
-    if not args.faithfulness:
-        for flag, given in (("--classifier", args.classifier), ("--limit", args.limit)):
+    if not args.faithfulness:  # the re-read section takes none of these: refuse rather than ignore
+        for flag, given in (("--classifier", args.classifier), ("--limit", args.limit), ("--work", args.work),
+                            ("--epochs", args.epochs), ("--ig-steps", args.ig_steps),
+                            ("--no-plots", args.no_plots or None)):
             if given is not None:
-                raise InputError(f"{flag} is for --faithfulness")
+                raise InputError(f"{flag} is for --faithfulness (the re-read section has no options)")
         return
+    if args.classifier is not None and args.epochs is not None:
+        raise InputError("--epochs is for the classifier the experiment fine-tunes; --classifier names one "
+                         "already fine-tuned")
+    args.work = WORK if args.work is None else args.work
+    args.epochs = EPOCHS if args.epochs is None else args.epochs
+    args.ig_steps = IG_STEPS if args.ig_steps is None else args.ig_steps
     if args.classifier is not None and not Path(args.classifier).is_dir():
         raise InputError(f"--classifier: {args.classifier} is not a folder")
+    if args.classifier is not None:  # its classes, before any work (run_faithfulness checks them too)
+        import json
+
+        from ..explain.faithfulness import LABELS
+        try:
+            id2label = json.loads((Path(args.classifier) / "config.json").read_text(encoding="utf-8"))["id2label"]
+            names = sorted(str(v) for v in id2label.values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            names = None  # not a classifier's config: loading it says what is wrong
+        if names is not None and names != sorted(LABELS.values()):
+            raise InputError(f"--classifier: its classes are {', '.join(names)}; the experiment's held-out "
+                             f"sentences are labelled {' and '.join(sorted(LABELS.values()))}")
     if args.model is not None and args.classifier is None:
         raise InputError("--faithfulness fine-tunes the bundled model; to use another, fine-tune it with "
                          "bertscope finetune and pass --classifier")

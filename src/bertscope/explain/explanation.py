@@ -29,6 +29,7 @@ Sub-token → word, per method (:meth:`Explanation.word_maps`):
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,7 +143,8 @@ class Explanation:
             raise InputError(f"{self.method} gives a row per word: say which word")
         word = self.word_index(word)
         L = wm.shape[0]
-        layer = L - 1 if layer is None else layer
+        layer = L - 1 if layer is None else _whole("layer", layer)
+        head = None if head is None else _whole("head", head)
         if not 0 <= layer < L:
             raise InputError(f"layer {layer} does not exist (the model has layers 0..{L - 1})")
         m = wm[layer]
@@ -161,17 +163,34 @@ class Explanation:
     def ranked(self, word: int | str | None = None, layer: int | None = None, head: int | None = None,
                k: int | None = None) -> list[tuple[int, str, float]]:
         """(word index, word, value), largest first, from :meth:`sources`."""
+        if k is not None and _whole("k", k) < 1:
+            raise InputError(f"k must be a whole number >= 1 (or None for every word), got {k!r}")
         row = self.sources(word, layer, head)
-        order = np.argsort(-row, kind="stable")[: (len(row) if k is None else k)]
+        order = np.argsort(-row, kind="stable")[: (len(row) if k is None else int(k))]
         return [(int(j), self.words[j], float(row[j])) for j in order]
 
 
-def _encode_one(bert: Bert, text: object, what: str = "text") -> Batch:
+def _whole(name: str, value: object) -> int:
+    """``value`` as an int (numpy ints and 0-d integer tensors too); InputError for anything else."""
+    try:
+        return operator.index(value) if not isinstance(value, bool) else operator.index(None)
+    except TypeError:
+        raise InputError(f"{name} must be a whole number, got {value!r}") from None
+
+
+def _length_limit(bert: Bert, method: str | None = None) -> int | None:
+    """Where a text is cut: a classifier at the length it was fine-tuned at (as ``predict`` and
+    ``classify`` cut), a gradient method's sentence embedding at ``max_seq_length`` (as ``embed``
+    cuts); other maps at the model's positions (as ``attend`` and ``view``)."""
+    return bert.max_seq_length if bert.is_classifier or method in GRAD_METHODS else None
+
+
+def _encode_one(bert: Bert, text: object, what: str = "text", max_length: int | None = None) -> Batch:
     if not isinstance(text, str):
         raise InputError(f"the {what} must be a string, got {type(text).__name__}")
     if not text.strip():
         raise InputError(f"the {what} is empty")
-    return bert.encode([text])
+    return bert.encode([text], max_length=max_length)
 
 
 def _resolve_target(bert: Bert, method: str, batch: Batch, text_b: str | None,
@@ -233,7 +252,10 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
 
     Args:
         bert: a loaded :class:`bertscope.Bert`.
-        text: one text.
+        text: one text. It is cut where the output explained is computed: a classifier's at
+            the length it was fine-tuned at (as ``predict``), a sentence embedding's at
+            ``bert.max_seq_length`` (as ``embed``), other maps at the model's positions (as
+            ``view``). ``Explanation.truncated`` says whether it was cut.
         method: one of :data:`METHODS`.
         text_b: for ``grad-input`` / ``integrated-gradients``: explain the cosine similarity of
             ``text``'s sentence embedding to this second text's.
@@ -245,7 +267,7 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
         InputError: an unknown method, an empty text, or a target the method cannot take.
     """
     check_method(method)
-    batch = _encode_one(bert, text)
+    batch = _encode_one(bert, text, max_length=_length_limit(bert, method))
     tgt = _resolve_target(bert, method, batch, text_b, target)
     maps = explain_batch(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, method,
                          target=tgt)[0]
@@ -293,7 +315,7 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
     for name in names:
         if name not in MAP_METHODS:
             raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
-    batch = bert.encode([text], pairs=None if pair is None else [pair])
+    batch = bert.encode([text], pairs=None if pair is None else [pair], max_length=_length_limit(bert))
     T = batch.lengths[0]
     if "value-zeroing" in names and T > VALUE_ZEROING_MAX_TOKENS:
         raise InputError(f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer "

@@ -105,10 +105,21 @@ def prepare_classifier(work: Path, *, epochs: int = 3, max_length: int = 128, lr
     _write_csv(data / "train.csv", train)
     _write_csv(data / "heldout.csv", held)
     out = work / "classifier"
-    if (out / METRICS_FILE).is_file() and not (out / STATE_FILE).exists():
-        return out  # finished before
     cfg = FinetuneConfig(train=str(data / "train.csv"), dev=str(data / "heldout.csv"), max_length=max_length,
                          epochs=epochs, lr=lr)
+    if (out / METRICS_FILE).is_file() and not (out / STATE_FILE).exists():  # finished before: the same?
+        try:
+            settings = json.loads((out / METRICS_FILE).read_text(encoding="utf-8")).get("settings", {})
+        except (OSError, ValueError, AttributeError):
+            settings = None
+        asked = {"epochs": epochs, "max_length": max_length, "lr": lr}
+        if not isinstance(settings, dict) or any(settings.get(k) != v for k, v in asked.items()):
+            had = "unreadable settings" if not isinstance(settings, dict) else ", ".join(
+                f"{k} {settings.get(k)}" for k in asked)
+            raise InputError(f"{out} holds a classifier fine-tuned with {had}, not "
+                             f"{', '.join(f'{k} {v}' for k, v in asked.items())}: choose another --work, or "
+                             f"remove {out} to fine-tune again")
+        return out
     resume = (out / STATE_FILE).is_file()
     finetune(cfg, out, resume=resume, on_start=on_start, on_step=on_step)
     return out
@@ -304,6 +315,11 @@ def run_faithfulness(clf: Bert, classifier_folder: Path, work: Path, *, limit: i
     t0 = time.perf_counter()
     if not clf.is_classifier:
         raise InputError("the faithfulness experiment needs a fine-tuned classifier")
+    wanted = sorted(set(LABELS.values()))
+    if sorted(clf.labels or []) != wanted:  # the held-out labels are names: they must be its classes
+        raise InputError(f"the classifier's classes are {', '.join(map(str, clf.labels or []))}; the experiment's "
+                         f"held-out sentences are labelled {' and '.join(wanted)}: fine-tune it on "
+                         "WORK/data/train.csv (bertscope finetune), or leave out --classifier")
     train, held = split_sentences(review_sentences())
     texts = held if limit is None else held[:limit]
     key = {"classifier": _fingerprint(classifier_folder), "ig_steps": ig_steps, "format": 2}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from ..errors import InputError
 from ..files import read_input_bytes, split_lines
 
 __all__ = ["Example", "LabelSet", "Record", "STATUSES", "read_examples", "read_records", "file_format"]
+
+log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "empty", "undecodable", "bad_json", "no_field", "not_text")
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
@@ -145,7 +148,9 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
     # holds: a row with one in a column read is a record of status "undecodable", as a text
     # file's line is (other columns are not read)
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # strict: a quote that is never closed is an error, not a field that swallows the lines after it
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    start = 1  # the line the record being read begins on
     try:
         header = next(reader, None)
         if header is None:
@@ -178,7 +183,12 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
 
             yield _from_fields(n, get, text_field, pair_field, label_field)
     except csv.Error as e:
-        raise InputError(f"{path}: line {reader.line_num} is not valid {'CSV' if delimiter == ',' else 'TSV'} ({e})") from None
+        kind = "CSV" if delimiter == "," else "TSV"
+        if "unexpected end of data" in str(e):
+            raise InputError(f"{path}: line {start} opens a quoted field (\") that is never closed, so "
+                             f"every line after it would be one {kind} field; close the quote, or double "
+                             f"a quote inside a quoted field (\"\")") from None
+        raise InputError(f"{path}: line {reader.line_num} is not valid {kind} ({e})") from None
 
 
 def read_records(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,
@@ -194,6 +204,9 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
     fmt = file_format(path, lines_ok=lines_ok)
     data = read_input_bytes(path)
     if fmt == "jsonl":
+        if data.lstrip().removeprefix(b"\xef\xbb\xbf").startswith(b"["):
+            raise InputError(f"{path} is one JSON document (an array), not JSON Lines, one JSON object per "
+                             f"line (convert with: jq -c '.[]' {path})")
         return list(_jsonl(data, text_field, pair_field, label_field, keep_blank))
     if fmt in ("csv", "tsv"):
         return list(_delimited(path, data, "," if fmt == "csv" else "\t", text_field, pair_field, label_field,
@@ -241,7 +254,8 @@ def read_examples(path: str | Path, *, text_field: str = "text", pair_field: str
 
 @dataclass(frozen=True)
 class LabelSet:
-    """The classes, in index order: numerically if every name is an integer, else sorted."""
+    """The classes, in index order: integer names first, in numeric order, then the other names
+    sorted (``2, 10, neg, pos``)."""
 
     names: tuple[str, ...]
 
@@ -258,7 +272,22 @@ class LabelSet:
             except ValueError:
                 return (1, 0, name)
 
-        return cls(tuple(sorted(names, key=key)))
+        numbers: dict[float, str] = {}
+        for name in sorted(names, key=key):
+            try:
+                value = float(name)
+            except ValueError:
+                continue
+            if value in numbers:  # "1" and "1.0": one class written two ways would become two
+                raise InputError(f"{path} has the labels {numbers[value]!r} and {name!r}, one number written "
+                                 "two ways, which would be two classes: write each label one way")
+            numbers[value] = name
+        ordered = tuple(sorted(names, key=key))
+        words = [n for n in ordered if n not in numbers.values()]
+        if numbers and words:
+            log.warning("%s mixes number and word labels (%s): each is a class of its own", path,
+                        ", ".join(ordered[:6]) + (", ..." if len(ordered) > 6 else ""))
+        return cls(ordered)
 
     @property
     def id2label(self) -> dict[int, str]:

@@ -41,10 +41,10 @@ from torch import nn
 from ..bert import Bert, load
 from ..core.checkpoint import bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
-from ..errors import CheckpointError, InputError, check_seed
+from ..errors import CheckpointError, InputError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
-from ..files import write_atomic, write_text_atomic
+from ..files import TEMP_SUFFIX, write_atomic, write_text_atomic
 from .batches import epoch_batches
 from .data import Example, LabelSet, read_examples
 from .metrics import accuracy, macro_f1
@@ -105,11 +105,17 @@ class FinetuneConfig:
             whole("batch_tokens", 1)
         if self.batch_size is not None:
             whole("batch_size", 1)
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise InputError(f"--{name.replace('_', '-')} must be a number, got {v!r}")
+            return v
+
+        if not number("lr") > 0:
             raise InputError(f"--lr must be a positive number, got {self.lr!r}")
-        if not 0.0 <= self.warmup < 1.0:
+        if not 0.0 <= number("warmup") < 1.0:
             raise InputError(f"--warmup must be a share of the steps in [0, 1), got {self.warmup!r}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+        if not number("weight_decay") >= 0:
             raise InputError(f"--weight-decay must be >= 0, got {self.weight_decay!r}")
         if self.text_field == self.label_field or self.pair_field in (self.text_field, self.label_field):
             raise InputError("--text-field, --text-pair-field and --label-field must name different fields")
@@ -195,6 +201,9 @@ def train_step(model: BertForSequenceClassification, encoder: PackedEncoder, opt
     """One optimizer step on one batch: loss, backward, clip the gradient norm, AdamW, schedule.
     Returns the batch's loss (before the step) and its real tokens."""
     loss, tokens = training_loss(model, encoder, ids, types, labels, packed=packed, pad_id=pad_id)
+    if not torch.isfinite(loss.detach()):  # before the step: the weights stay as they were
+        raise NonFiniteError(f"the training loss became {float(loss.detach())}: the run diverged (a learning "
+                             "rate too high for this model?)")
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
@@ -209,6 +218,19 @@ def _fingerprint(path: str | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def _same_path(a: object, b: object, model: bool) -> bool:
+    """Whether two paths of a run's settings name the same file or folder (``./x`` and ``x``, or
+    from another working folder); for the model, None is the bundled folder."""
+    if model:
+        a, b = (str(bundled_model_path()) if v is None else v for v in (a, b))
+    if a is None or b is None or not isinstance(a, str) or not isinstance(b, str):
+        return a == b
+    try:
+        return os.path.samefile(Path(a).expanduser(), Path(b).expanduser())
+    except OSError:
+        return a == b
+
+
 def _check_out(out: Path, resume: bool) -> None:
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a folder")
@@ -220,7 +242,7 @@ def _check_out(out: Path, resume: bool) -> None:
             raise InputError(f"--resume: the run in {out} is already complete (it has {METRICS_FILE} "
                              f"and no {STATE_FILE})")
         raise InputError(f"--resume: {out} holds no interrupted run (no {STATE_FILE})")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) for p in out.iterdir()):
         raise InputError(f"--out {out} exists and is not empty; pass --resume to continue the run in it, "
                          "or choose a new folder")
 
@@ -290,11 +312,16 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
         raise InputError(f"--max-length {cfg.max_length} is over the model's {positions} positions")
     data = _read_data(cfg)
     fingerprint = {"train": _fingerprint(cfg.train), "dev": _fingerprint(cfg.dev)}
+    paths = {k: None if v is None else str(Path(v).expanduser().resolve())  # resume from any folder
+             for k, v in (("train", cfg.train), ("dev", cfg.dev), ("model", cfg.model))}
     state = None
     if resume:
         state = _load_state(out / STATE_FILE)
         before = state["config"]
         for key in _RESUME_KEYS:
+            if key in ("train", "dev", "model"):  # as absolute paths, where the state has them
+                if _same_path(state.get("paths", {}).get(key, before.get(key)), getattr(cfg, key), key == "model"):
+                    continue
             if before.get(key) != getattr(cfg, key):
                 raise InputError(f"--resume: {key.replace('_', '-')} is {getattr(cfg, key)!r}, but the "
                                  f"interrupted run used {before.get(key)!r}")
@@ -332,7 +359,7 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
 
         def checkpoint(e: int, b: int) -> None:
             _save_state(out / STATE_FILE, {
-                "format": STATE_FORMAT, "config": asdict(cfg), "fingerprint": fingerprint,
+                "format": STATE_FORMAT, "config": asdict(cfg), "fingerprint": fingerprint, "paths": paths,
                 "labels": list(data.labels.names), "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": torch.get_rng_state(), "epoch": e, "batch": b, "global_step": step,
@@ -361,9 +388,14 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
             while batch < len(plan):
                 idx = plan[batch]
                 t0 = time.perf_counter()
-                loss, tokens = train_step(model, encoder, optimizer, scheduler, [train_ids[i] for i in idx],
-                                          [train_types[i] for i in idx], [data.train_y[i] for i in idx],
-                                          packed=cfg.packed, pad_id=bert.tokenizer.pad_id)
+                try:
+                    loss, tokens = train_step(model, encoder, optimizer, scheduler, [train_ids[i] for i in idx],
+                                              [train_types[i] for i in idx], [data.train_y[i] for i in idx],
+                                              packed=cfg.packed, pad_id=bert.tokenizer.pad_id)
+                except NonFiniteError as e:
+                    raise NonFiniteError(f"at step {step + 1} of {total} (epoch {epoch + 1}), {e}: no model "
+                                         f"was written; start again in a new --out with a lower --lr "
+                                         f"(this run's: {cfg.lr:g})") from None
                 acc["train_seconds"] += time.perf_counter() - t0
                 acc["loss_sum"] += loss * len(idx)
                 acc["examples"] += len(idx)

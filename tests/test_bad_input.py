@@ -604,3 +604,21 @@ def test_attend_result_names_an_index_out_of_range(bert):
     assert len(res.top_words(5, 11, k=2)) == 2 and res.heads_for(-1, k=1)
     assert res.heads_for(torch.tensor(2)) == res.heads_for(2)  # a 0-d tensor, as argmax gives one
     assert res.top_words(np.int64(3), torch.tensor(1)) == res.top_words(3, 1)
+    # k < 1: a raw RuntimeError from topk, and heads_for(k=-1) returned all heads but one
+    for call in (lambda: res.top_words(3, 1, k=-1), lambda: res.heads_for(2, k=-1), lambda: res.heads_for(2, k=1.5)):
+        with pytest.raises(InputError, match="k must be a whole number >= 1"):
+            call()
+    with pytest.raises(InputError, match="occurrence must be a whole number"):
+        bertscope.attend(bert, "The cat sat on the mat", "cat", occurrence="1")
+
+
+@pytest.mark.parametrize("command", ["attend", "trace", "ablate"])
+def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
+    """trace and ablate said "not in the text", listing some 500 words in one line."""
+    from bertscope.cli.main import main
+
+    text = "the cat sat on the mat . " * 90 + "zebra"  # over 512 tokens, zebra last
+    extra = ["--layer", "0", "--head", "0"] if command == "ablate" else []
+    assert main([command, text, "--token", "zebra", *extra]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the truncation warning, if any
+    assert last.startswith("bertscope: error: the word 'zebra' was cut off") and len(last) < 300, last

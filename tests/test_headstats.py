@@ -119,3 +119,32 @@ def test_heads_cli(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no text" in err and len(err.strip().splitlines()) == 1
     assert main(["heads", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_a_short_text_can_still_have_vertical_heads():
+    """A 7-token text: uniform attention puts u = 0.6 on [CLS], [SEP], "." and neighbours, so 1.5 u
+    = 0.9 left almost no head vertical; the bar is now halfway from u to 1 there (0.8)."""
+    tokens = ["[CLS]", "the", "cat", "sat", "on", "mat", ".", "[SEP]"]
+    kinds = token_kinds(tokens)
+    n = len(tokens)
+    m = torch.zeros(n, n, dtype=torch.float64)
+    m[:, 0] = 0.85  # mostly [CLS], as many heads do
+    for q in range(n):
+        far = [k for k in range(1, n - 2) if abs(k - q) > 1]
+        m[q, far] += 0.15 / len(far)
+    m[:, n - 1] += 1 - m.sum(-1)  # the rounding to 1
+    f = pattern_features(m, kinds)
+    u = float(f["u"])
+    assert u > 0.5 and float(f["v"] + f["d"]) < 1.5 * u  # the old bar would call it block
+    assert classify(float(f["v"]), float(f["d"]), float(f["spread"]), u) == "vertical"
+    uniform = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    g = pattern_features(uniform, kinds)
+    assert classify(float(g["v"]), float(g["d"]), float(g["spread"]), float(g["u"])) == "block"
+
+
+def test_a_text_with_no_tokens_is_skipped_with_a_warning(bert):
+    stats = head_stats(bert, [(1, "the cat sat on the mat"), (2, "\u200b\u200b")])
+    assert stats.num_texts == 1
+    assert any("line 2 has no tokens" in w for w in stats.warnings)
+    with pytest.raises(InputError, match="has no tokens"):
+        head_stats(bert, [(1, "\u200b")])

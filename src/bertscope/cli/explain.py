@@ -133,7 +133,7 @@ def _locate(bert, exp, args) -> int | None:
     if args.token is None:
         return None
     try:
-        return find_word(exp.words, args.token, args.occurrence or 1)
+        return find_word(exp.words, args.token, args.occurrence or 1, cut_text=args.text if exp.truncated else None)
     except InputError:
         if exp.truncated and args.token.strip().lower() in args.text.lower():
             raise InputError(f"the word {args.token!r} was cut off: the text is longer than the model's "

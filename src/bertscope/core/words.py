@@ -79,11 +79,17 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
     return mean_rows.transpose(0, 1) @ summed_cols  # (W, T)@(..., T, W) -> (..., W, W)
 
 
-def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
-    """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive)."""
+def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text: str | None = None,
+              positions: int | None = None) -> int:
+    """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive).
+
+    ``cut_text``: the whole text, when the tokenizer cut it to ``positions`` tokens; a word found
+    only in the part cut off is then said to be cut off, not missing."""
     check_text(word, "the word")
     if not word.strip():
         raise InputError("the --token word is empty")
+    if isinstance(occurrence, bool) or not isinstance(occurrence, int):
+        raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}")
     target = word.strip().lower()
     hits = [i for i, w in enumerate(words) if w.lower() == target]
     if not hits:
@@ -95,7 +101,11 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1) -> int:
             raise InputError(
                 f"the tokenizer splits {word!r} into the words {' '.join(span)}; "
                 f"pass one of them, e.g. --token {span[0]}")
-        raise InputError(f"the word {word!r} is not in the text (its words are: {' '.join(real)})")
+        if cut_text is not None and target in cut_text.lower():
+            limit = f"the model's {positions} positions" if positions else "the model's positions"
+            raise InputError(f"the word {word!r} was cut off: the text is longer than {limit}")
+        shown = " ".join(real[:40]) + (f" ... ({len(real)} words)" if len(real) > 40 else "")
+        raise InputError(f"the word {word!r} is not in the text (its words are: {shown})")
     if occurrence < 1 or occurrence > len(hits):
         raise InputError(f"the word {word!r} occurs {len(hits)} time(s); occurrence {occurrence} does not exist")
     return hits[occurrence - 1]

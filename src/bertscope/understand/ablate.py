@@ -122,7 +122,8 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])
     words = group_words(batch, text)
-    wi = find_word(words.words, word, occurrence) if word is not None else None
+    wi = (find_word(words.words, word, occurrence, cut_text=text if batch.truncated[0] else None,
+                    positions=bert.tokenizer.max_length) if word is not None else None)
     mask = torch.ones(N, H)
     for l, h in heads:
         mask[l, h] = 0.0

@@ -26,13 +26,19 @@ over the rows of ordinary tokens (not [CLS]/[SEP] queries), three masses that su
     u  what v + d would be under uniform attention over the same tokens (short texts have few
        tokens, so even uniform attention puts much of its mass on [CLS], [SEP] and neighbours)
 
-    if v + d >= max(BROAD_CUTOFF (0.5), ABOVE_UNIFORM (1.5) x u):   mostly vertical and/or diagonal:
+    if v + d >= max(BROAD_CUTOFF (0.5), min(ABOVE_UNIFORM (1.5) x u, (1 + u) / 2)):
+                                                          mostly vertical and/or diagonal:
         d < MIX_SHARE (0.25) x (v + d)   ->  "vertical"
         v < MIX_SHARE (0.25) x (v + d)   ->  "diagonal"
         otherwise                         ->  "vertical+diagonal"
     else (mostly distant ordinary tokens):
         spread >= BLOCK_SPREAD (0.7)      ->  "block"          (broad, even attention over the text)
         otherwise                         ->  "heterogeneous"  (a few specific distant tokens)
+
+The bar is 1.5 times uniform attention's v + d; where that leaves too little room (u > 0.5, texts
+of a handful of tokens, where 1.5 u would pass 0.75 and, below about 7 tokens, 1) it is halfway
+from uniform to 1. A text with no ordinary token (only [CLS] and [SEP]) has no rows to classify:
+it is skipped, with a warning.
 
 A head's class over a corpus is the class most of its maps get (ties: the order of CLASSES);
 ``class_share`` says what share of the maps agreed.
@@ -161,7 +167,7 @@ def pattern_features(probs: torch.Tensor, kinds: TokenKinds) -> dict[str, torch.
 def classify(v: float, d: float, spread: float, u: float = 0.0) -> str:
     """The pattern class of one map from its masses (the rules in the module docstring)."""
     vd = v + d
-    if vd >= max(BROAD_CUTOFF, ABOVE_UNIFORM * u):
+    if vd >= max(BROAD_CUTOFF, min(ABOVE_UNIFORM * u, (1 + u) / 2)):
         if d < MIX_SHARE * vd:
             return "vertical"
         if v < MIX_SHARE * vd:
@@ -227,6 +233,7 @@ class HeadSums:
     rows_total: int = 0  # query rows (tokens)
     rows_nb: int = 0  # query rows that have a previous (or next) neighbour
     truncated: list[int] = field(default_factory=list)
+    no_tokens: list[int] = field(default_factory=list)  # texts with no ordinary token: skipped
 
     def __post_init__(self) -> None:
         N, H = self.layers, self.heads
@@ -270,15 +277,18 @@ class HeadSums:
         self.rows_total += other.rows_total
         self.rows_nb += other.rows_nb
         self.truncated.extend(other.truncated)
+        self.no_tokens.extend(other.no_tokens)
         return self
 
     def finish(self, model: str, max_length: int, warnings: list[str] | None = None) -> HeadStats:
         """The statistics: means over the corpus's rows and maps, and each head's majority class."""
         if not self.num_texts:
-            raise InputError("the corpus has no text (every line is empty)")
+            raise InputError("the corpus has no text (every line is empty, or has no tokens)")
         N, H = self.layers, self.heads
         warns = list(warnings or [])
         warns += [f"line {n} is longer than {max_length} tokens and was truncated" for n in sorted(self.truncated)]
+        warns += [f"line {n} has no tokens (the tokenizer drops every character of it) and was skipped"
+                  for n in sorted(self.no_tokens)]
         stats = {}
         for k in STATS:
             rows = self.rows_nb if k in ("prev", "next") else self.rows_total
@@ -313,6 +323,9 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
         with pywarnings.catch_warnings():  # said once, by finish(), with the line number
             pywarnings.simplefilter("ignore", TruncationWarning)
             batch = bert.encode([text])
+        if batch.lengths[0] <= 2:  # [CLS] [SEP] only: no ordinary rows to classify
+            sums.no_tokens.append(n)
+            continue
         if batch.truncated[0]:
             sums.truncated.append(n)
         out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
@@ -333,5 +346,5 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     """
     sums = head_sums(bert, texts, progress=progress)
     if not sums.num_texts:
-        raise InputError("the corpus has no text (every line is empty)")
+        raise InputError("the corpus has no text (every line is empty, or has no tokens)")
     return sums.finish(bert.name, bert.tokenizer.max_length, warnings)

@@ -47,12 +47,23 @@ class AttendResult:
                              f"counted from the end), got {value!r}")
         return index
 
+    @staticmethod
+    def _count(k: object) -> int:
+        """``k`` as an int >= 1 (how many to return)."""
+        try:
+            n = None if isinstance(k, bool) else operator.index(k)
+        except TypeError:
+            n = None
+        if n is None or n < 1:
+            raise InputError(f"k must be a whole number >= 1, got {k!r}")
+        return n
+
     def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
         """The ``k`` words that ``token`` attends to most in ``layer``, ``head``, with their weights."""
         N, H, _ = self.weights.shape
         layer, head = self._check("layer", layer, N), self._check("head", head, H)
         row = self.weights[layer, head]
-        vals, idx = row.topk(min(k, row.numel()))
+        vals, idx = row.topk(min(self._count(k), row.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
     def heads_for(self, target: int, k: int | None = None) -> list[tuple[int, int, float]]:
@@ -64,7 +75,7 @@ class AttendResult:
         flat = w.flatten()
         order = flat.argsort(descending=True).tolist()
         if k is not None:
-            order = order[:k]
+            order = order[:self._count(k)]
         return [(i // H, i % H, float(flat[i])) for i in order]
 
     def to_json(self) -> dict:
@@ -86,13 +97,8 @@ def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResu
         raise InputError("the text is empty")
     batch = bert.encode([text])
     words = group_words(batch, text)
-    try:
-        index = find_word(words.words, token, occurrence)
-    except InputError:
-        if batch.truncated[0] and token.strip().lower() in text.lower():
-            raise InputError(f"the word {token!r} was cut off: the text is longer than the model's "
-                             f"{bert.tokenizer.max_length} positions") from None
-        raise
+    index = find_word(words.words, token, occurrence, cut_text=text if batch.truncated[0] else None,
+                      positions=bert.tokenizer.max_length)
     dev = bert.device
     out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)

@@ -130,7 +130,8 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     check_seed(seed)
     batch = bert.encode([text])
     words = group_words(batch, text)
-    w = find_word(words.words, token, occurrence)
+    w = find_word(words.words, token, occurrence, cut_text=text if batch.truncated[0] else None,
+                  positions=bert.tokenizer.max_length)
     t = words.token_words.index(w)  # the word's first sub-token
 
     ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids  # (1, T)

@@ -336,7 +336,7 @@ def _section_heads(r: Report, a: Callable[[str], None], ctx: dict) -> None:
     a("")
     a(f"`bertscope heads` over the {hs.num_texts} sentences ({hs.num_tokens} tokens). Classes by the rules "
       "in `src/bertscope/understand/headstats.py` (v = attention to [CLS]/[SEP]/punctuation, d = to itself and its neighbours; "
-      "vertical / diagonal / vertical+diagonal when v + d ≥ max(0.5, 1.5 × its uniform value), split by the "
+      "vertical / diagonal / vertical+diagonal when v + d ≥ max(0.5, min(1.5 u, (1 + u) / 2)), u its uniform value, split by the "
       "share of each; otherwise block if the rest is spread evenly (normalised entropy ≥ 0.7), else heterogeneous).")
     a("")
     a("| class | heads |")

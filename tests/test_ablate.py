@@ -70,3 +70,19 @@ def test_ablate_cli(capsys):
     assert "pairs" in err and len(err.strip().splitlines()) == 1
     assert main(["ablate", "The cat sat.", "--layer", "0", "--head", "40"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--sweep", "--token", "dog"], "use one or the other"),  # --token used to be ignored by --sweep
+    (["--layer", "0", "--head", "1", "--top", "3"], "--top is for --sweep"),  # and --top without it
+])
+def test_ablate_refuses_flags_it_would_ignore(args, fragment, capsys):
+    assert main(["ablate", "The cat sat.", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_sweep_json_ranking_follows_top(capsys):
+    assert main(["ablate", "The cat sat.", "--sweep", "--top", "2", "--json", "--quiet"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["ranking"]) == 2 and len(data["token_effect"][0]) == 12  # the matrices stay whole

@@ -135,8 +135,8 @@ def _chunked_post(base: str, path: str, total: int, chunk: int = 65536) -> tuple
     sock = socket.create_connection((u.hostname, u.port), timeout=60)
     head = (f"POST {path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
             "Transfer-Encoding: chunked\r\n\r\n").encode()
-    # a short text and a long ignored field: only the byte count can refuse it, not the text check
-    body = b'{"text": "ok", "pad": "' + b"x" * (total - 25) + b'"}'
+    # a short text and long JSON whitespace: only the byte count can refuse it, not the text check
+    body = b'{"text": "ok"' + b" " * (total - 14) + b'}'
 
     def send():
         try:
@@ -248,8 +248,9 @@ def test_allowed_hosts_rules():
     b'{"text": "\xff\xfe not utf-8"}', b'\xff\xfe',
 ])
 def test_text_that_is_not_unicode_or_not_a_string_gets_422(server, raw):
-    for path in ("/api/analyze", "/api/attention", "/api/qk"):
-        body = raw if path == "/api/analyze" else raw[:-1] + b', "layer": 0, "heads": [0], "head": 0}' if raw.endswith(b"}") else raw
+    rest = {"/api/analyze": b"", "/api/attention": b', "layer": 0, "heads": [0]', "/api/qk": b', "layer": 0, "head": 0'}
+    for path, more in rest.items():
+        body = raw[:-1] + more + b"}" if raw.endswith(b"}") else raw
         status, answer = request(server, "POST", path, raw=body)
         assert status == 422, (path, raw, status, answer)
         assert isinstance(answer, dict) and isinstance(answer["detail"], str), answer  # one line for the page
@@ -358,3 +359,24 @@ def test_launch_reports_a_server_that_exits_before_it_is_ready(tmp_path):
         with served("--model", str(missing), timeout=60):
             pass
     assert f"model folder {missing} does not exist" in str(err.value)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"text": "The cat sat", "layer": 2, "head": 3}, "head: Extra inputs are not permitted"),  # "heads" misspelt
+    ({"text": "The cat sat", "layer": True, "heads": [0]}, "layer: Input should be a valid integer"),
+    ({"text": "The cat sat", "layer": "3", "heads": [0]}, "layer: Input should be a valid integer"),
+    ({"text": "The cat sat", "layer": 0, "heads": [True]}, "heads.0: Input should be a valid integer"),
+])
+def test_a_request_the_server_would_misread_is_refused(server, body, fragment):
+    """Before: a misspelt key fell back to its default (200 with no matrices), true was read as 1
+    and "3" as 3."""
+    status, answer = request(server, "POST", "/api/attention", body)
+    assert status == 422 and fragment in answer["detail"], (status, answer)
+
+
+def test_a_blank_pair_or_second_text_is_refused_not_dropped(server):
+    for key in ("pair", "text_b"):
+        status, answer = request(server, "POST", "/api/analyze", {"text": "The cat sat", key: "   "})
+        assert status == 400 and f"the {key} is empty" in answer["detail"], answer
+    status, _ = request(server, "POST", "/api/analyze", {"text": "The cat sat", "pair": None, "text_b": None})
+    assert status == 200

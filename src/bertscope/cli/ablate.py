@@ -35,7 +35,8 @@ def register(sub) -> None:
     p.add_argument("--head", type=int, action="append", default=[], metavar="H", help="head to silence (pairs with --layer)")
     p.add_argument("--token", metavar="WORD", help="also show how WORD's attention moves downstream")
     p.add_argument("--sweep", action="store_true", help="silence every head alone and rank them")
-    p.add_argument("--top", type=int, default=10, metavar="K", help="heads to list with --sweep (default 10)")
+    p.add_argument("--top", type=int, default=None, metavar="K",
+                   help="heads to list with --sweep (default 10; with --json, the ranking's length: default all)")
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     add_progress_args(p)
@@ -52,18 +53,23 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"give --layer and --head in pairs ({len(args.layer)} --layer, {len(args.head)} --head)")
     if args.sweep and args.layer:
         raise InputError("--sweep silences every head in turn; do not name heads with it")
-    if args.top < 1:
+    if args.sweep and args.token is not None:
+        raise InputError("--token shows how silencing named heads moves WORD's attention; --sweep ranks "
+                         "every head by the change of the whole output: use one or the other")
+    if args.top is not None and not args.sweep:
+        raise InputError("--top is for --sweep (the number of heads to list)")
+    if args.top is not None and args.top < 1:
         raise InputError("--top must be at least 1")
     bert = load_model(args)
     if args.sweep:
         with bar(args, "ablate --sweep", "head") as progress:
             eff = sweep(bert, args.text, progress=progress)
         if args.json:
-            print_json_strict(eff.to_json())
+            print_json_strict(eff.to_json(args.top))
             return 0
         print("Every head silenced alone; effect = 1 - cosine with the intact output")
         print(f"  {'head':<9}{'tokens':>10}{'embedding':>12}")
-        for l, h, t, e in eff.ranking(args.top):
+        for l, h, t, e in eff.ranking(10 if args.top is None else args.top):
             print(f"  L{l:<2} H{h:<4}{t:>10.4f}{e:>12.4f}")
         return 0
     heads = list(dict.fromkeys(zip(args.layer, args.head)))  # a head named twice is silenced once

@@ -81,12 +81,13 @@ class HeadEffects:
         return [(i // H, i % H, float(self.token_effect.flatten()[i]), float(self.embedding_effect.flatten()[i]))
                 for i in order]
 
-    def to_json(self) -> dict:
+    def to_json(self, k: int | None = None) -> dict:
+        """The (N, H) effects, and the ranking: every head, or the top ``k``."""
         r = lambda t: [[round(float(x), 6) for x in row] for row in t.tolist()]  # noqa: E731
         return {"text": self.text, "token_effect": r(self.token_effect),
                 "embedding_effect": r(self.embedding_effect),
                 "ranking": [{"layer": l, "head": h, "token_effect": round(a, 6), "embedding_effect": round(b, 6)}
-                            for l, h, a, b in self.ranking()]}
+                            for l, h, a, b in self.ranking(k)]}
 
 
 def _check_heads(bert: Bert, heads: list[tuple[int, int]]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 import torch
 
@@ -80,3 +82,14 @@ def test_find_word_explains_split_words_and_empty_texts():
 def test_attend_on_a_text_of_control_characters(bert):
     with pytest.raises(InputError, match="no tokens"):
         bertscope.attend(bert, "\x01\x02", "x")
+
+
+@pytest.mark.parametrize("text", ["Le cafe\u0301 est ouvert", "e\u0301e\u0301e\u0301 x", "Le café est ouvert"])
+def test_words_keep_combining_marks_the_tokenizer_strips(bert, text):
+    """Decomposed accents (e + U+0301): the tokenizer strips the mark, and the last sub-token's
+    offset ended before it, so the word read "cafe" and --token café was refused."""
+    words = group_words(bert.encode([text]), text).words
+    assert words[1:-1] == text.split()
+    for spelling in ("café", unicodedata.normalize("NFD", "café")):  # either spelling finds either text
+        if "caf" in text:
+            assert bertscope.attend(bert, text, spelling).index == 2

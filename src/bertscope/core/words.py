@@ -10,6 +10,7 @@ words of their own: much attention goes to them, and hiding that would mislead.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,6 +54,9 @@ def group_words(batch: Batch, text: str, index: int = 0, pair: str | None = None
             continue
         key = (int(batch.token_type_ids[index, t]), wid)
         source = text if key[0] == 0 else pair
+        if source is not None:  # combining marks the tokenizer strips (e + U+0301) stay in the word
+            while e < len(source) and unicodedata.category(source[e]) in ("Mn", "Me"):
+                e += 1
         if key != last:
             words.append(source[s:e] if source is not None else tok)
             first_offset = s
@@ -90,8 +94,8 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
         raise InputError("the --token word is empty")
     if isinstance(occurrence, bool) or not isinstance(occurrence, int):
         raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}")
-    target = word.strip().lower()
-    hits = [i for i, w in enumerate(words) if w.lower() == target]
+    target = _fold(word.strip())
+    hits = [i for i, w in enumerate(words) if _fold(w) == target]
     if not hits:
         real = [w for w in words if w not in ("[CLS]", "[SEP]")]
         if not real:
@@ -101,7 +105,7 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
             raise InputError(
                 f"the tokenizer splits {word!r} into the words {' '.join(span)}; "
                 f"pass one of them, e.g. --token {span[0]}")
-        if cut_text is not None and target in cut_text.lower():
+        if cut_text is not None and target in _fold(cut_text):
             limit = f"the model's {positions} positions" if positions else "the model's positions"
             raise InputError(f"the word {word!r} was cut off: the text is longer than {limit}")
         shown = " ".join(real[:40]) + (f" ... ({len(real)} words)" if len(real) > 40 else "")
@@ -111,12 +115,17 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     return hits[occurrence - 1]
 
 
+def _fold(s: str) -> str:
+    """How words are compared: case-insensitive, é composed or not (NFC)."""
+    return unicodedata.normalize("NFC", s).lower()
+
+
 def _split_span(words: Sequence[str], target: str) -> list[str] | None:
     """The run of consecutive words that spells ``target`` (e.g. didn ' t for "didn't"), if any."""
     for i in range(len(words)):
         joined = ""
         for j in range(i, min(i + 8, len(words))):
-            joined += words[j].lower()
+            joined += _fold(words[j])
             if joined == target:
                 return list(words[i:j + 1]) if j > i else None
             if not target.startswith(joined):

@@ -622,3 +622,17 @@ def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
     assert main([command, text, "--token", "zebra", *extra]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the truncation warning, if any
     assert last.startswith("bertscope: error: the word 'zebra' was cut off") and len(last) < 300, last
+
+
+@pytest.mark.parametrize("args", [["view", "\u200b", "--out", "{tmp}/v.html"], ["plot", "\u200b", "--out", "{tmp}/p.png"],
+                                  ["ablate", "\u200b", "--sweep"], ["ablate", "\u200b", "--layer", "0", "--head", "0"],
+                                  ["attend", "\u200b", "--token", "x"], ["view", "ok", "--pair", "\u200b\u200b",
+                                                                         "--out", "{tmp}/w.html"]])
+def test_a_text_of_characters_the_tokenizer_drops_has_no_tokens_everywhere(args, tmp_path, capsys):
+    """view, plot and ablate ran on [CLS] [SEP] alone, while attend and trace refused it."""
+    from bertscope.cli.main import main
+
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in args] + ["--quiet"] * (args[0] == "ablate")) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "has no tokens" in last, last
+    assert not list(tmp_path.iterdir())

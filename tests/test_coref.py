@@ -64,6 +64,18 @@ def test_bad_schemas_are_named_and_the_rest_is_read():
     assert warns[2].startswith("schema 4") and "correctAnswer" in warns[2]
 
 
+def test_a_schema_whose_candidates_are_the_same_words_is_skipped():
+    """"Bob" / "Bob" used to be scored: a tie on every head, counted 1/2 there and a win by the
+    first and nearest baselines. Nested candidates ("Emma's" / "Emma's mother") stay two."""
+    xml = ("<collection>\n"
+           + _schema_xml("Bob met Bob because", "he", "was kind.", "Bob", "Bob", "A")
+           + _schema_xml("Emma's mother told Ann that", "she", "was late.", "Emma's", "Emma's mother", "B")
+           + "</collection>").encode()
+    schemas, warns = parse_wsc(xml, "t.xml")
+    assert [s.number for s in schemas] == [2]
+    assert len(warns) == 1 and "'Bob' and 'Bob' are the same words of the text" in warns[0]
+
+
 def test_reader_refuses_dtd_and_non_wsc():
     with pytest.raises(InputError, match="DTD"):
         parse_wsc(b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "b">]><collection></collection>')

@@ -337,6 +337,11 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
         if not pair.strip():
             raise InputError("the pair text is empty")
     batch = bert.encode(texts, pairs=None if pair is None else [pair])
+    for b in range(len(texts)):  # a text of characters the tokenizer drops (U+200B...) has no tokens
+        for seg, what in ((0, "the text" if b == 0 else "the second text"), (1, "the pair text")):
+            if (seg == 0 or pair is not None) and not any(
+                    w is not None and int(batch.token_type_ids[b, t]) == seg for t, w in enumerate(batch.word_ids[b])):
+                raise InputError(f"{what} has no tokens (it holds only spaces or control characters)")
     dev = bert.device
     cfg = bert.config
     want_qk = _want_qk(qk, cfg.num_hidden_layers, cfg.hidden_size, max(batch.lengths))

@@ -122,6 +122,8 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
     _check_heads(bert, heads)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])
+    if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)
+        raise InputError("the text has no tokens (it holds only spaces or control characters)")
     words = group_words(batch, text)
     wi = (find_word(words.words, word, occurrence, cut_text=text if batch.truncated[0] else None,
                     positions=bert.tokenizer.max_length) if word is not None else None)
@@ -156,6 +158,8 @@ def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None 
         raise InputError("the text is empty")
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])
+    if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)
+        raise InputError("the text has no tokens (it holds only spaces or control characters)")
     a = _run(bert, batch, None, False).last_hidden_state.float().cpu()  # (1, T, C)
     ea = _embedding(a)
     tok = torch.zeros(N, H)

@@ -112,6 +112,9 @@ def _schema(elem: ET.Element, number: int, line: int) -> Schema:
             raise ValueError(f"its candidate {a!r} is not in the text {text!r}")
         if span[0] < end and start < span[1]:
             raise ValueError(f"its candidate {a!r} overlaps the pronoun")
+        for other, same in zip(answers, spans):  # "Bob" / "Bob": one span, a tie on every score
+            if span == same:  # (nested spans, "Emma's" / "Emma's mother", are two candidates)
+                raise ValueError(f"its candidates {other!r} and {a!r} are the same words of the text")
         spans.append(span)
     return Schema(number=number, line=line, text=text, pronoun=parts["pron"], pronoun_span=(start, end),
                   candidates=tuple(answers), candidate_spans=tuple(spans), correct=letters.index(raw),

@@ -346,3 +346,12 @@ def test_words_from_tokens_of_other_tokenizers():
     assert words == ["<|endoftext|>", "The", "animal", "is"]
     words, tw, _ = words_from_tokens(["[CLS]", "token", "##ization", "[SEP]", "##x"])  # WordPiece
     assert words == ["[CLS]", "tokenization", "[SEP]", "##x"] and tw == [0, 1, 1, 2, 3]
+
+
+def test_save_refuses_a_name_that_is_not_a_page(bert, tmp_path):
+    """Report.save("x.png") wrote HTML into a .png file (view's --out refuses that name)."""
+    rep = bertscope.show([np.full((1, 2, 3, 3), 1 / 3)], ["[CLS]", "a", "[SEP]"])
+    with pytest.raises(bertscope.InputError, match="give a name ending in .html"):
+        rep.save(tmp_path / "x.png")
+    assert not list(tmp_path.iterdir())
+    assert rep.save(tmp_path / "x.HTML").is_file()

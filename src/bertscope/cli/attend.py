@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=3, metavar="K", help="words per head and heads per word to list (default 3)")
     add_model_arg(p)
     p.add_argument("--json", action="store_true",
-                   help='print JSON: {"words", "token", "weights": [layer][head][word]}')
+                   help='print JSON: {"words", "token", "token_index", "truncated", "weights": [layer][head][word]}')
     p.set_defaults(func=run)
 
 

@@ -43,7 +43,7 @@ def register(sub) -> None:
     p.add_argument("--tokens", action="store_true", help="sub-tokens instead of words")
     p.add_argument("--out", metavar="FILE", required=True, help="FILE.png, FILE.svg or FILE.pdf")
     p.add_argument("--dpi", type=int, default=200, help="resolution of a PNG (default 200)")
-    p.add_argument("--span", metavar="START:END", default=None, help="only a window of tokens (e.g. 40:80)")
+    p.add_argument("--span", metavar="START:END", default=None, help="only a window of tokens (e.g. 40:80; counting from the end, with =: --span=-40:)")
     p.add_argument("--vmax", type=float, default=None, metavar="V",
                    help="the weight drawn darkest (default: the largest shown), to compare figures")
     p.add_argument("--per-panel", action="store_true",

@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     H, D, C = tr.num_heads, tr.head_size, tr.hidden_size
     tok = tr.tokens[tr.token_index]
     s = tr.shapes
-    print(f'Trace of "{tok}" (token {tr.token_index}), layer {tr.layer} of {tr.num_layers}, '
-          f"head {tr.head} of {H}; C = {C} = {H} heads x D = {D}")
+    print(f'Trace of "{tok}" (token {tr.token_index}), layer {tr.layer} (of 0..{tr.num_layers - 1}), '
+          f"head {tr.head} (of 0..{H - 1}); C = {C} = {H} heads x D = {D}")
     print(f"tokens: {' '.join(tr.tokens)}")
     print()
     print(f"[0] input x (this layer's input hidden states): {s['x']}  (B, T, C)")

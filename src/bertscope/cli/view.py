@@ -56,7 +56,7 @@ def register(sub) -> None:
     p.add_argument("--pair", metavar="TEXT_B", default=None,
                    help="read TEXT and TEXT_B as one sentence pair ([CLS] A [SEP] B [SEP], segments 0/1)")
     p.add_argument("--span", metavar="START:END", default=None,
-                   help="open on a window of tokens (positions from 0, END excluded; e.g. 100:180)")
+                   help="open on a window of tokens (positions from 0, END excluded; e.g. 100:180; counting from the end, with =: --span=-40:)")
     p.add_argument("--qk", action=argparse.BooleanOptionalAction, default=None,
                    help="store every head's q, k, v for the query-key view (default: when small)")
     add_model_arg(p)

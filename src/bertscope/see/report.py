@@ -206,7 +206,10 @@ class Report:
         return render_page(meta, mode="file", blob=blob, qk_blob=qk_blob)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the HTML file atomically (a temporary file, then a rename)."""
+        """Write the HTML file atomically (a temporary file, then a rename). The name must end in
+        .html or .htm; its folder must exist."""
+        if Path(path).suffix.lower() not in (".html", ".htm"):
+            raise InputError(f"{path}: the explorer is an HTML page; give a name ending in .html")
         return write_bytes_atomic(Path(path), self.to_html().encode("utf-8"), make_parents=False)
 
     def frame_height(self) -> int:

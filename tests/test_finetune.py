@@ -612,3 +612,18 @@ def test_finetune_config_refuses_values_that_are_not_numbers(kw, fragment):
 
     with pytest.raises(bertscope.InputError, match=fragment):
         FinetuneConfig(train="t.csv", **kw).check()
+
+
+def test_predict_warns_when_a_pair_model_is_given_single_texts(tmp_path, tiny, capsys):
+    """A classifier fine-tuned on pairs classified single texts silently when
+    --text-pair-field was left out."""
+    rows = [dict(r, pair="and so it was") for r in sentiment_rows(16, seed=3)]
+    train = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    out = tmp_path / "clf"
+    assert main(["finetune", str(train), "--text-pair-field", "pair", "--model", str(tiny), "--out", str(out),
+                 "--epochs", "1", "--max-length", "16", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(out), str(train), "--quiet"]) == 0
+    assert "was fine-tuned on text pairs (its metrics.json: --text-pair-field pair)" in capsys.readouterr().err
+    assert main(["predict", str(out), str(train), "--text-pair-field", "pair", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err

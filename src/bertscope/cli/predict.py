@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .progress import add_progress_args
 
@@ -43,7 +44,8 @@ def register(sub) -> None:
     p.add_argument("--text-field", "--field", dest="text_field", default=None, metavar="NAME",
                    help='the text field or column of .jsonl/.csv/.tsv input (default "text")')
     p.add_argument("--text-pair-field", default=None, metavar="NAME",
-                   help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV)")
+                   help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV); "
+                        "a classifier fine-tuned on pairs needs it, and predict warns when it is left out")
     p.add_argument("--max-length", type=int, default=None, metavar="N",
                    help="cut texts to N tokens (default: the length the model was fine-tuned at)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
@@ -108,6 +110,19 @@ def summary(rows: list[dict]) -> str:
     return ", ".join([_count(predicted, "prediction")] + [_count(n, f"{s} record") for s, n in bad.items()])
 
 
+def _fine_tuned_pair_field(folder: Path) -> str | None:
+    """The pair field a classifier was fine-tuned with, from the metrics.json that
+    ``bertscope finetune`` writes beside it (None: single texts, or no such file)."""
+    import json
+
+    try:
+        settings = json.loads((folder / "metrics.json").read_text(encoding="utf-8")).get("settings", {})
+        field = settings.get("pair_field")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return field if isinstance(field, str) else None
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import sys
@@ -159,6 +174,11 @@ def run(args: argparse.Namespace) -> int:
                          "BertForSequenceClassification); fine-tune one with: bertscope finetune")
     if args.max_length is not None and not 2 <= args.max_length <= bert.config.max_position_embeddings:
         raise InputError(f"--max-length must be 2..{bert.config.max_position_embeddings}, got {args.max_length}")
+    trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
+    if trained_pair is not None and args.text_pair_field is None:
+        print(f"bertscope: warning: {args.model_dir} was fine-tuned on text pairs (its metrics.json: "
+              f"--text-pair-field {trained_pair}); this run reads single texts: pass --text-pair-field to "
+              "give it pairs", file=sys.stderr)
     from tqdm import tqdm
 
     with tqdm(total=len(records), unit="text", file=sys.stderr, disable=not progress_enabled(args), dynamic_ncols=True,

@@ -610,6 +610,7 @@ def test_attend_result_names_an_index_out_of_range(bert):
             call()
     with pytest.raises(InputError, match="occurrence must be a whole number"):
         bertscope.attend(bert, "The cat sat on the mat", "cat", occurrence="1")
+    assert bertscope.attend(bert, "the cat and the dog", "the", occurrence=np.int64(2)).index == 4
 
 
 @pytest.mark.parametrize("command", ["attend", "trace", "ablate"])
@@ -622,6 +623,14 @@ def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
     assert main([command, text, "--token", "zebra", *extra]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the truncation warning, if any
     assert last.startswith("bertscope: error: the word 'zebra' was cut off") and len(last) < 300, last
+    # an occurrence past the part kept is cut off too; a piece of a word ("at" in "cat") is not a word
+    if command != "ablate":  # (ablate takes a word's first occurrence)
+        assert main([command, text, "--token", "mat", "--occurrence", "90", *extra]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "occurrence 90 of 'mat' was cut off" in last, last
+    assert main([command, text, "--token", "at", *extra]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "'at' is not in the text" in last and "cut off" not in last, last
 
 
 @pytest.mark.parametrize("args", [["view", "\u200b", "--out", "{tmp}/v.html"], ["plot", "\u200b", "--out", "{tmp}/p.png"],

@@ -388,3 +388,9 @@ def test_a_classifier_explains_the_text_it_classifies(classifier):
         pred = short.labels[int(short.classify([LONG])[0].argmax())]
     assert exp.target == f"probability of the predicted class {pred!r}"
     assert len(bertscope.explain(short, LONG, "alti").tokens) == 6  # its maps too: one text, one cut
+    # view --measure pairs map_measures with analyze: both cut where analyze cuts (the positions)
+    from bertscope.explain import map_measures
+    from bertscope.see.report import analyze
+
+    [rt] = analyze(short, [LONG], qk=False)
+    assert map_measures(short, LONG, ["alti"])["alti"].shape[-1] == len(rt.tokens) > 6

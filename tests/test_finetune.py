@@ -581,11 +581,14 @@ def test_an_unclosed_quote_is_refused_not_merged(tmp_path, trained, capsys):
     _refused(capsys, ["predict", str(model), str(tsv), "--out", str(tmp_path / "p.jsonl")],
              "line 2 opens a quoted field")
     _refused(capsys, ["finetune", str(csv_), "--out", str(tmp_path / "o")], "line 3 opens a quoted field")
-    ok = tmp_path / "ok.tsv"  # a quote inside a field, and a quoted field over two lines, are fine
-    ok.write_text('text\tlabel\nhe said "hi"\tpos\n"two\nlines"\tneg\n', encoding="utf-8")
+    # a quote inside a field, a quoted field over two lines, and text after a closing quote are read
+    ok = tmp_path / "ok.tsv"
+    ok.write_text('text\tlabel\nhe said "hi"\tpos\n"two\nlines"\tneg\n"Hello," she said.\tpos\nlast\tneg\n',
+                  encoding="utf-8")
     from bertscope.train.data import read_records
     got = [(r.line, r.text, r.label) for r in read_records(ok, label_field="label")]
-    assert got == [(2, 'he said "hi"', "pos"), (3, "two\nlines", "neg")]
+    assert [g[0] for g in got] == [2, 3, 5, 6] and [g[2] for g in got] == ["pos", "neg", "pos", "neg"]
+    assert got[0][1] == 'he said "hi"' and got[1][1] == "two\nlines" and "she said." in got[2][1]
 
 
 def test_one_number_written_two_ways_is_refused_as_two_labels(tmp_path, tiny, capsys):
@@ -595,6 +598,10 @@ def test_one_number_written_two_ways_is_refused_as_two_labels(tmp_path, tiny, ca
     out = tmp_path / "out"
     _refused(capsys, ["finetune", str(write_csv(tmp_path / "t.csv", rows)), "--model", str(tiny), "--out", str(out)],
              "one number written two ways", out)
+    from bertscope.train.data import Example, LabelSet
+    # words that float() would read as numbers are words: "nan", "inf", "Infinity" are three classes
+    names = LabelSet.from_examples([Example(i, "t", None, n) for i, n in enumerate(["nan", "inf", "Infinity"])]).names
+    assert sorted(names) == ["Infinity", "inf", "nan"]
 
 
 def test_finetune_names_a_json_array_for_what_it_is(tmp_path, tiny, capsys):

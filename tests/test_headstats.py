@@ -148,3 +148,10 @@ def test_a_text_with_no_tokens_is_skipped_with_a_warning(bert):
     assert any("line 2 has no tokens" in w for w in stats.warnings)
     with pytest.raises(InputError, match="has no tokens"):
         head_stats(bert, [(1, "\u200b")])
+
+
+def test_a_text_of_one_word_is_classed_by_its_shares_not_by_rounding():
+    """One word: u = 1, so the bar is 1, which v + d meets only up to float rounding."""
+    for vd in (1 - 1e-7, 1.0, 1 + 1e-7):
+        assert classify(vd, 0.0, 0.0, 1.0) == "vertical"
+        assert classify(0.0, vd, 0.0, 1.0) == "diagonal"

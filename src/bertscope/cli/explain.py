@@ -128,17 +128,11 @@ def _nested(a) -> list:
 def _locate(bert, exp, args) -> int | None:
     """The index of --token among the explanation's words (or None), with truncation explained."""
     from ..core.words import find_word
-    from ..errors import InputError
 
     if args.token is None:
         return None
-    try:
-        return find_word(exp.words, args.token, args.occurrence or 1, cut_text=args.text if exp.truncated else None)
-    except InputError:
-        if exp.truncated and args.token.strip().lower() in args.text.lower():
-            raise InputError(f"the word {args.token!r} was cut off: the text is longer than the model's "
-                             f"{bert.tokenizer.max_length} positions") from None
-        raise
+    return find_word(exp.words, args.token, args.occurrence or 1, cut_text=args.text if exp.truncated else None,
+                     positions=len(exp.tokens))
 
 
 def _check_ranges(bert, args) -> None:

@@ -177,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
     trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
     if trained_pair is not None and args.text_pair_field is None:
         print(f"bertscope: warning: {args.model_dir} was fine-tuned on text pairs (its metrics.json: "
-              f"--text-pair-field {trained_pair}); this run reads single texts: pass --text-pair-field to "
-              "give it pairs", file=sys.stderr)
+              f"--text-pair-field {trained_pair}); this run reads single texts: give it pairs with "
+              "--text-pair-field and a .jsonl, .csv or .tsv input that has the pair in a field", file=sys.stderr)
     from tqdm import tqdm
 
     with tqdm(total=len(records), unit="text", file=sys.stderr, disable=not progress_enabled(args), dynamic_ncols=True,

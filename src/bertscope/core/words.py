@@ -10,6 +10,8 @@ words of their own: much attention goes to them, and hiding that would mislead.
 
 from __future__ import annotations
 
+import operator
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
@@ -92,8 +94,10 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     check_text(word, "the word")
     if not word.strip():
         raise InputError("the --token word is empty")
-    if isinstance(occurrence, bool) or not isinstance(occurrence, int):
-        raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}")
+    try:
+        occurrence = operator.index(occurrence) if not isinstance(occurrence, bool) else operator.index(None)
+    except TypeError:
+        raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}") from None
     target = _fold(word.strip())
     hits = [i for i, w in enumerate(words) if _fold(w) == target]
     if not hits:
@@ -105,14 +109,29 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
             raise InputError(
                 f"the tokenizer splits {word!r} into the words {' '.join(span)}; "
                 f"pass one of them, e.g. --token {span[0]}")
-        if cut_text is not None and target in _fold(cut_text):
-            limit = f"the model's {positions} positions" if positions else "the model's positions"
-            raise InputError(f"the word {word!r} was cut off: the text is longer than {limit}")
+        if _cut_off(cut_text, target, 0):
+            raise InputError(f"the word {word!r} was cut off: the text is longer than {_limit(positions)}")
         shown = " ".join(real[:40]) + (f" ... ({len(real)} words)" if len(real) > 40 else "")
         raise InputError(f"the word {word!r} is not in the text (its words are: {shown})")
+    if occurrence > len(hits) and _cut_off(cut_text, target, len(hits)):
+        raise InputError(f"occurrence {occurrence} of {word!r} was cut off: the text is longer than "
+                         f"{_limit(positions)}, and {len(hits)} occurrence(s) fit")
     if occurrence < 1 or occurrence > len(hits):
         raise InputError(f"the word {word!r} occurs {len(hits)} time(s); occurrence {occurrence} does not exist")
     return hits[occurrence - 1]
+
+
+def _limit(positions: int | None) -> str:
+    return f"the {positions} tokens it was cut to" if positions else "the model's positions"
+
+
+def _cut_off(cut_text: str | None, target: str, found: int) -> bool:
+    """Whether the whole text (given when it was cut) holds ``target`` as a word more often than
+    the ``found`` times the part kept does."""
+    if cut_text is None:
+        return False
+    pattern = r"(?<!\w)" + re.escape(target) + r"(?!\w)"
+    return len(re.findall(pattern, _fold(cut_text))) > found
 
 
 def _fold(s: str) -> str:

@@ -315,7 +315,7 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
     for name in names:
         if name not in MAP_METHODS:
             raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
-    batch = bert.encode([text], pairs=None if pair is None else [pair], max_length=_length_limit(bert))
+    batch = bert.encode([text], pairs=None if pair is None else [pair])  # as analyze() cuts: maps line up
     T = batch.lengths[0]
     if "value-zeroing" in names and T > VALUE_ZEROING_MAX_TOKENS:
         raise InputError(f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer "

@@ -19,7 +19,8 @@ Routes:
 ``text_b`` is a second text to compare; ``pair`` the second half of a sentence pair
 ([CLS] text [SEP] pair [SEP]). A text that is not a string, or not valid Unicode (a lone
 surrogate), gets HTTP 422 with a one-line message; so do a key the route does not take (a
-misspelt "heads" is not left to its default) and a number given as a string or a boolean. A blank
+misspelt "heads" is not left to its default) and a whole number given as a string, a boolean or
+a float (1.0; JSON.stringify writes whole numbers without a point). A blank
 ``text_b`` or ``pair`` is refused (400); null, or leaving the key out, means none.
 
 Every request's Host header must name this server: a loopback name (localhost, 127.0.0.1,
@@ -330,11 +331,11 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         return JSONResponse({"detail": f"{where}: {msg}" if where else msg}, status_code=422)
 
     def texts_of(q: Texts) -> tuple[list[str], str | None]:
-        if q.pair is not None and q.text_b is not None:
-            raise HTTPException(400, "give text_b (a text to compare) or pair (a sentence pair), not both")
         for what, t in (("text_b", q.text_b), ("pair", q.pair)):
             if t is not None and not t.strip():  # given, and blank: say so (null leaves it out)
                 raise HTTPException(400, f"the {what} is empty (send null, or leave it out, for none)")
+        if q.pair is not None and q.text_b is not None:
+            raise HTTPException(400, "give text_b (a text to compare) or pair (a sentence pair), not both")
         pair = q.pair
         texts = [q.text] if q.text_b is None else [q.text, q.text_b]
         named = [("text", q.text)] + ([("text_b", texts[1])] if len(texts) > 1 else []) + ([("pair", pair)] if pair else [])

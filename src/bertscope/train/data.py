@@ -139,6 +139,7 @@ def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: st
         yield _from_fields(n, obj.__getitem__, text_field, pair_field, label_field)
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
@@ -148,9 +149,9 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
     # holds: a row with one in a column read is a record of status "undecodable", as a text
     # file's line is (other columns are not read)
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-    # strict: a quote that is never closed is an error, not a field that swallows the lines after it
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     start = 1  # the line the record being read begins on
+    last = (0, 0)  # the first and last line of the last record
     try:
         header = next(reader, None)
         if header is None:
@@ -166,6 +167,7 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
         start = reader.line_num + 1
         for row in reader:
             n, start = start, reader.line_num + 1
+            last = (n, reader.line_num)
             if not any(cell.strip() for cell in row):
                 if keep_blank:
                     yield Record(n, "", None, "empty", blank=True)
@@ -183,12 +185,18 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
 
             yield _from_fields(n, get, text_field, pair_field, label_field)
     except csv.Error as e:
-        kind = "CSV" if delimiter == "," else "TSV"
-        if "unexpected end of data" in str(e):
-            raise InputError(f"{path}: line {start} opens a quoted field (\") that is never closed, so "
+        raise InputError(f"{path}: line {reader.line_num} is not valid {'CSV' if delimiter == ',' else 'TSV'} "
+                         f"({e})") from None
+    # A quote that opens a field and never closes makes every line after it part of that field: the
+    # file's last record, over several lines, with an odd number of quotes (closed quotes and
+    # doubled ones come in pairs). Refused rather than read as one text.
+    if last[1] > last[0]:
+        raw = "".join(io.StringIO(text, newline="").readlines()[last[0] - 1:last[1]])
+        if raw.count('"') % 2:
+            kind = "CSV" if delimiter == "," else "TSV"
+            raise InputError(f"{path}: line {last[0]} opens a quoted field (\") that is never closed, so "
                              f"every line after it would be one {kind} field; close the quote, or double "
-                             f"a quote inside a quoted field (\"\")") from None
-        raise InputError(f"{path}: line {reader.line_num} is not valid {kind} ({e})") from None
+                             f"a quote inside a quoted field (\"\")")
 
 
 def read_records(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,
@@ -274,10 +282,9 @@ class LabelSet:
 
         numbers: dict[float, str] = {}
         for name in sorted(names, key=key):
-            try:
-                value = float(name)
-            except ValueError:
+            if not _DECIMAL.fullmatch(name):  # plain decimals only: not "nan", "inf" or "1_0"
                 continue
+            value = float(name)
             if value in numbers:  # "1" and "1.0": one class written two ways would become two
                 raise InputError(f"{path} has the labels {numbers[value]!r} and {name!r}, one number written "
                                  "two ways, which would be two classes: write each label one way")

@@ -205,7 +205,11 @@ def train_step(model: BertForSequenceClassification, encoder: PackedEncoder, opt
         raise NonFiniteError(f"the training loss became {float(loss.detach())}: the run diverged (a learning "
                              "rate too high for this model?)")
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if not torch.isfinite(norm):  # a finite loss with an infinite gradient: no step either
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"the gradient's norm became {float(norm)}: the run diverged (a learning rate "
+                             "too high for this model?)")
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -167,7 +167,8 @@ def pattern_features(probs: torch.Tensor, kinds: TokenKinds) -> dict[str, torch.
 def classify(v: float, d: float, spread: float, u: float = 0.0) -> str:
     """The pattern class of one map from its masses (the rules in the module docstring)."""
     vd = v + d
-    if vd >= max(BROAD_CUTOFF, min(ABOVE_UNIFORM * u, (1 + u) / 2)):
+    # 1e-6: for a word or two, u = 1 and the bar is 1, which v + d meets up to float rounding
+    if vd >= max(BROAD_CUTOFF, min(ABOVE_UNIFORM * u, (1 + u) / 2)) - 1e-6:
         if d < MIX_SHARE * vd:
             return "vertical"
         if v < MIX_SHARE * vd:

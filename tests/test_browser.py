@@ -219,6 +219,9 @@ def test_served_app(browser, bert, hf_model):
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
         assert "limit" in page.inner_text("#bs-error")
+        # in view, beside the form: it used to sit below the old result, far under the fold
+        assert page.eval_on_selector("#bs-error", "e => { const r = e.getBoundingClientRect(); "
+                                     "return r.top >= 0 && r.bottom <= innerHeight; }")
 
         page.fill("#bs-text", "A short text.")  # Enter submits, and the old error goes away
         page.press("#bs-text", "Enter")
@@ -617,4 +620,38 @@ def test_no_measure_switch_without_measures(browser, bert, tmp_path):
     page.goto(path.as_uri())
     page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
     assert not page.is_visible("#bs-measure")  # the page of today: attention only
+    page.close()
+
+
+def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
+    """Tab to a token and Enter pins its numbers; the query-key table's sticky header sits below
+    the sticky controls (it was hidden under them); at 420 px nothing widens the page."""
+    rep = build_report(bert, " ".join(["The animal didn't cross the street because it was too tired."] * 4))
+    path = rep.save(tmp_path / "keys.html")
+    page = browser.new_page(viewport={"width": 1280, "height": 700})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    settle(page)
+    tok = "#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left[data-i='3']"
+    page.focus(tok)
+    page.keyboard.press("Enter")
+    assert shown_values(page), "Enter on a focused token pins its numbers"
+    assert page.eval_on_selector(tok, "e => e.classList.contains('bs-pinned') || document.activeElement === e")
+    assert page.get_attribute(".bs-tab[data-view='qk']", "role") == "tab"
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    bar, top = page.evaluate("() => [document.getElementById('bs-controls').offsetHeight, "
+                             "parseFloat(getComputedStyle(document.querySelector('.bs-qk-table th')).top)]")
+    assert bar > 0 and top == bar, (bar, top)
+    page.set_viewport_size({"width": 420, "height": 800})
+    for view in ("head", "model", "qk"):
+        page.click(f".bs-tab[data-view='{view}']")
+        settle(page)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 420, (view, width)
+    assert page.evaluate("() => getComputedStyle(document.getElementById('bs-controls')).position") == "static"
+    page.screenshot(path=str(artifact("narrow-qk-view.png")), full_page=True)
+    assert not errors, errors
     page.close()

@@ -57,12 +57,36 @@
     return (Math.round(x * 10 ** d) / 10 ** d).toFixed(d);
   }
 
+  /** 2 -> "2nd", 3 -> "3rd", 11 -> "11th". */
+  function ordinal(n) {
+    const tens = n % 100, last = n % 10;
+    const suffix = tens >= 11 && tens <= 13 ? "th" : last === 1 ? "st" : last === 2 ? "nd" : last === 3 ? "rd" : "th";
+    return `${n}${suffix}`;
+  }
+
   function fmtSigned(x, d = 3) { return (x >= 0 ? "+" : "−") + Math.abs(x).toFixed(d); }
 
   function showError(msg) {
     const el = $("bs-error");
     el.textContent = msg;
     el.hidden = !msg;
+    if (msg && el.scrollIntoView) el.scrollIntoView({ block: "nearest" });  // never below the fold
+  }
+
+  /** The sticky controls bar's height, as --bs-controls-h: sticky table headers and the pinned
+   * readout sit below it, not under it (it is 2-3 rows tall on narrow screens). */
+  let controlsObserved = false;
+  function trackControlsHeight() {
+    if (controlsObserved || typeof ResizeObserver !== "function") return;
+    controlsObserved = true;
+    const bar = $("bs-controls");
+    const set = () => {
+      const sticky = getComputedStyle(bar).position === "sticky";
+      document.documentElement.style.setProperty("--bs-controls-h", `${sticky ? bar.offsetHeight : 0}px`);
+    };
+    new ResizeObserver(set).observe(bar);
+    window.addEventListener("resize", set);
+    set();
   }
 
   function setProgress(msg) { $("bs-progress").textContent = msg || ""; }
@@ -369,6 +393,16 @@
     return state.heads.map((h, k) => ({ key: String(h), name: `head ${h}`, color: headColor(h), M: ms[k] }));
   }
 
+  /** How close the stored numbers are, as text: within one step of 1/scale (the rounding of two
+   * cumulative sums), ±0.0005 for weights (1/2048), more for a measure stored on a coarser scale
+   * (norm's lengths past 32). */
+  function storedTo() {
+    const mi = measureInfo();
+    const scale = (mi && source.scales && source.scales["m:" + mi.name]) || source.scale || 2048;
+    const step = 1 / scale;
+    return step < 0.001 ? step.toFixed(4) : step.toPrecision(2);
+  }
+
   /** The measure shown instead of the attention weights: {name, per_head, share}, or null. */
   function measureInfo(name = state.measure) {
     if (!meta || !meta.measures || name === "attention") return null;
@@ -525,6 +559,8 @@
     d.title = label;
     d.dataset.side = side;
     d.dataset.i = String(index);
+    d.tabIndex = 0;  // keyboard: Tab to a token shows its lines, Enter or Space pins its numbers
+    d.setAttribute("role", "button");
     return d;
   }
 
@@ -632,6 +668,18 @@
       redrawHeadPanels();
     });
     hv.addEventListener("mouseleave", () => { state.hover = null; redrawHeadPanels(); });
+    hv.addEventListener("focusin", (e) => {
+      const d = e.target.closest(".bs-tok");
+      if (!d) return;
+      state.hover = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
+      redrawHeadPanels();
+    });
+    hv.addEventListener("keydown", (e) => {
+      if ((e.key === "Enter" || e.key === " ") && e.target.closest(".bs-tok")) {
+        e.preventDefault();
+        e.target.click();
+      }
+    });
     hv.addEventListener("click", (e) => {
       const d = e.target.closest(".bs-tok");
       if (!d) return;
@@ -787,7 +835,7 @@
     const lab = shown[0].P.labels[pos];
     const what = measureInfo() ? state.measure : "attention";
     const caption = (f.side === "left" ? `${what} from “${lab}” to each ${state.level}`
-      : `${what} to “${lab}” from each ${state.level}`) + (source.exact ? "" : " (stored to ±0.0005)") +
+      : `${what} to “${lab}” from each ${state.level}`) + (source.exact ? "" : ` (stored to ±${storedTo()})`) +
       (view.capped ? `; lines: the ${FOCUS_LINES} strongest per head` : "");
     const parts = [`<caption>${esc(caption)}</caption><tr><th>${f.side === "left" ? "to" : "from"}</th>`];
     shown.forEach((m) => parts.push(`<th style="color:${m.color}">${esc(m.name)}</th>`));
@@ -961,14 +1009,16 @@
     const cctx = setupCanvas(cols, side, lw);
     cctx.font = font; cctx.fillStyle = "#1d2330"; cctx.textBaseline = "middle"; cctx.textAlign = "left";
     for (let a = 0; a < n; a += step) {
-      lctx.fillText(labels[a], lw - 4, a * cell + cell / 2, lw - 6);
+      // an 11px label on a small cell: kept inside the strip at both ends, not cut in half
+      const mid = Math.min(Math.max(a * cell + cell / 2, 6), side - 6);
+      lctx.fillText(labels[a], lw - 4, mid, lw - 6);
       cctx.save();
-      cctx.translate(a * cell + cell / 2, lw - 4);
+      cctx.translate(mid, lw - 4);
       cctx.rotate(-Math.PI / 2);
       cctx.fillText(labels[a], 0, 0, lw - 6);
       cctx.restore();
     }
-    if (step > 1) corner.textContent = `every ${step}th`;
+    if (step > 1) corner.textContent = `labels: every ${ordinal(step)} row and column`;
     panel.appendChild(legend(vmax, diverging, scaleLine));
     const out = el("div", "bs-mreadout", "Point at a cell for its exact value.");
     panel.appendChild(out);
@@ -1241,6 +1291,7 @@
       `Bars: one cell per dimension, blue > 0, red < 0; q and k on one scale (±${vq.toFixed(3)}), ` +
       `q ⊙ k on its own (±${vqk.toFixed(3)}), weight · v on its own (±${vv.toFixed(3)}).`));
     if (s > 0 || e < T) root.appendChild(el("div", "bs-note", `Keys ${s}–${e - 1} shown; the softmax is over all ${T}.`));
+    if (state.hideSpecial) root.appendChild(el("div", "bs-note", `[CLS] and [SEP] keys are hidden; the softmax is over all ${T} keys, so the rows shown sum to less than 1.`));
     const table = el("table", "bs-qk-table");
     const hr = document.createElement("tr");
     for (const h of ["key", "k", "q ⊙ k", "q·k", "÷√D", "mask", "softmax", "weight · v"]) hr.appendChild(el("th", "", h));
@@ -1325,6 +1376,7 @@
     $("bs-span-start").max = String(T - 1);
     $("bs-span-end").max = String(T);
     $("bs-controls").hidden = false;
+    trackControlsHeight();
     syncControls();
   }
 
@@ -1366,6 +1418,11 @@
       matrix: "Row = the token attending, column = the token attended to. Several heads selected: their mean. Zoom with − and +; the labels stay in view.",
       qk: "The seed's steps for one head and one query token: q and every k over the head's dimensions, q ⊙ k, the score, ÷√D, the mask, the softmax and the weighted sum of the values. Pick the layer and a head above.",
     };
+    if (mi && v === "head") {
+      hints.head = `Lines join each token (left) to the tokens it takes from (right) by ${mi.name}; ` +
+        (mi.share ? "opacity = its share of the row" : "opacity = its value over the layer's largest (the numbers are its own)") +
+        ". Hover a token to focus its lines; click to pin the exact numbers.";
+    }
     $("bs-hint").textContent = hints[state.view];
   }
 

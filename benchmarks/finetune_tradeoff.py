@@ -117,7 +117,7 @@ def render(res: dict, command: str) -> str:
             f"sweep takes about {sum(r['run_wall_seconds'] for r in rows) / 60:.0f} minutes on this 2-core CPU): the "
             f"mean training loss of the epoch was {min(losses):.2f}–{max(losses):.2f} (chance is 0.69), so absolute "
             f"accuracies are low. Accuracy {'rises with the length at every step' if all(x['dev_accuracy'] < y['dev_accuracy'] for x, y in zip(rows, rows[1:])) else 'does not rise at every step'}; "
-            f"neighbouring lengths differ by about one standard error (≈ {se_mid * 100:.1f} points on {s['dev']} reviews); the shortest against the longest by "
+            f"neighbouring lengths differ by about one standard error (at most {se_mid * 100:.1f} points on {s['dev']} reviews, at an accuracy of 0.5); the shortest against the longest by "
             f"{(rows[-1]['dev_accuracy'] - rows[0]['dev_accuracy']) * 100:.1f} points.", ""]
     if 192 in by and 512 in by:
         a, b = by[192], by[512]
@@ -133,7 +133,7 @@ def render(res: dict, command: str) -> str:
             f"feed-forward grow only linearly with the length (512/192 = 2.7×), and only attention grows as the square.",
             f"- it **costs**: dev accuracy {a['dev_accuracy']:.3f} at 192 against {b['dev_accuracy']:.3f} at 512, "
             f"**{(b['dev_accuracy'] - a['dev_accuracy']) * 100:+.1f} points** for 512 (one run each; the standard error "
-            f"of an accuracy on {s['dev']} reviews is about {se * 100:.1f} points). A review cut to 192 tokens keeps "
+            f"of an accuracy of {b['dev_accuracy']:.2f} on {s['dev']} reviews is about {se * 100:.1f} points). A review cut to 192 tokens keeps "
             "its first ~140 words only.",
             "",
         ]

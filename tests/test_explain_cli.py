@@ -56,13 +56,20 @@ def test_json_layer_and_head_select_the_row(capsys, bert):
     assert data["ranked"][0]["word"] == "animal" and data["ranked"][0]["value"] > 0.5
 
 
-def test_compare_json(capsys):
+def test_compare_json(capsys, bert):
     data = run_json(capsys, "--compare", "--token", "it", "--top", "3")
     assert data["token"] == "it" and set(data["methods"]) == {m for m in METHODS if method_kind(m) != "input"}
     for m, entry in data["methods"].items():
         assert len(entry["ranked"]) == 3
     norm = data["methods"]["norm"]["ranked"]
     assert 0 < norm[0]["value"] <= 1  # shown as a share of its row
+    # each head's share of its row, then the mean over heads: the figures docs/EXPERIMENTS.md's
+    # re-read gives (the share of the heads' mean differed by up to 0.04)
+    exp = bertscope.explain(bert, IT_ANIMAL, "norm")
+    wm = exp.word_maps()[-1, :, exp.words.index("it")]  # (H, W)
+    shares = (wm / wm.sum(-1, keepdims=True)).mean(0)
+    for r in norm:
+        assert abs(r["value"] - shares[r["index"]]) < 1e-5, r
     data = run_json(capsys, "--compare", "--token", "it", "--similar-to", SIMILAR)
     assert set(data["methods"]) == set(METHODS) and data["target"].startswith("cosine similarity")
 

@@ -309,6 +309,10 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     own = build_report(bert, "Tokenization splits rare words").texts[0]
     np.testing.assert_allclose(b.rollout, own.rollout, atol=1e-5)
     # one (N, H, T, T) array works too
+    # the padded tokens themselves, as convert_ids_to_tokens gives them: the [PAD]s go too
+    padded = bertscope.show(att, toks_a, tokens_b=tok.convert_ids_to_tokens(enc["input_ids"][1]))
+    assert padded.texts[1].tokens == b.tokens and "[PAD]" not in padded.texts[1].words
+    np.testing.assert_array_equal(padded.texts[1].attentions, b.attentions)
     one = bertscope.show(np.stack([x[0].numpy() for x in att]), toks_a)
     np.testing.assert_allclose(one.texts[0].attentions, a.attentions)
 

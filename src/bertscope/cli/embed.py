@@ -31,7 +31,7 @@ non-blank line fails), the input is refused at once: that is the wrong --field o
 Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
 file. Finished shards wait in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a
 dataset reader never mistakes an unfinished job for a complete one. --resume finishes a job
-without redoing shards (--format, --shard-rows and --field default to the job's); a shard whose
+without redoing shards (--format, --shard-rows, --field and --precision default to the job's); a shard whose
 input lines changed since (by content, not by size or date) is computed again in an unfinished
 job, and a shard whose file is missing or no longer has the size and SHA-256 recorded when it
 was written is computed again in any job, finished or not. A finished job whose input lines
@@ -69,7 +69,8 @@ int8 and bf16 stay on only where they measure faster than fp32 on this machine (
 without VNNI, int8 may not be); elsewhere the job runs fp32 and a warning says why, unless
 --keep-precision. A job records the precision it ran in, and --resume continues in it whatever
 speed is measured then (a job that began in fp32 because int8 or bf16 was off stays fp32, and
-says so); asking another precision than the job's (say fp32 for an int8 job) is refused.
+says so); asking another precision than the job's (say fp32 for an int8 job) is refused, before
+the model is loaded.
 --compile (with --precision int8) also tries the int8 steps compiled by torch.compile, fused
 loops that took 5-14% less time end to end on a Xeon with AMX (docs/BENCHMARKS.md);
 compiling takes about 30 s the first time on a machine (about 10 s once cached on disk), so it
@@ -94,8 +95,8 @@ def register(sub) -> None:
                         "16384 on CUDA). Larger batches cost memory: with the bundled model, 4096 "
                         "peaked at 780-950 MiB RSS against 650 for 2048 on a 2-CPU AVX-512 EPYC "
                         "(docs/BENCHMARKS.md)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
-                   help="fp32 (default, exact); int8 (CPU: int8 linears, cosine to fp32 >= 0.99 on the "
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default=None,
+                   help="fp32 (default, exact; with --resume, the job's); int8 (CPU: int8 linears, cosine to fp32 >= 0.99 on the "
                         "contract corpus); bf16 (CPU with AMX or AVX512-BF16, else fp32 with a warning)")
     p.add_argument("--compile", action="store_true",
                    help="with --precision int8: also race the torch.compile'd int8 steps (about 30 s to "
@@ -139,8 +140,8 @@ def _read_job_file(out: str, name: str) -> dict:
 
 
 def _settings_of_the_job(args: argparse.Namespace) -> None:
-    """--format, --shard-rows and --field as given, else (with --resume) the job's, else the
-    defaults: a resume need not repeat them."""
+    """--format, --shard-rows, --field and --precision as given, else (with --resume) the
+    job's, else the defaults: a resume need not repeat them."""
     from ..fast.embedjob import JOB_FILE
 
     job = _read_job_file(args.out, JOB_FILE) if args.resume else {}
@@ -151,6 +152,10 @@ def _settings_of_the_job(args: argparse.Namespace) -> None:
         args.shard_rows = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else 10_000
     if args.field is None and isinstance(job.get("field"), str):
         args.field = job["field"]
+    if args.precision is None:  # the precision the job was asked for (it may have run in fp32)
+        began, asked = _recorded_precision(args.out) if args.resume else (None, None)
+        wanted = asked or began
+        args.precision = wanted if wanted in ("fp32", "bf16", "int8") else "fp32"
 
 
 def _recorded_precision(out: str) -> tuple[str | None, str | None]:
@@ -182,6 +187,12 @@ def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None
     if not args.resume or args.precision == "fp32":
         return None, None, None
     began, asked = _recorded_precision(args.out)
+    if began == "fp32" and asked == "fp32":  # refused before any model is loaded or measured
+        from ..errors import InputError
+
+        raise InputError(f"cannot resume: precision changed: the job began with fp32, this run is "
+                         f"{args.precision}; leave out --precision (the job's is fp32), or start a new "
+                         "job with another --out")
     if began == args.precision:
         return began, True, None
     if began == "fp32" and asked in (args.precision, None):

@@ -28,7 +28,7 @@ Word level: what a word receives from another sums over that word's sub-tokens, 
 takes averages over its own; gradient attributions sum over sub-tokens. Layers and heads are
 numbered from 0; --layer defaults to the last layer (for alti and rollout: the whole model),
 and per-head methods average their heads unless --head is given. In --compare, norm is shown
-as a share of its row so that columns compare.
+as each head's share of its row, averaged over the heads, so that columns compare.
 
 examples:
   bertscope explain "The animal didn't cross the street because it was too tired" --method alti --token it
@@ -230,9 +230,12 @@ def _compare(bert, args) -> int:
             target = exp.target
             columns[m] = exp.ranked(k=args.top)
             continue
-        row = exp.sources(index, layer)
-        if m == "norm":  # lengths -> shares of the row, so that the columns compare
-            row = row / max(float(row.sum()), np.finfo(np.float32).tiny)
+        if m == "norm":  # each head's lengths -> shares of its row, then their mean over heads, so
+            # that the columns compare (as docs/EXPERIMENTS.md's re-read computes them)
+            rows = np.stack([exp.sources(index, layer, h) for h in range(bert.config.num_attention_heads)])
+            row = (rows / np.maximum(rows.sum(-1, keepdims=True), np.finfo(np.float32).tiny)).mean(0)
+        else:
+            row = exp.sources(index, layer)
         order = np.argsort(-row, kind="stable")[: args.top]
         columns[m] = [(int(j), exp.words[j], float(row[j])) for j in order]
     word = first.words[index]
@@ -243,7 +246,7 @@ def _compare(bert, args) -> int:
                                     "ranked": _ranked_json(r)} for m, r in columns.items()}})
         return 0
     print(f'What "{word}" (word {index}) takes, layer {layer}: per-head methods averaged over heads, '
-          "norm as a share of its row" + (" (text truncated)" if first.truncated else ""))
+          "norm as each head's share of its row" + (" (text truncated)" if first.truncated else ""))
     width = max(max(len(m) for m in columns) + 2, max(len(w) for w in first.words) + 10)
     print("rank  " + "".join(f"{m:<{width}}" for m in columns))
     for r in range(args.top):

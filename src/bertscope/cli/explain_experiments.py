@@ -50,7 +50,7 @@ def register(sub) -> None:
                    help=f"fine-tuning epochs (default {EPOCHS}; not with --classifier)")
     p.add_argument("--ig-steps", type=int, default=None, metavar="S",
                    help="integrated-gradients quadrature points (0: leave it out; default 20)")
-    p.add_argument("--no-plots", action="store_true", help="write the Markdown only (the faithfulness plot)")
+    p.add_argument("--no-plots", action="store_true", help="with --faithfulness: write the Markdown only, without its plot")
     add_progress_args(p)  # bars on a terminal; --quiet hides them, --progress forces them
     add_model_arg(p)
     p.set_defaults(func=run)

@@ -62,7 +62,7 @@ def attention_reference(
 
     Args:
         q, k, v: (B, H, T, D) queries, keys and values.
-        bias: (B, 1, 1, T) additive mask from :func:`bertscope.masks.mask_to_bias`, or None.
+        bias: (B, 1, 1, T) additive mask from :func:`bertscope.core.masks.mask_to_bias`, or None.
         dropout: applied to the probabilities (S6); a no-op in eval mode.
 
     Returns:

@@ -15,7 +15,7 @@ __all__ = ["BertOutput"]
 
 @dataclass(frozen=True)
 class BertOutput:
-    """What :class:`bertscope.model.BertModel` returns.
+    """What :class:`bertscope.core.model.BertModel` returns.
 
     last_hidden_state: (B, T, C) the last layer's output.
     pooler_output:     (B, C) tanh(W·h_[CLS] + b), BERT's pooler.

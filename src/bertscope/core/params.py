@@ -38,7 +38,7 @@ class ParamCount:
 
 
 def count_params(model: nn.Module) -> ParamCount:
-    """Count a :class:`bertscope.model.BertModel`'s attention and total parameters."""
+    """Count a :class:`bertscope.core.model.BertModel`'s attention and total parameters."""
     config: BertConfig = model.config  # type: ignore[assignment]
     attn = model.layers[0].attention  # type: ignore[index]
     per_matrix = {}

@@ -1,4 +1,4 @@
-"""Strict loading of Hugging Face-format BERT weights into :class:`bertscope.model.BertModel`.
+"""Strict loading of Hugging Face-format BERT weights into :class:`bertscope.core.model.BertModel`.
 
 The checkpoint's names follow HF's ``BertModel`` module tree; bertscope's tree is organised
 around the seed (the attention module owns W_O). The map between the two is declared once,

@@ -90,6 +90,9 @@ def _layers(attentions: Any) -> np.ndarray:
     return stacked
 
 
+PAD_TOKENS = ("[PAD]", "<pad>")  # BERT's, and RoBERTa's / T5's
+
+
 def _tokens(tokens: Any, what: str) -> list[str]:
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise InputTypeError(f"{what} must be a list of token strings, got {type(tokens).__name__}")
@@ -97,8 +100,10 @@ def _tokens(tokens: Any, what: str) -> list[str]:
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
+    while out and out[-1] in PAD_TOKENS:  # a padded batch's tokens: the padding goes with its rows
+        out.pop()
     if not out:
-        raise InputError(f"{what} is empty")
+        raise InputError(f"{what} is empty" if not tokens else f"{what} holds only padding")
     return out
 
 
@@ -139,7 +144,8 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
             4-D array is always read as (N, H, T, T): pass one layer's (B, H, T, T) as ``[a]``.
             Rows are queries and must be probabilities (after the softmax).
         tokens: the token strings of batch item 0, in order (e.g.
-            ``tokenizer.convert_ids_to_tokens(ids)``); padding after them is dropped.
+            ``tokenizer.convert_ids_to_tokens(ids)``). Positions after them are dropped as
+            padding, and so are trailing ``[PAD]`` / ``<pad>`` tokens of the list itself.
         tokens_b: the tokens of batch item 1, to show a second text beside the first with their
             difference (the batch must then hold exactly two items).
 

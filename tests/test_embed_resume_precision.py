@@ -102,14 +102,30 @@ def test_a_job_begun_in_int8_resumes_in_int8_where_int8_now_measures_slower(tmp_
     assert json.loads((out / JOB_FILE).read_text())["precision"] == "int8"
 
 
-def test_another_precision_than_the_job_began_with_is_still_refused(tmp_path, bert, capsys):
-    inp, out = _interrupted_job(tmp_path, bert, "int8")
-    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--resume", "--precision", "fp32",
+@pytest.mark.parametrize("began, asked", [("int8", "fp32"), ("int8", "bf16"), ("bf16", "int8")])
+def test_another_precision_than_the_job_began_with_is_still_refused(tmp_path, bert, capsys, monkeypatch,
+                                                                    began, asked):
+    inp, out = _interrupted_job(tmp_path, bert, began)
+    loads = _spy_loads(monkeypatch)
+    code = main(["embed", str(inp), "--out", str(out), "--shard-rows", "6", "--resume", "--precision", asked,
                  "--quiet"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "cannot resume: precision changed: the job began with int8, this run is fp32" in err
-    assert "note:" not in err
+    assert f"cannot resume: precision changed: the job began with {began}, this run is {asked}" in err
+    assert "note:" not in err and loads == []  # refused before any model is loaded
+
+
+def test_resume_without_precision_of_a_job_whose_int8_was_off_continues_in_fp32(tmp_path, bert, capsys,
+                                                                                monkeypatch):
+    """The job runs in fp32 (int8 was off when it began): its default is fp32, not int8, so no
+    int8 model is loaded and measured, and the Ray engine is not refused on int8's account."""
+    inp, out = _interrupted_job(tmp_path, bert, "fp32", asked="int8")
+    loads = _spy_loads(monkeypatch)
+    code = main(["embed", str(inp), "--out", str(out), "--resume", "--quiet"])
+    cap = capsys.readouterr()
+    assert code == 0 and "(1 already done)" in cap.out and "note:" not in cap.err, cap.err
+    [(kwargs, model)] = loads
+    assert kwargs.get("precision", "fp32") == "fp32"
 
 
 def test_resume_without_precision_takes_the_jobs(tmp_path, bert, capsys, monkeypatch):

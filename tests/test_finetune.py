@@ -579,15 +579,22 @@ def test_an_unclosed_quote_is_refused_not_merged(tmp_path, trained, capsys):
     csv_ = tmp_path / "q.csv"
     csv_.write_text('text,label\nfine,pos\n"never closed,neg\nok,pos\n', encoding="utf-8")
     _refused(capsys, ["predict", str(model), str(tsv), "--out", str(tmp_path / "p.jsonl")],
-             "line 2 opens a quoted field")
-    _refused(capsys, ["finetune", str(csv_), "--out", str(tmp_path / "o")], "line 3 opens a quoted field")
+             "a quoted field (\") opens on line 2 and does not close where a TSV field ends, so lines 2-5")
+    _refused(capsys, ["finetune", str(csv_), "--out", str(tmp_path / "o")], "opens on line 3")
+    # the same for a quote that closes lines later, merging the lines between, and in the header
+    for name, body, line in (("mid.csv", 'text,label\n"abc,pos\nmid,neg\n"def,neg\nok,pos\n', 2),
+                             ("head.csv", '"text,label\nhello,pos\nbye,neg\n', 1),
+                             ("last.csv", 'text,label\nok,pos\n"never closed,neg\n', 3)):
+        (tmp_path / name).write_text(body, encoding="utf-8")
+        _refused(capsys, ["finetune", str(tmp_path / name), "--out", str(tmp_path / "o")], f"opens on line {line} ")
     # a quote inside a field, a quoted field over two lines, and text after a closing quote are read
     ok = tmp_path / "ok.tsv"
-    ok.write_text('text\tlabel\nhe said "hi"\tpos\n"two\nlines"\tneg\n"Hello," she said.\tpos\nlast\tneg\n',
-                  encoding="utf-8")
+    ok.write_text('text\tlabel\nhe said "hi"\tpos\n"two\nlines"\tneg\n"Hello," she said.\tpos\nlast\tneg\n'
+                  '"multi\nline"\t12" pizza\n', encoding="utf-8")
     from bertscope.train.data import read_records
     got = [(r.line, r.text, r.label) for r in read_records(ok, label_field="label")]
-    assert [g[0] for g in got] == [2, 3, 5, 6] and [g[2] for g in got] == ["pos", "neg", "pos", "neg"]
+    assert [g[0] for g in got] == [2, 3, 5, 6, 7]
+    assert [g[2] for g in got] == ["pos", "neg", "pos", "neg", '12" pizza']
     assert got[0][1] == 'he said "hi"' and got[1][1] == "two\nlines" and "she said." in got[2][1]
 
 

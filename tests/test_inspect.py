@@ -93,3 +93,12 @@ def test_words_keep_combining_marks_the_tokenizer_strips(bert, text):
     for spelling in ("café", unicodedata.normalize("NFD", "café")):  # either spelling finds either text
         if "caf" in text:
             assert bertscope.attend(bert, text, spelling).index == 2
+
+
+def test_cut_off_counts_whole_words_and_punctuation_and_cjk_characters():
+    """'at' is not a word of "the cat sat"; "." and a CJK character are words wherever they stand."""
+    from bertscope.core.words import _cut_off
+
+    assert not _cut_off("the cat sat", "at", 0) and _cut_off("a mat b", "mat", 0)
+    assert _cut_off("the cat sat. the end. x.", ".", 2) and not _cut_off("the cat sat. x.", ".", 2)
+    assert _cut_off("東京都", "京", 0)

@@ -769,5 +769,5 @@ def test_embed_cli_int8_records_its_precision_and_resume_refuses_another(tmp_pat
     assert status[2] == "empty" and cos[[0, 1, 3]].min() > 0.97
     (out / "_manifest.json").unlink()  # pretend the job was interrupted
     capsys.readouterr()
-    assert main(["embed", str(inp), "--out", str(out), "--resume", "--quiet"]) == 2
+    assert main(["embed", str(inp), "--out", str(out), "--resume", "--precision", "fp32", "--quiet"]) == 2
     assert "cannot resume: precision changed" in capsys.readouterr().err

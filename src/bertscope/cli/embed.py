@@ -152,10 +152,10 @@ def _settings_of_the_job(args: argparse.Namespace) -> None:
         args.shard_rows = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else 10_000
     if args.field is None and isinstance(job.get("field"), str):
         args.field = job["field"]
-    if args.precision is None:  # the precision the job was asked for (it may have run in fp32)
-        began, asked = _recorded_precision(args.out) if args.resume else (None, None)
-        wanted = asked or began
-        args.precision = wanted if wanted in ("fp32", "bf16", "int8") else "fp32"
+    args.precision_given = args.precision is not None
+    if args.precision is None:  # the precision the job runs in (fp32 where int8 was off when it began)
+        began = _recorded_precision(args.out)[0] if args.resume else None
+        args.precision = began if began in ("fp32", "bf16", "int8") else "fp32"
 
 
 def _recorded_precision(out: str) -> tuple[str | None, str | None]:
@@ -184,21 +184,19 @@ def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None
     int8 or bf16 was off then continues in fp32. A job that began in fp32 because fp32 was asked
     is left to the job's own check (a refusal, where the precision asked now runs), and so is
     any other difference."""
-    if not args.resume or args.precision == "fp32":
+    if not args.resume:
         return None, None, None
     began, asked = _recorded_precision(args.out)
-    if began == "fp32" and asked == "fp32":  # refused before any model is loaded or measured
-        from ..errors import InputError
-
-        raise InputError(f"cannot resume: precision changed: the job began with fp32, this run is "
-                         f"{args.precision}; leave out --precision (the job's is fp32), or start a new "
-                         "job with another --out")
-    if began == args.precision:
-        return began, True, None
+    if began is None or began == args.precision:  # no job to read (its own checks speak), or the same
+        return (began, True, None) if began in ("bf16", "int8") else (None, None, None)
     if began == "fp32" and asked in (args.precision, None):
         why = f" ({args.precision} was off then)" if asked else ""
         return "fp32", False, f"bertscope: note: the job began in fp32{why}; continuing in fp32"
-    return None, None, None
+    from ..errors import InputError  # refused before any model is loaded or measured
+
+    raise InputError(f"cannot resume: precision changed: the job began with {began}, this run is "
+                     f"{args.precision}; leave out --precision (the job's is {began}), or start a new job "
+                     "with another --out")
 
 
 def _lines(nums: list[int], k: int = 10) -> str:
@@ -220,11 +218,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--shard-rows must be at least 1, not {args.shard_rows}")
     engine = engine_options(args)  # Ray missing, --workers 0...: one line, before anything
     if args.compile and args.precision != "int8":
-        raise InputError("--compile applies to --precision int8 only")
+        raise InputError("--compile applies to --precision int8 only" + (
+            "" if args.precision_given or not args.resume else f" (the job being resumed runs in {args.precision})"))
     if args.keep_precision and args.precision == "fp32":
         raise InputError("--keep-precision applies to --precision int8 or bf16 only")
     if engine is not None and args.precision != "fp32":
-        raise InputError(f"--precision {args.precision} runs on the local engine only; leave out --engine ray")
+        what = f"--precision {args.precision}" if args.precision_given else f"the job runs in {args.precision}, which"
+        raise InputError(f"{what} runs on the local engine only; leave out --engine ray")
     from ..fast.jobinput import resolve_inputs
 
     resolve_inputs(args.input, args.field)  # no such file, a glob matching nothing: one line

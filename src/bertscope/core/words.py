@@ -130,7 +130,11 @@ def _cut_off(cut_text: str | None, target: str, found: int) -> bool:
     the ``found`` times the part kept does."""
     if cut_text is None:
         return False
-    pattern = r"(?<!\w)" + re.escape(target) + r"(?!\w)"
+    def bounded(ch: str) -> bool:  # a letter or digit of a script written with spaces: needs a word boundary
+        return (ch.isalnum() or ch == "_") and not unicodedata.name(ch, "").startswith(("CJK", "HIRAGANA",
+                                                                                       "KATAKANA"))
+    pattern = ((r"(?<!\w)" if bounded(target[0]) else "") + re.escape(target)
+               + (r"(?!\w)" if bounded(target[-1]) else ""))
     return len(re.findall(pattern, _fold(cut_text))) > found
 
 

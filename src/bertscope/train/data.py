@@ -150,12 +150,33 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
     # file's line is (other columns are not read)
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    kind = "CSV" if delimiter == "," else "TSV"
+    lines: list[str] = []  # the file's lines, read only when a record must be checked
+
+    def check_quotes(first: int, last: int, *, is_last: bool) -> None:
+        """A record over several lines, or the file's last, read again strictly: a quote that
+        opens a field and never closes (the rest of the file, or of the lines up to the next
+        stray quote, read as that one field) is refused, not merged into one text."""
+        if last == first and not is_last:
+            return
+        if not lines:
+            lines.extend(io.StringIO(text, newline="").readlines())
+        raw = "".join(lines[first - 1:last])
+        try:
+            list(csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, strict=True))
+        except csv.Error as e:
+            if last > first or "unexpected end of data" in str(e):
+                span = "" if last == first else f", so lines {first}-{last} would be read as one field"
+                raise InputError(f"{path}: a quoted field (\") opens on line {first} and does not close where "
+                                 f"a {kind} field ends{span}; close the quote, or double a quote inside a "
+                                 "quoted field (\"\")") from None
+
     start = 1  # the line the record being read begins on
-    last = (0, 0)  # the first and last line of the last record
     try:
         header = next(reader, None)
         if header is None:
             return
+        check_quotes(1, reader.line_num, is_last=False)
         if _UNDECODABLE.search("".join(header)):
             raise InputError(f"{path}: line 1 (the header) is not UTF-8 text")
         columns = [c.strip() for c in header]
@@ -165,9 +186,12 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
             raise InputError(f"{path} has no column {missing[0]!r} (its header names: {', '.join(columns)})")
         where = {name: columns.index(name) for name in wanted}
         start = reader.line_num + 1
+        pending = None  # the record read last: checked once it is known whether it is the file's last
         for row in reader:
             n, start = start, reader.line_num + 1
-            last = (n, reader.line_num)
+            if pending is not None:
+                check_quotes(*pending, is_last=False)
+            pending = (n, reader.line_num)
             if not any(cell.strip() for cell in row):
                 if keep_blank:
                     yield Record(n, "", None, "empty", blank=True)
@@ -184,19 +208,10 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
                 return row[i]
 
             yield _from_fields(n, get, text_field, pair_field, label_field)
+        if pending is not None:
+            check_quotes(*pending, is_last=True)
     except csv.Error as e:
-        raise InputError(f"{path}: line {reader.line_num} is not valid {'CSV' if delimiter == ',' else 'TSV'} "
-                         f"({e})") from None
-    # A quote that opens a field and never closes makes every line after it part of that field: the
-    # file's last record, over several lines, with an odd number of quotes (closed quotes and
-    # doubled ones come in pairs). Refused rather than read as one text.
-    if last[1] > last[0]:
-        raw = "".join(io.StringIO(text, newline="").readlines()[last[0] - 1:last[1]])
-        if raw.count('"') % 2:
-            kind = "CSV" if delimiter == "," else "TSV"
-            raise InputError(f"{path}: line {last[0]} opens a quoted field (\") that is never closed, so "
-                             f"every line after it would be one {kind} field; close the quote, or double "
-                             f"a quote inside a quoted field (\"\")")
+        raise InputError(f"{path}: line {reader.line_num} is not valid {kind} ({e})") from None
 
 
 def read_records(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,

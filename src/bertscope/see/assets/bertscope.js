@@ -559,7 +559,8 @@
     d.title = label;
     d.dataset.side = side;
     d.dataset.i = String(index);
-    d.tabIndex = 0;  // keyboard: Tab to a token shows its lines, Enter or Space pins its numbers
+    // keyboard: Tab reaches each column's first token, the arrows move along the column, focus
+    // shows a token's lines, Enter or Space pins its numbers (one tab stop per column, not 512)
     d.setAttribute("role", "button");
     return d;
   }
@@ -631,6 +632,7 @@
     for (let a = 0; a < n; a++) {
       for (const [col, side, list] of [[left, "left", leftDivs], [right, "right", rightDivs]]) {
         const d = tokenDiv(labels[a], side, keep[a], special[a], a * ROW);
+        d.tabIndex = a === 0 ? 0 : -1;  // the column's first token shown is its tab stop
         list.push(d);
         if (two && !special[a] && counterpart(t, keep[a]) === undefined) {
           d.classList.add("bs-unmatched");
@@ -674,10 +676,19 @@
       state.hover = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
       redrawHeadPanels();
     });
+    hv.addEventListener("focusout", (e) => {
+      if (!hv.contains(e.relatedTarget)) { state.hover = null; redrawHeadPanels(); }
+    });
     hv.addEventListener("keydown", (e) => {
-      if ((e.key === "Enter" || e.key === " ") && e.target.closest(".bs-tok")) {
+      const d = e.target.closest(".bs-tok");
+      if (!d) return;
+      if (e.key === "Enter" || e.key === " ") {
         e.preventDefault();
-        e.target.click();
+        d.click();
+      } else if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+        const col = Array.from(hv.querySelectorAll(`.bs-tok.bs-${d.dataset.side}`));
+        const next = col[col.indexOf(d) + (e.key === "ArrowDown" ? 1 : -1)];
+        if (next) { e.preventDefault(); next.focus(); }
       }
     });
     hv.addEventListener("click", (e) => {
@@ -1018,7 +1029,10 @@
       cctx.fillText(labels[a], 0, 0, lw - 6);
       cctx.restore();
     }
-    if (step > 1) corner.textContent = `labels: every ${ordinal(step)} row and column`;
+    if (step > 1) {
+      corner.textContent = `every ${ordinal(step)}`;
+      corner.title = `labels on every ${ordinal(step)} row and column (point at a cell for its tokens)`;
+    }
     panel.appendChild(legend(vmax, diverging, scaleLine));
     const out = el("div", "bs-mreadout", "Point at a cell for its exact value.");
     panel.appendChild(out);
@@ -1291,7 +1305,7 @@
       `Bars: one cell per dimension, blue > 0, red < 0; q and k on one scale (±${vq.toFixed(3)}), ` +
       `q ⊙ k on its own (±${vqk.toFixed(3)}), weight · v on its own (±${vv.toFixed(3)}).`));
     if (s > 0 || e < T) root.appendChild(el("div", "bs-note", `Keys ${s}–${e - 1} shown; the softmax is over all ${T}.`));
-    if (state.hideSpecial) root.appendChild(el("div", "bs-note", `[CLS] and [SEP] keys are hidden; the softmax is over all ${T} keys, so the rows shown sum to less than 1.`));
+    if (state.hideSpecial) root.appendChild(el("div", "bs-note", `The special tokens' keys ([CLS], [SEP], ...) are hidden; the softmax is over all ${T} keys, so the weights shown sum to less than 1.`));
     const table = el("table", "bs-qk-table");
     const hr = document.createElement("tr");
     for (const h of ["key", "k", "q ⊙ k", "q·k", "÷√D", "mask", "softmax", "weight · v"]) hr.appendChild(el("th", "", h));

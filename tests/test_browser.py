@@ -69,6 +69,16 @@ def lines_image(page, panel: int = 0) -> str:
     return page.eval_on_selector(f"#bs-head-view .bs-panel[data-panel='{panel}'] canvas.bs-lines", "c => c.toDataURL()")
 
 
+def open_report(browser, rep, path, width: int = 1400, height: int = 1000):
+    """A page on the saved report, ready, and the list its page errors go to."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(rep.save(path).as_uri())
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    return page, errors
+
+
 def settle(page) -> None:
     page.wait_for_selector("html[data-rendered='1']", state="attached", timeout=30_000)
 
@@ -313,12 +323,7 @@ LONGER = "The old animal didn't cross the street because it was too tired today"
 
 def test_word_alignment_marks_unmatched_words_and_links_focus(browser, bert, hf_model, tmp_path):
     rep = build_report(bert, IT_ANIMAL, LONGER)
-    path = rep.save(tmp_path / "two.html")
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    page, errors = open_report(browser, rep, tmp_path / "two.html")
     unmatched = lambda panel: page.eval_on_selector_all(  # noqa: E731
         f"#bs-head-view .bs-panel[data-panel='{panel}'] .bs-tok.bs-left.bs-unmatched", "els => els.map(e => e.textContent)")
     assert unmatched(0) == [] and unmatched(1) == ["old", "today"]
@@ -627,12 +632,7 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
     """Tab to a token and Enter pins its numbers; the query-key table's sticky header sits below
     the sticky controls (it was hidden under them); at 420 px nothing widens the page."""
     rep = build_report(bert, " ".join(["The animal didn't cross the street because it was too tired."] * 4))
-    path = rep.save(tmp_path / "keys.html")
-    page = browser.new_page(viewport={"width": 1280, "height": 700})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    page, errors = open_report(browser, rep, tmp_path / "keys.html", 1280, 700)
     settle(page)
     col = "#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left"
     assert page.eval_on_selector_all(col, "els => els.filter(e => e.tabIndex === 0).length") == 1  # one tab stop

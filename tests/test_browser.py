@@ -416,7 +416,7 @@ def test_span_selector(browser, bert, hf_model, tmp_path):
 
 
 def test_query_key_view_equals_trace(browser, bert, tmp_path):
-    """The page's steps [3]-[5] for one head and query against `trace` (which reads the model's own
+    """The page's step [3] for one head and query against `trace` (which reads the model's own
     intermediates: q, k, v, scores, probabilities, context), within 1e-4."""
     from bertscope.understand.trace import trace
 

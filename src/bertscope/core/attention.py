@@ -38,8 +38,8 @@ class AttentionRecord:
 
     With ``output_intermediates=True`` the record also carries every other step's tensor:
     q, k, v: (B, H, T, D) the projections split into heads (step [2]);
-    context: (B, H, T, D) probs·V per head (step [5]), after ``head_mask`` if one was given;
-    output:  (B, T, C) the merged context through W_O (S9), what the module returns.
+    context: (B, H, T, D) probs·V per head (step [3], S7), after ``head_mask`` if one was given;
+    output:  (B, T, C) the merged context through W_O (steps [4]-[5], S8-S9), what the module returns.
     """
 
     scores: torch.Tensor
@@ -73,11 +73,11 @@ def attention_reference(
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)  # (B, H, T, D)@(B, H, D, T) -> (B, H, T, T)
     # [3] S4: PAD keys get the dtype's minimum, so softmax gives them weight exactly 0.
     masked = scores if bias is None else scores + bias  # (B, H, T, T) + (B, 1, 1, T)
-    # [4] S5: softmax along the key axis; every row sums to 1.
+    # [3] S5: softmax along the key axis; every row sums to 1.
     probs = torch.softmax(masked, dim=-1)  # (B, H, T, T)
-    # [4] S6: dropout on the probabilities, in training only.
+    # [3] S6: dropout on the probabilities, in training only.
     dropped = probs if dropout is None else dropout(probs)  # (B, H, T, T)
-    # [5] S7: the context is the probability-weighted sum of the values.
+    # [3] S7: the context is the probability-weighted sum of the values.
     context = torch.matmul(dropped, v)  # (B, H, T, T)@(B, H, T, D) -> (B, H, T, D)
     return context, AttentionRecord(scores=scores, probs=probs)
 
@@ -168,7 +168,7 @@ class MultiHeadSelfAttention(nn.Module):
         # [2] S2: split C into H heads of D; each head attends on its own.
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, T, D) each
 
-        # [3]-[5] S3-S7: scores, mask, softmax, dropout, context.
+        # [3] S3-S7: scores, mask, softmax, dropout, context (the seed's scaled dot-product).
         record = None
         if output_attentions or output_intermediates or not self.fused:
             context, record = attention_reference(q, k, v, bias, self.dropout)  # (B, H, T, D)
@@ -182,9 +182,9 @@ class MultiHeadSelfAttention(nn.Module):
             hm = hm.view(1, -1, 1, 1) if hm.dim() == 1 else hm.view(B, -1, 1, 1)  # (B|1, H, 1, 1)
             context = context * hm  # (B, H, T, D)
 
-        # S8: merge the heads back side by side.
+        # [4] S8: merge the heads back side by side.
         merged = self.merge_heads(context)  # (B, H, T, D) -> (B, T, C)
-        # S9: the output projection W_O mixes what the heads found.
+        # [5] S9: the output projection W_O mixes what the heads found.
         out = self.output(merged)  # (B, T, C)
         if output_intermediates and record is not None:
             record = AttentionRecord(scores=record.scores, probs=record.probs, q=q, k=k, v=v,

@@ -16,7 +16,7 @@ measures=provider)`` with ``provider(bert, text, pair) -> {name: (N, H, T, T) or
 Each is stored like the weights, on its own scale: multiples of 1/2048, or coarser when a value
 would pass 65535/2048 = 32 (``norm``'s raw vector lengths), so every value is within one step.
 
-The query-key view needs each head's queries, keys and values (the seed's steps [3]-[5] worked
+The query-key view needs each head's queries, keys and values (the seed's step [3] worked
 out in the browser). They are read from the model's own intermediates
 (``bert.encoder(..., output_intermediates=True)``), kept exact (float32, as four byte planes,
 deflated) and stored when they are small enough (:data:`QK_AUTO_BYTES` per text), or when asked.

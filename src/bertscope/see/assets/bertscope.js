@@ -1256,7 +1256,7 @@
       else i = x.special.findIndex((sp, j) => !sp && j >= s && j < e);
       if (i < 0) i = s;
     }
-    // the seed's steps [3]-[5] for query i, computed here from the model's own q, k, v
+    // the seed's step [3] (as `trace` numbers it) for query i, computed here from the model's own q, k, v
     const sqrtD = Math.sqrt(D);
     const raw = new Float64Array(T), scaled = new Float64Array(T), weight = new Float64Array(T);
     let mx = -Infinity;
@@ -1286,8 +1286,8 @@
     root.appendChild(el("p", "bs-note",
       `[3] each key's score is the dot product q·k (the sum of q ⊙ k over the ${D} dimensions), divided by √${D} = ${sqrtD.toFixed(3)}; ` +
       `the mask adds 0 for a real token (a [PAD] key would get the dtype's minimum, so weight 0: see bertscope trace --pad). ` +
-      `[4] the softmax over all ${T} keys turns the scores into weights that sum to 1. ` +
-      `[5] the head's output for this token is the weighted sum of the values, Σ weight · v.`));
+      `The softmax over all ${T} keys turns the scores into weights that sum to 1, ` +
+      `and the head's output for this token is the weighted sum of the values, Σ weight · v ([4] merges the heads' outputs, [5] W_O mixes them: see bertscope trace).`));
     let vq = 1e-9, vqk = 1e-9, vv = 1e-9;
     for (let j = 0; j < T; j++) {
       for (let d = 0; d < D; d++) {

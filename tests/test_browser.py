@@ -206,6 +206,8 @@ def test_served_app(browser, bert, hf_model):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(base + "/")
         page.wait_for_selector("html[data-ready='form']", state="attached", timeout=30_000)
+        page.wait_for_function("() => document.getElementById('bs-model').textContent.includes('6 layers')",
+                               timeout=30_000)  # the model is named before any analysis
         page.fill("#bs-text", IT_ANIMAL)
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)

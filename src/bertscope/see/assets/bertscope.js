@@ -1537,7 +1537,11 @@
       c.classList.toggle("bs-over", !!maxChars && n > maxChars);
     });
     counters.forEach(([id]) => $(id).addEventListener("input", count));
-    fetch(cfg.api + "health").then((r) => r.json()).then((h) => { maxChars = h.max_chars || null; count(); }).catch(() => {});
+    fetch(cfg.api + "health").then((r) => r.json()).then((h) => {
+      maxChars = h.max_chars || null;
+      count();
+      if (!meta && h.model) $("bs-model").textContent = `${h.model} · ${h.layers} layers × ${h.heads} heads`;  // before any analysis
+    }).catch(() => {});
     count();
     ["bs-text", "bs-text-b"].forEach((id) => $(id).addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {

@@ -159,3 +159,17 @@ def test_an_older_fp32_job_that_does_not_say_what_was_asked_resumes_in_fp32(tmp_
     cap = capsys.readouterr()
     assert code == 0 and "(1 already done)" in cap.out, cap.err
     assert "bertscope: note: the job began in fp32; continuing in fp32\n" in cap.err
+
+
+def test_flags_that_need_another_precision_name_the_jobs(tmp_path, bert, capsys):
+    """--compile or --keep-precision on a job that runs in fp32 (int8 was off when it began):
+    the refusal says the precision is the job's, as the user gave no --precision."""
+    inp, out = _interrupted_job(tmp_path, bert, "fp32", asked="int8")
+    for flag, fragment in (("--compile", "--compile applies to --precision int8 only (the job being resumed "
+                                         "runs in fp32)"),
+                           ("--keep-precision", "--keep-precision applies to --precision int8 or bf16 only "
+                                                "(the job being resumed runs in fp32)")):
+        assert main(["embed", str(inp), "--out", str(out), "--resume", flag, "--quiet"]) == 2
+        assert fragment in capsys.readouterr().err
+    assert main(["embed", str(inp), "--out", str(tmp_path / "none"), "--resume", "--compile", "--quiet"]) == 2
+    assert "(the job" not in capsys.readouterr().err  # no job there: nothing to say about one

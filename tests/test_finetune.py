@@ -579,7 +579,8 @@ def test_an_unclosed_quote_is_refused_not_merged(tmp_path, trained, capsys):
     csv_ = tmp_path / "q.csv"
     csv_.write_text('text,label\nfine,pos\n"never closed,neg\nok,pos\n', encoding="utf-8")
     _refused(capsys, ["predict", str(model), str(tsv), "--out", str(tmp_path / "p.jsonl")],
-             "a quoted field (\") opens on line 2 and does not close where a TSV field ends, so lines 2-5")
+             "a quoted field (\") opens on line 2 and does not end where a TSV field ends (its quote never "
+             "closes, or text follows it), so lines 2-5")
     _refused(capsys, ["finetune", str(csv_), "--out", str(tmp_path / "o")], "opens on line 3")
     # the same for a quote that closes lines later, merging the lines between, and in the header
     for name, body, line in (("mid.csv", 'text,label\n"abc,pos\nmid,neg\n"def,neg\nok,pos\n', 2),

@@ -152,10 +152,16 @@ def _settings_of_the_job(args: argparse.Namespace) -> None:
         args.shard_rows = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else 10_000
     if args.field is None and isinstance(job.get("field"), str):
         args.field = job["field"]
-    args.precision_given = args.precision is not None
+    args.precision_given, args.precision_of_the_job = args.precision is not None, False
     if args.precision is None:  # the precision the job runs in (fp32 where int8 was off when it began)
         began = _recorded_precision(args.out)[0] if args.resume else None
-        args.precision = began if began in ("fp32", "bf16", "int8") else "fp32"
+        if began is not None and began not in ("fp32", "bf16", "int8"):
+            from ..errors import InputError
+
+            raise InputError(f"the job in {args.out} records the precision {began!r}, which this version of "
+                             "bertscope does not know; start a new job with another --out")
+        args.precision_of_the_job = began is not None
+        args.precision = began or "fp32"
 
 
 def _recorded_precision(out: str) -> tuple[str | None, str | None]:
@@ -181,9 +187,8 @@ def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None
     int8 and bf16 stay on only where they measure faster than fp32, and a verdict measured on a
     busy machine is not cached, so a fresh one can differ from the one the job began with. A job
     that began in the reduced precision asked again keeps it; one that began in fp32 because
-    int8 or bf16 was off then continues in fp32. A job that began in fp32 because fp32 was asked
-    is left to the job's own check (a refusal, where the precision asked now runs), and so is
-    any other difference."""
+    int8 or bf16 was off then continues in fp32 (with a note). Any other precision than the
+    job's is refused here, before a model is loaded or measured (InputError)."""
     if not args.resume:
         return None, None, None
     began, asked = _recorded_precision(args.out)
@@ -217,13 +222,13 @@ def run(args: argparse.Namespace) -> int:
     if args.shard_rows < 1:
         raise InputError(f"--shard-rows must be at least 1, not {args.shard_rows}")
     engine = engine_options(args)  # Ray missing, --workers 0...: one line, before anything
+    of_job = f" (the job being resumed runs in {args.precision})" if args.precision_of_the_job else ""
     if args.compile and args.precision != "int8":
-        raise InputError("--compile applies to --precision int8 only" + (
-            "" if args.precision_given or not args.resume else f" (the job being resumed runs in {args.precision})"))
+        raise InputError("--compile applies to --precision int8 only" + of_job)
     if args.keep_precision and args.precision == "fp32":
-        raise InputError("--keep-precision applies to --precision int8 or bf16 only")
+        raise InputError("--keep-precision applies to --precision int8 or bf16 only" + of_job)
     if engine is not None and args.precision != "fp32":
-        what = f"--precision {args.precision}" if args.precision_given else f"the job runs in {args.precision}, which"
+        what = f"the job runs in {args.precision}, which" if args.precision_of_the_job else f"--precision {args.precision}"
         raise InputError(f"{what} runs on the local engine only; leave out --engine ray")
     from ..fast.jobinput import resolve_inputs
 

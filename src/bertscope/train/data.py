@@ -154,9 +154,11 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
     lines: list[str] = []  # the file's lines, read only when a record must be checked
 
     def check_quotes(first: int, last: int, *, is_last: bool) -> None:
-        """A record over several lines, or the file's last, read again strictly: a quote that
-        opens a field and never closes (the rest of the file, or of the lines up to the next
-        stray quote, read as that one field) is refused, not merged into one text."""
+        """A record over several lines, or the file's last, read again strictly: a quoted field
+        that runs over lines and does not end where a field ends (a quote never closed, read to
+        the end of the file or to the next stray quote), or a quote on the last line that never
+        closes, is refused rather than merged into one text. An unclosed quote that happens to
+        close, lines later, right before a delimiter is valid CSV and cannot be told apart."""
         if last == first and not is_last:
             return
         if not lines:
@@ -167,16 +169,17 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
         except csv.Error as e:
             if last > first or "unexpected end of data" in str(e):
                 span = "" if last == first else f", so lines {first}-{last} would be read as one field"
-                raise InputError(f"{path}: a quoted field (\") opens on line {first} and does not close where "
-                                 f"a {kind} field ends{span}; close the quote, or double a quote inside a "
-                                 "quoted field (\"\")") from None
+                raise InputError(f"{path}: a quoted field (\") opens on line {first} and does not end where "
+                                 f"a {kind} field ends (its quote never closes, or text follows it){span}; "
+                                 "close the quote, or double a quote inside a quoted field (\"\")") from None
 
     start = 1  # the line the record being read begins on
     try:
         header = next(reader, None)
         if header is None:
             return
-        check_quotes(1, reader.line_num, is_last=False)
+        header_end = reader.line_num
+        check_quotes(1, header_end, is_last=False)
         if _UNDECODABLE.search("".join(header)):
             raise InputError(f"{path}: line 1 (the header) is not UTF-8 text")
         columns = [c.strip() for c in header]
@@ -208,8 +211,7 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
                 return row[i]
 
             yield _from_fields(n, get, text_field, pair_field, label_field)
-        if pending is not None:
-            check_quotes(*pending, is_last=True)
+        check_quotes(*(pending or (1, header_end)), is_last=True)
     except csv.Error as e:
         raise InputError(f"{path}: line {reader.line_num} is not valid {kind} ({e})") from None
 

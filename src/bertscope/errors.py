@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "check_seed"]
+import operator
+
+__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "as_whole_number",
+           "check_seed"]
 
 
 class BertscopeError(Exception):
@@ -23,6 +26,17 @@ class InputTypeError(InputError, TypeError):
 
 class NonFiniteError(BertscopeError):
     """The model computed NaN or infinity (e.g. fp16 overflow); nothing is returned or written."""
+
+
+def as_whole_number(value: object) -> int | None:
+    """``value`` as an int if it is a whole number (an int, a numpy integer, a 0-d integer
+    tensor; not a bool, a float or a string), else None: the callers word their own errors."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def check_seed(seed: object, flag: str = "--seed") -> int:

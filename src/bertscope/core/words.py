@@ -10,7 +10,6 @@ words of their own: much attention goes to them, and hiding that would mislead.
 
 from __future__ import annotations
 
-import operator
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, as_whole_number
 from .tokenizer import Batch, check_text
 
 __all__ = ["Words", "find_word", "group_words", "word_attention"]
@@ -94,10 +93,10 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     check_text(word, "the word")
     if not word.strip():
         raise InputError("the --token word is empty")
-    try:
-        occurrence = operator.index(occurrence) if not isinstance(occurrence, bool) else operator.index(None)
-    except TypeError:
-        raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}") from None
+    n = as_whole_number(occurrence)
+    if n is None:
+        raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}")
+    occurrence = n
     target = _fold(word.strip())
     hits = [i for i, w in enumerate(words) if _fold(w) == target]
     if not hits:

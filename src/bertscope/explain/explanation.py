@@ -29,7 +29,6 @@ Sub-token → word, per method (:meth:`Explanation.word_maps`):
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +37,7 @@ import torch
 from ..bert import Bert
 from ..core.tokenizer import Batch
 from ..core.words import group_words, word_attention
-from ..errors import InputError
+from ..errors import InputError, as_whole_number
 from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
                         similarity_target)
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
@@ -172,10 +171,10 @@ class Explanation:
 
 def _whole(name: str, value: object) -> int:
     """``value`` as an int (numpy ints and 0-d integer tensors too); InputError for anything else."""
-    try:
-        return operator.index(value) if not isinstance(value, bool) else operator.index(None)
-    except TypeError:
-        raise InputError(f"{name} must be a whole number, got {value!r}") from None
+    n = as_whole_number(value)
+    if n is None:
+        raise InputError(f"{name} must be a whole number, got {value!r}")
+    return n
 
 
 def _length_limit(bert: Bert, method: str | None = None) -> int | None:

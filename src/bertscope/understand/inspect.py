@@ -7,12 +7,11 @@ Word level follows Clark et al. 2019: see :mod:`bertscope.core.words`.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, as_whole_number
 from ..bert import Bert
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
@@ -38,10 +37,7 @@ class AttendResult:
 
     def _check(self, name: str, value: object, size: int) -> int:
         """``value`` as an int (a 0-d integer tensor too), if it indexes ``size`` things."""
-        try:
-            index = None if isinstance(value, bool) else operator.index(value)
-        except TypeError:
-            index = None
+        index = as_whole_number(value)
         if index is None or not -size <= index < size:
             raise InputError(f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
                              f"counted from the end), got {value!r}")
@@ -50,10 +46,7 @@ class AttendResult:
     @staticmethod
     def _count(k: object) -> int:
         """``k`` as an int >= 1 (how many to return)."""
-        try:
-            n = None if isinstance(k, bool) else operator.index(k)
-        except TypeError:
-            n = None
+        n = as_whole_number(k)
         if n is None or n < 1:
             raise InputError(f"k must be a whole number >= 1, got {k!r}")
         return n

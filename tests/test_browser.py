@@ -661,3 +661,50 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
     page.screenshot(path=str(artifact("narrow-qk-view.png")), full_page=True)
     assert not errors, errors
     page.close()
+
+
+def test_pair_marks_segment_b_and_a_file_without_qkv_switches_its_controls_off(browser, bert, tmp_path):
+    """The query-key view of a sentence pair marks where segment B begins (the tokenizer's
+    own segment ids say where); the pinned numbers line up whatever their bars; a file without
+    q, k, v switches off the controls its query-key view cannot use; at 420 px the query-key
+    table's header does not stick inside the sideways-scrolling view."""
+    from transformers import AutoTokenizer
+
+    a, b = "The animal didn't cross the street.", "It was too tired."
+    type_ids = AutoTokenizer.from_pretrained(bert.path)(a, b)["token_type_ids"]
+    first_b = type_ids.index(1)
+    rep = build_report(bert, a, pair=b, qk=True)
+    page, errors = open_report(browser, rep, tmp_path / "pair.html")
+    settle(page)
+    click_token(page, 2)
+    settle(page)
+    rights = page.eval_on_selector_all(
+        "#bs-head-view .bs-panel[data-panel='0'] td.bs-val",
+        "els => els.map(e => { const r = document.createRange(); r.selectNodeContents(e.firstChild); "
+        "return r.getBoundingClientRect().right; })")
+    assert len(rights) == len(type_ids) and max(rights) - min(rights) < 1.0, rights  # aligned
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    seg = page.eval_on_selector_all("#bs-qk-view tr", "els => els.map(e => e.className)")
+    at = seg.index("bs-qk-seg")
+    assert at - 1 == first_b, (seg, first_b)  # the marker row comes right before B's first token
+    options = page.eval_on_selector_all("#bs-qk-query option", "els => els.map(e => e.textContent)")
+    assert [o.endswith("(B)") for o in options] == [t == 1 for t in type_ids]
+    assert not page.is_disabled("#bs-layer") and not page.is_disabled("#bs-hide-special")
+    page.set_viewport_size({"width": 420, "height": 800})
+    assert page.evaluate("() => getComputedStyle(document.querySelector('.bs-qk-table th')).position") == "static"
+    page.close()
+
+    rep = build_report(bert, a, qk=False)
+    page, errors2 = open_report(browser, rep, tmp_path / "noqk.html")
+    settle(page)
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    assert "does not hold the queries" in page.inner_text("#bs-qk-view")
+    for sel in ("#bs-layer", "#bs-hide-special", "#bs-span-start", "#bs-span-end", ".bs-head[data-head='0']"):
+        assert page.is_disabled(sel), sel
+    page.click(".bs-tab[data-view='head']")
+    settle(page)
+    assert not page.is_disabled("#bs-layer") and not page.is_disabled("#bs-span-start")
+    assert not errors and not errors2, errors + errors2
+    page.close()

@@ -175,6 +175,8 @@
       this.exact = false;
       this.qkPlanes = null;
     }
+    /** Whether the file holds the queries, keys and values (the query-key view needs them). */
+    get hasQK() { return !!meta.qk; }
     static async load(m) {
       const raw = await inflate(decodeBase64($("bertscope-blob").textContent.trim()), 2 * m.data.count);
       return new FileSource(m, raw);
@@ -237,6 +239,7 @@
       this.exact = true;
       this.cache = new Map();  // "kind:layer:head" -> Promise of [matrix per text]
     }
+    get hasQK() { return true; }  // the server computes them on request
     async matrices(t, kind, layer, heads) {
       const measure = kind.startsWith("m:") ? kind.slice(2) : null;
       const perHead = kind === "attn" || (measure && measureInfo(measure).per_head);
@@ -856,7 +859,8 @@
       const from = f.side === "left" ? f.index : keep[k], to = f.side === "left" ? keep[k] : f.index;
       for (const m of shown) {
         const w = f.side === "left" ? m.P.M[pos * n + k] : m.P.M[k * n + pos];
-        const bar = shown.length === 1 ? `<span class="bs-bar" style="width:${Math.round(60 * Math.min(1, w * (m.ink || 1)))}px"></span>` : "";
+        // the bar sits in a box of fixed width, so the numbers line up
+        const bar = shown.length === 1 ? `<span class="bs-barbox"><span class="bs-bar" style="width:${Math.round(60 * Math.min(1, w * (m.ink || 1)))}px"></span></span>` : "";
         parts.push(`<td class="bs-val" data-from="${from}" data-to="${to}" data-head="${esc(m.key)}" data-value="${w}">${fmt(w)}${bar}</td>`);
       }
       parts.push("</tr>");
@@ -1278,7 +1282,8 @@
     const pick = el("label", "bs-qk-pick", "Query token ");
     const sel = el("select");
     sel.id = "bs-qk-query";
-    for (let j = 0; j < T; j++) sel.add(new Option(`${j}: ${x.tokens[j]}`, String(j)));
+    const segB = x.segments ? x.segments.indexOf(1) : -1;  // a sentence pair: where segment B begins
+    for (let j = 0; j < T; j++) sel.add(new Option(`${j}: ${x.tokens[j]}` + (segB > 0 && j >= segB ? " (B)" : ""), String(j)));
     sel.value = String(i);
     sel.addEventListener("change", () => { state.qkQuery = Number(sel.value); render(); });
     pick.appendChild(sel);
@@ -1316,6 +1321,13 @@
     const slice = slicer();
     for (let j = s; j < e; j++) {
       if (state.hideSpecial && x.special[j]) continue;
+      if (segB > 0 && (j === segB || (j > segB && j === s))) {
+        const sr = el("tr", "bs-qk-seg");
+        const sd = el("td", "", "segment B (the second text of the pair) ↓");
+        sd.colSpan = 8;
+        sr.appendChild(sd);
+        table.appendChild(sr);
+      }
       const tr = el("tr", "bs-qk-row" + (j === top ? " bs-qk-top" : "") + (j === i ? " bs-qk-self" : ""));
       tr.dataset.key = String(j);
       tr.dataset.raw = String(raw[j]);
@@ -1386,7 +1398,7 @@
         "they are shown side by side."));
     }
     const T = Math.max(...meta.texts.map((x) => x.tokens.length));
-    $("bs-span-of").textContent = `of ${T}`;
+    $("bs-span-of").textContent = `of ${T} sub-tokens`;  // positions, whatever the units shown
     $("bs-span-start").max = String(T - 1);
     $("bs-span-end").max = String(T);
     $("bs-controls").hidden = false;
@@ -1412,9 +1424,11 @@
     const v = state.view;
     const mi = v === "qk" ? null : measureInfo();  // the query-key view is the weights' own arithmetic
     const perLayer = !!mi && !mi.per_head;  // a per-layer measure has no heads to choose
+    const noQK = v === "qk" && !!source && !source.hasQK;  // the view shows only why it is empty
     const off = {
-      layer: v === "model", mode: v === "model" || v === "qk" || perLayer, level: v === "qk",
-      scale: v === "head" || v === "qk", heads: v === "model" || perLayer, headsAll: v === "model" || v === "qk" || perLayer,
+      layer: v === "model" || noQK, mode: v === "model" || v === "qk" || perLayer, level: v === "qk",
+      scale: v === "head" || v === "qk", heads: v === "model" || perLayer || noQK, headsAll: v === "model" || v === "qk" || perLayer,
+      hide: noQK, span: noQK,
     };
     $("bs-measure").disabled = v === "qk";
     $("bs-mode").querySelector("option[value='rollout']").disabled = !!mi;
@@ -1422,6 +1436,8 @@
     $("bs-mode").disabled = off.mode;
     $("bs-level").disabled = off.level;
     $("bs-scale").disabled = off.scale;
+    $("bs-hide-special").disabled = off.hide;
+    ["bs-span-start", "bs-span-end", "bs-span-all"].forEach((id) => { $(id).disabled = off.span; });
     // dimmed while the mean or rollout is shown (a click on a head switches back to heads)
     $("bs-heads").classList.toggle("bs-disabled", off.heads || (v !== "qk" && state.mode !== "heads"));
     document.querySelectorAll(".bs-head").forEach((b) => { b.disabled = off.heads; });

@@ -203,3 +203,19 @@ def test_best_head_is_the_first_head_listed(capsys):
     b = d["best_head_in_sample"]
     assert (b["layer"], b["head"]) == rank_heads(acc)[0][:2]
     assert b["accuracy"] == pytest.approx(float(acc.max()))
+
+
+def test_the_nearest_baseline_scores_a_tie_as_the_heads_do():
+    """Two candidates as near the pronoun ("Bob, he, Tim": two characters each side) score 1/2,
+    as a tie between heads' scores does; the nearest candidate alone scores 1."""
+    from bertscope.understand.coref import SchemaScores
+
+    xml = ("<collection>\n" + _schema_xml("Bob,", "he", ", Tim.", "Bob", "Tim", "B")
+           + _schema_xml("Bob saw Tim,", "he", "said.", "Bob", "Tim", "B") + "</collection>").encode()
+    (tie, near), warns = parse_wsc(xml, "t.xml")
+    assert warns == []
+    none = torch.zeros(1, 1, 2)
+    scored = SchemaScores(tie, none, none)
+    assert scored.gaps() == [2, 2] and scored.nearest() == 0 and scored.nearest_hit() == 0.5
+    scored = SchemaScores(near, none, none)
+    assert scored.nearest() == 1 and scored.nearest_hit() == 1.0

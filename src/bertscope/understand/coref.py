@@ -29,8 +29,8 @@ Three ways to pick a candidate from one forward pass of the plain pretrained mod
   different, sentence-embedding model).
 
 * **Baselines**: the candidate that comes first in the text; the candidate nearest to the
-  pronoun (characters between them); chance (1/K), with the 95% half-width of a binomial
-  proportion at 50% so a figure can be judged against noise.
+  pronoun (characters between them; as with the heads, a tie scores 1/2); chance (1/K), with
+  the 95% half-width of a binomial proportion at 50% so a figure can be judged against noise.
 """
 
 from __future__ import annotations
@@ -112,14 +112,19 @@ class SchemaScores:
     def first(self) -> int:
         return min(range(len(self.schema.candidates)), key=lambda c: self.schema.candidate_spans[c][0])
 
-    def nearest(self) -> int:
+    def gaps(self) -> list[int]:
+        """Characters between the pronoun and each candidate (before or after it)."""
         ps, pe = self.schema.pronoun_span
+        return [ps - e if e <= ps else s - pe for s, e in self.schema.candidate_spans]
 
-        def gap(c: int) -> int:
-            s, e = self.schema.candidate_spans[c]
-            return ps - e if e <= ps else s - pe
+    def nearest(self) -> int:
+        """The candidate nearest to the pronoun (the earlier one on a tie; scored as a tie)."""
+        g = self.gaps()
+        return g.index(min(g))
 
-        return min(range(len(self.schema.candidates)), key=gap)
+    def nearest_hit(self) -> float:
+        """The nearest baseline scored as the heads are: 1/2 when two candidates are as near."""
+        return float(hit(-torch.tensor(self.gaps(), dtype=torch.float32), self.schema.correct))
 
 
 def _overlapping(offsets, word_ids, span: tuple[int, int]) -> list[int]:
@@ -286,7 +291,7 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
         mas_hits.append(float(hit(m, c)))
         masp_hits.append(float(hit(mp, c)))
         first_hits.append(float(s.first() == c))
-        near_hits.append(float(s.nearest() == c))
+        near_hits.append(s.nearest_hit())
         per.append({"schema": s.schema.number, "text": s.schema.text, "pronoun": s.schema.pronoun,
                     "candidates": list(s.schema.candidates), "correct": c,
                     "mas": [round(float(x), 6) for x in m], "mas_pronoun": [round(float(x), 6) for x in mp],

@@ -103,6 +103,8 @@ def test_console_script_and_help():
     assert proc.returncode == 0 and "attend" in proc.stdout and "params" in proc.stdout
     proc = run_cli("attend", "--help")
     assert proc.returncode == 0 and "examples:" in proc.stdout
+    proc = run_cli()  # no command: a usage error, so the help goes to stderr (stdout stays clean)
+    assert proc.returncode == 2 and proc.stdout == "" and "COMMAND" in proc.stderr
 
 
 def test_every_module_a_help_page_names_exists():

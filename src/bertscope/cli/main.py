@@ -173,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = " ".join(a for a in extra if a != "--")
         _command_parser(parser, args.command).error(f"unrecognized arguments: {shown}")
     args.debug = args.debug or debug
-    if args.command is None:
-        parser.print_help()
+    if args.command is None:  # a usage error: the help goes where errors go, stdout stays clean
+        parser.print_help(sys.stderr)
         return 2
     handler = logging.StreamHandler()  # stderr
     handler.setFormatter(logging.Formatter("bertscope: %(levelname)s: %(name)s: %(message)s") if args.debug

@@ -292,6 +292,8 @@ def test_record_shapes_and_word_rules(bert):
     np.testing.assert_array_equal(attn.sources("it", 3, 1), attn.sources(it, 3, 1))
     np.testing.assert_array_equal(attn.sources("The", 3, 1), attn.sources(attn.words.index("The"), 3, 1))
     np.testing.assert_array_equal(attn.sources(-1, 3, 1), attn.sources(len(attn.words) - 1, 3, 1))
+    np.testing.assert_array_equal(attn.sources(2, -1, -1), attn.sources(2, 5, 11))  # as attend's results
+    np.testing.assert_array_equal(attn.sources(__import__("torch").tensor(2)), attn.sources(2))
     assert attn.ranked("it", 3, 1, k=1)[0][1] == "animal"
 
 
@@ -301,9 +303,11 @@ def test_record_shapes_and_word_rules(bert):
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti", text_b="x"), "text_b and target are for the gradient"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "grad-input"), "give text_b"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").sources(3, head=2), "not per head"),
-    (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, layer=9), "layer 9 does not exist"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, layer=9), "layer must be a whole number from 0 to 5"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, head=-13), "head must be a whole number from 0 to 11"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(__import__("torch").tensor(99)), "an index 0..14"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("zebra"), "no word 'zebra' in the text"),
-    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(99), "an index 0..14, got 99"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(99), "an index 0..14 (or -15 to -1, counted from the end), got 99"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("it", k=-1), "k must be a whole number >= 1"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("it", k=2.5), "k must be a whole number"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").ranked("it", layer=2.0), "layer must be a whole number"),

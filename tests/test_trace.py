@@ -63,10 +63,22 @@ def test_trace_padding_does_not_change_real_tokens(bert):
 
 
 def test_trace_bad_input(bert):
-    with pytest.raises(InputError, match=r"^--layer 99 does not exist \(the model has layers 0\.\.5\)$"):
-        trace(bert, "The cat sat", "cat", 99, 0)  # worded as explain words it
-    with pytest.raises(InputError, match=r"^--head 12 does not exist \(each layer has heads 0\.\.11\)$"):
+    with pytest.raises(InputError, match=r"^layer must be a whole number from 0 to 5 \(or -6 to -1, counted from the end\), got 99$"):
+        trace(bert, "The cat sat", "cat", 99, 0)  # worded as attend's results word it
+    with pytest.raises(InputError, match=r"^head must be a whole number from 0 to 11 \(or -12 to -1, counted from the end\), got 12$"):
         trace(bert, "The cat sat", "cat", 0, 12)
+    for bad in ("3", 3.0, True):  # a Python caller's mistakes: one line, not a TypeError from inside
+        with pytest.raises(InputError, match="layer must be a whole number"):
+            trace(bert, "The cat sat", "cat", bad, 0)
+    with pytest.raises(InputError, match="pad .* must be a whole number, 0 or more, got '2'"):
+        trace(bert, "The cat sat", "cat", 0, 0, pad="2")
+    tr = trace(bert, "The cat sat", "cat", -1, -1)  # counted from the end, as in Python
+    assert (tr.layer, tr.head) == (5, 11)
+    for bad in (-1, "2", 0):
+        with pytest.raises(InputError, match="k must be a whole number >= 1"):
+            tr.top_tokens(bad)
+        with pytest.raises(InputError, match="k must be a whole number >= 1"):
+            tr.top_words(bad)
     with pytest.raises(InputError, match="not in the text"):
         trace(bert, "The cat sat", "dog", 0, 0)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "as_whole_number",
-           "check_seed"]
+__all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "as_count",
+           "as_index", "as_whole_number", "check_seed"]
 
 
 class BertscopeError(Exception):
@@ -37,6 +37,25 @@ def as_whole_number(value: object) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def as_index(name: str, value: object, size: int) -> int:
+    """``value`` as an index into ``size`` things, 0..size-1; negatives count from the end, as in
+    Python, and come back as the same index counted from the start. Anything else (a float, a
+    string, a bool, out of range) is an InputError that names ``name`` and the range."""
+    n = as_whole_number(value)
+    if n is None or not -size <= n < size:
+        raise InputError(f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
+                         f"counted from the end), got {value!r}")
+    return n % size
+
+
+def as_count(value: object, name: str = "k") -> int:
+    """``value`` as a whole number >= 1 (how many to return), else an InputError."""
+    n = as_whole_number(value)
+    if n is None or n < 1:
+        raise InputError(f"{name} must be a whole number >= 1, got {value!r}")
+    return n
 
 
 def check_seed(seed: object, flag: str = "--seed") -> int:

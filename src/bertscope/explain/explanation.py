@@ -37,7 +37,7 @@ import torch
 from ..bert import Bert
 from ..core.tokenizer import Batch
 from ..core.words import group_words, word_attention
-from ..errors import InputError, as_whole_number
+from ..errors import InputError, as_count, as_index, as_whole_number
 from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
                         similarity_target)
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
@@ -118,9 +118,11 @@ class Explanation:
                 shown = " ".join(self.words[:30]) + (" ..." if W > 30 else "")
                 raise InputError(f"no word {word!r} in the text; its words: {shown}")
             return low.index(word.lower())
-        if isinstance(word, bool) or not isinstance(word, (int, np.integer)) or not -W <= word < W:
-            raise InputError(f"word must be a word of the text or an index 0..{W - 1}, got {word!r}")
-        return int(word) % W
+        n = as_whole_number(word)
+        if n is None or not -W <= n < W:
+            raise InputError(f"word must be a word of the text or an index 0..{W - 1} (or -{W} to -1, "
+                             f"counted from the end), got {word!r}")
+        return n % W
 
     def sources(self, word: int | str | None = None, layer: int | None = None,
                 head: int | None = None) -> np.ndarray:
@@ -142,19 +144,10 @@ class Explanation:
             raise InputError(f"{self.method} gives a row per word: say which word")
         word = self.word_index(word)
         L = wm.shape[0]
-        layer = L - 1 if layer is None else _whole("layer", layer)
-        head = None if head is None else _whole("head", head)
-        if not 0 <= layer < L:
-            raise InputError(f"layer {layer} does not exist (the model has layers 0..{L - 1})")
+        layer = L - 1 if layer is None else as_index("layer", layer, L)
         m = wm[layer]
         if self.kind == "head":
-            H = m.shape[0]
-            if head is None:
-                m = m.mean(0)
-            elif not 0 <= head < H:
-                raise InputError(f"head {head} does not exist (each layer has heads 0..{H - 1})")
-            else:
-                m = m[head]
+            m = m.mean(0) if head is None else m[as_index("head", head, m.shape[0])]
         elif head is not None:
             raise InputError(f"{self.method} gives one map per layer, not per head; leave out the head")
         return m[word]
@@ -162,19 +155,10 @@ class Explanation:
     def ranked(self, word: int | str | None = None, layer: int | None = None, head: int | None = None,
                k: int | None = None) -> list[tuple[int, str, float]]:
         """(word index, word, value), largest first, from :meth:`sources`."""
-        if k is not None and _whole("k", k) < 1:
-            raise InputError(f"k must be a whole number >= 1 (or None for every word), got {k!r}")
+        n = None if k is None else as_count(k)
         row = self.sources(word, layer, head)
-        order = np.argsort(-row, kind="stable")[: (len(row) if k is None else int(k))]
+        order = np.argsort(-row, kind="stable")[: (len(row) if n is None else n)]
         return [(int(j), self.words[j], float(row[j])) for j in order]
-
-
-def _whole(name: str, value: object) -> int:
-    """``value`` as an int (numpy ints and 0-d integer tensors too); InputError for anything else."""
-    n = as_whole_number(value)
-    if n is None:
-        raise InputError(f"{name} must be a whole number, got {value!r}")
-    return n
 
 
 def _length_limit(bert: Bert, method: str | None = None) -> int | None:

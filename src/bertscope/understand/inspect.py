@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError, as_whole_number
+from ..errors import InputError, as_count, as_index
 from ..bert import Bert
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
@@ -37,26 +37,15 @@ class AttendResult:
 
     def _check(self, name: str, value: object, size: int) -> int:
         """``value`` as an int (a 0-d integer tensor too), if it indexes ``size`` things."""
-        index = as_whole_number(value)
-        if index is None or not -size <= index < size:
-            raise InputError(f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
-                             f"counted from the end), got {value!r}")
-        return index
+        return as_index(name, value, size)
 
-    @staticmethod
-    def _count(k: object) -> int:
-        """``k`` as an int >= 1 (how many to return)."""
-        n = as_whole_number(k)
-        if n is None or n < 1:
-            raise InputError(f"k must be a whole number >= 1, got {k!r}")
-        return n
 
     def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
         """The ``k`` words that ``token`` attends to most in ``layer``, ``head``, with their weights."""
         N, H, _ = self.weights.shape
         layer, head = self._check("layer", layer, N), self._check("head", head, H)
         row = self.weights[layer, head]
-        vals, idx = row.topk(min(self._count(k), row.numel()))
+        vals, idx = row.topk(min(as_count(k), row.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
     def heads_for(self, target: int, k: int | None = None) -> list[tuple[int, int, float]]:
@@ -68,7 +57,7 @@ class AttendResult:
         flat = w.flatten()
         order = flat.argsort(descending=True).tolist()
         if k is not None:
-            order = order[:self._count(k)]
+            order = order[:as_count(k)]
         return [(i // H, i % H, float(flat[i])) for i in order]
 
     def to_json(self) -> dict:

@@ -22,7 +22,7 @@ from ..bert import Bert
 from ..core.masks import mask_to_bias
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
-from ..errors import InputError, check_seed
+from ..errors import InputError, as_count, as_index, as_whole_number, check_seed
 
 __all__ = ["Trace", "trace"]
 
@@ -78,11 +78,13 @@ class Trace:
     context: torch.Tensor | None = None
 
     def top_tokens(self, k: int = 5) -> list[tuple[str, float]]:
-        vals, idx = self.weights.topk(min(k, self.weights.numel()))
+        """The ``k`` tokens this head's query weighs most, with their weights."""
+        vals, idx = self.weights.topk(min(as_count(k), self.weights.numel()))
         return [(self.tokens[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
     def top_words(self, k: int = 5) -> list[tuple[str, float]]:
-        vals, idx = self.word_weights.topk(min(k, self.word_weights.numel()))
+        """The ``k`` words this head's query weighs most (a word: the sum over its tokens)."""
+        vals, idx = self.word_weights.topk(min(as_count(k), self.word_weights.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
     def to_json(self) -> dict:
@@ -105,12 +107,6 @@ class Trace:
         }
 
 
-def _check_range(name: str, value: int, n: int) -> None:
-    if not 0 <= value < n:
-        where = "the model has layers" if name == "layer" else f"each layer has {name}s"
-        raise InputError(f"--{name} {value} does not exist ({where} 0..{n - 1})")  # as explain says it
-
-
 @torch.inference_mode()
 def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
           occurrence: int = 1, pad: int = 0, seed: int = 0) -> Trace:
@@ -123,10 +119,12 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     if not text.strip():
         raise InputError("the text is empty")
     cfg = bert.config
-    _check_range("layer", layer, cfg.num_hidden_layers)
-    _check_range("head", head, cfg.num_attention_heads)
-    if pad < 0:
-        raise InputError("--pad must be 0 or more")
+    layer = as_index("layer", layer, cfg.num_hidden_layers)
+    head = as_index("head", head, cfg.num_attention_heads)
+    n_pad = as_whole_number(pad)
+    if n_pad is None or n_pad < 0:
+        raise InputError(f"pad (how many [PAD] tokens to add) must be a whole number, 0 or more, got {pad!r}")
+    pad = n_pad
     check_seed(seed)
     batch = bert.encode([text])
     words = group_words(batch, text)

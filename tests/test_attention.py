@@ -63,6 +63,27 @@ def test_mask_polarity_matters():
     assert (ours[1] - wrong[1]).abs().max() > 1e-2
 
 
+def test_a_boolean_mask_is_refused_since_its_polarity_is_ambiguous(bert):
+    """PyTorch's key_padding_mask (True = PAD) given where BERT's mask goes was read as True =
+    token: every real token got weight 0 and the PADs all of it, with no error. A boolean mask
+    is refused by the module and by the model; the integer mask it names works."""
+    import pytest
+
+    from bertscope.errors import InputError
+
+    attn = make()
+    x, mask = padded_inputs()
+    for wrong in (to_key_padding_mask(mask), mask.bool()):
+        with pytest.raises(InputError, match="attention_mask is boolean"):
+            attn(x, wrong)
+    ok, _ = attn(x, (~to_key_padding_mask(mask)).long())  # the conversion the message names
+    ref, _ = attn(x, mask)
+    assert torch.equal(ok, ref)
+    b = bert.encode(["short one", "The animal didn't cross the street"])
+    with pytest.raises(InputError, match="attention_mask is boolean"):
+        bert.model(b.input_ids, to_key_padding_mask(b.attention_mask))
+
+
 def test_reference_and_fused_paths_agree():
     attn = make()
     x, mask = padded_inputs()

@@ -26,15 +26,20 @@ __all__ = ["check_attention_mask", "mask_to_bias", "to_key_padding_mask"]
 
 
 def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) -> None:
-    """Raise InputError (a ValueError) unless the mask is (B, T) and holds only 0s and 1s."""
+    """Raise InputError (a ValueError) unless the mask is (B, T) and holds only 0s and 1s, as
+    integers or floats: a boolean mask is refused, since HF reads True as a token and PyTorch's
+    key_padding_mask reads it as PAD, and reading it the wrong way round gives wrong numbers
+    without an error."""
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, tokens):
         raise InputError(
             f"attention_mask must have shape (B, T) = ({batch}, {tokens}), "
             f"got {tuple(attention_mask.shape)}"
         )
-    if attention_mask.dtype != torch.bool and not bool(
-        ((attention_mask == 0) | (attention_mask == 1)).all()
-    ):
+    if attention_mask.dtype == torch.bool:  # True means "token" to HF but "PAD" to PyTorch
+        raise InputError("attention_mask is boolean, and the two conventions for it are opposite: give "
+                         "integers, 1 = token and 0 = PAD (mask.long() for HF's True = token, "
+                         "(~mask).long() for PyTorch's key_padding_mask, True = PAD)")
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise InputError("attention_mask must hold only 1 (token) and 0 (PAD)")
 
 

@@ -645,3 +645,89 @@ def test_a_text_of_characters_the_tokenizer_drops_has_no_tokens_everywhere(args,
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "has no tokens" in last, last
     assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------- the Python API's mistakes
+# A notebook user's natural mistakes, found by a new-user review: each used to surface as a
+# TypeError, AttributeError or IndexError from deep inside torch or pathlib, or (the head list)
+# was silently rounded. Each is now one bertscope error sentence.
+
+def _tiny_classifier(bert) -> Bert:
+    from bertscope.core.classifier import BertForSequenceClassification
+
+    return Bert(config=TINY, model=BertForSequenceClassification(TINY, 2).eval(), tokenizer=bert.tokenizer)
+
+
+@pytest.mark.parametrize("call,kind,fragment", [
+    (lambda b: ablate(b, IT_ANIMAL, (3, 1)), InputError, r"list of \(layer, head\) pairs, e\.g\. \[\(3, 1\)\]"),
+    (lambda b: ablate(b, IT_ANIMAL, [(3.7, 1.2)]), InputError, "pairs of whole numbers"),
+    (lambda b: ablate(b, IT_ANIMAL, [("3", "1")]), InputError, "pairs of whole numbers"),
+    (lambda b: __import__("bertscope.understand.headstats", fromlist=["x"]).head_stats(b, "The cat sat."),
+     InputTypeError, "texts must be a list of strings, not one str"),
+    (lambda b: bertscope.mean_heads(5), InputTypeError, "attentions must be a tensor"),
+    (lambda b: bertscope.attention_rollout(torch.rand(6, 2, 12, 5, 5)), InputError, "hold 2 texts"),
+    (lambda b: bertscope.attention_rollout(torch.rand(12, 5, 5)), InputError, r"must be \(N, H, T, T\)"),
+    (lambda b: bertscope.word_attention(torch.rand(15, 15), [0, 1, 2]), InputError, "3 entries .* for 15 tokens"),
+    (lambda b: bertscope.word_attention([[1.0]], [0]), InputError, "probs must be a tensor"),
+    (lambda b: bertscope.MultiHeadSelfAttention(hidden_size=100, num_heads=12), bertscope.ConfigError,
+     "not divisible"),
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.randn(2, 5, 32)), InputError, r"x must be \(B, T, 64\)"),
+    (lambda b: bertscope.build_report(b, IT_ANIMAL, span=3), InputError, "span must be"),
+    (lambda b: bertscope.build_report(b, "The cat").save(5), InputTypeError, "must be a str or a Path"),
+    (lambda b: bertscope.load(5), InputTypeError, "the model folder must be a str or a Path"),
+    (lambda b: bertscope.count_params(5), InputTypeError, "counts a BERT model"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "grad-input", text_b=5), InputTypeError, r"text_b\) is int"),
+    (lambda b: bertscope.explain(b, "\u200b", "alti"), InputError, "has no tokens"),
+    (lambda b: bertscope.explain(b, "A dog.", "grad-input", text_b="\u200b"), InputError, r"text_b\) has no tokens"),
+    (lambda b: bertscope.explain(b, " ".join(["word"] * 200), "value-zeroing"), InputError,
+     "limited to 128 tokens"),
+    (lambda b: _tiny_classifier(b).classify(["a"], max_length="5"), InputError, "max_length must be a whole number"),
+])
+def test_python_api_mistakes_are_one_bertscope_error(bert, call, kind, fragment):
+    with pytest.raises(kind, match=fragment) as err:
+        call(bert)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("labels,fragment", [
+    (torch.tensor([5, 0]), r"classes 0\.\.1, got 0\.\.5"),
+    (torch.tensor([1]), r"shape \(2,\), got \(1,\)"),
+    (["pos", "neg"], "a tensor of class indices"),
+    (torch.tensor([0.0, 1.0]), "integer class indices"),
+])
+def test_classifier_labels_are_checked(bert, labels, fragment):
+    """torch's own errors here were an IndexError ("Target 5 is out of bounds"), a batch-size
+    ValueError and an AttributeError."""
+    clf = _tiny_classifier(bert).model
+    b = bert.encode(["a cat", "a dog sat"])
+    with pytest.raises(InputError, match=fragment):
+        clf(b.input_ids, b.attention_mask, b.token_type_ids, labels=labels)
+    assert clf(b.input_ids, b.attention_mask, b.token_type_ids, labels=torch.tensor([1, 0])).loss is not None
+
+
+def test_rollout_and_mean_take_a_models_attentions_tuple(bert, hf_model):
+    """HF's ``out.attentions`` (a tuple of (1, H, T, T)) goes straight in; the mean over heads is
+    numpy's mean of HF's maps, and the rollout equals the one of the stacked (N, H, T, T)."""
+    b = bert.encode([IT_ANIMAL])
+    with torch.no_grad():
+        hf = hf_model(input_ids=b.input_ids, attention_mask=b.attention_mask, output_attentions=True).attentions
+    want = np.stack([a[0].numpy() for a in hf]).mean(axis=1)  # (N, T, T)
+    assert np.abs(bertscope.mean_heads(hf).numpy() - want).max() < 1e-6
+    assert np.abs(bertscope.mean_heads(np.stack([a[0].numpy() for a in hf])).numpy() - want).max() < 1e-6
+    assert torch.equal(bertscope.attention_rollout(hf), bertscope.attention_rollout(torch.stack(hf)[:, 0]))
+
+
+def test_results_have_short_reprs(bert):
+    """A notebook cell ending in a result showed its whole tensors (Trace: 22k characters,
+    Report: 31k); each now says what it holds in one line."""
+    from bertscope.understand.headstats import head_stats
+
+    shown = [bert, bertscope.attend(bert, IT_ANIMAL, "it"), bertscope.explain(bert, IT_ANIMAL, "alti"),
+             trace(bert, IT_ANIMAL, "it", 3, 1), head_stats(bert, [IT_ANIMAL]),
+             ablate(bert, IT_ANIMAL, [(3, 1)], "it"), bertscope.build_report(bert, IT_ANIMAL)]
+    for obj in shown:
+        r = repr(obj)
+        assert len(r) < 300 and "\n" not in r and "tensor(" not in r and "array(" not in r, r
+        assert r.startswith(type(obj).__name__ + "("), r
+    assert "'it' (token 10 of 15), layer 3, head 1" in repr(shown[3])
+    assert "6 layers x 12 heads" in repr(shown[0])

@@ -54,7 +54,8 @@ from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
-from .errors import InputError, NonFiniteError
+from .errors import InputError, NonFiniteError, as_whole_number
+from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
 from .fast.gemm import ONEDNN_REFUSALS, PRECISIONS, GemmBackend
@@ -107,6 +108,12 @@ class Bert:
     precision_note: str = ""  # why a requested reduced precision is off, or what calibration decided
     precision_asked: str = "fp32"  # what load() was asked for (``precision`` is what runs)
     int8_plan: object = field(default=None, repr=False)  # bertscope.fast.quant.Int8Plan in int8 mode
+
+    def __repr__(self) -> str:  # a summary: the module tree is bert.model
+        c = self.config
+        kind = f"classifier {self.labels}" if self.is_classifier else "encoder"
+        return (f"Bert({self.name or 'BERT'!r}, {kind}, {c.num_hidden_layers} layers x {c.num_attention_heads} heads, "
+                f"hidden {c.hidden_size}, {self.precision} on {self.device}, path={str(self.path) if self.path else None!r})")
 
     @property
     def device(self) -> torch.device:
@@ -253,9 +260,10 @@ class Bert:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise InputError(f"texts and pairs differ in length ({len(texts)} and {len(pairs)})")
-        limit = self.max_seq_length if max_length is None else max_length
-        if not 2 <= limit <= self.config.max_position_embeddings:
-            raise InputError(f"max_length must be 2..{self.config.max_position_embeddings}, got {limit}")
+        limit = self.max_seq_length if max_length is None else as_whole_number(max_length)
+        if limit is None or not 2 <= limit <= self.config.max_position_embeddings:
+            raise InputError(f"max_length must be a whole number 2..{self.config.max_position_embeddings}, "
+                             f"got {max_length!r}")
         ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)
         if any(truncated):
             warnings.warn(f"{sum(truncated)} text(s) longer than {limit} tokens were truncated "
@@ -351,7 +359,7 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
         if dtype not in (None, torch.float32):
             raise InputError(f"precision {precision!r} works on an fp32 model; do not also give dtype={dtype}")
     device = _check_device(device)
-    folder = bundled_model_path() if path is None else Path(path).expanduser()
+    folder = bundled_model_path() if path is None else as_path(path, "the model folder").expanduser()
     ck = read_checkpoint(folder, device=device, dtype=dtype)
     bert = Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
                 max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",

@@ -9,13 +9,20 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from .errors import InputError
+from .errors import InputError, InputTypeError
 
 __all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines",
            "split_lines", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
+
+
+def as_path(path: object, what: str = "path") -> Path:
+    """``path`` (a str or os.PathLike) as a Path, else an InputTypeError naming ``what``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputTypeError(f"{what} must be a str or a Path, got {type(path).__name__}")
+    return Path(path)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, make_parents: bool = True,

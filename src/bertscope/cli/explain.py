@@ -16,7 +16,7 @@ methods (maps[i][j]: what word i takes from word j):
   attention             softmax weights, per head
   norm                  ||weight x f(x_j)||, per head (Kobayashi et al. 2020); a length, not a share
   norm-residual         attention + residual + LayerNorm, per layer (Kobayashi et al. 2021)
-  value-zeroing         output change when j's value vector is zeroed, per layer (Mohebbi et al. 2023)
+  value-zeroing         output change when j's value vector is zeroed, per layer (Mohebbi et al. 2023; ≤ 128 tokens)
   alti                  L1-distance contributions, rolled out through the layers (Ferrando et al. 2022)
   rollout               (A + I) / 2 rolled out through the layers (Abnar & Zuidema 2020)
   grad-input            gradient x input of one output: the cosine similarity of TEXT's embedding

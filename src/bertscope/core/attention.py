@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
+from .config import ConfigError
 from .masks import check_attention_mask, mask_to_bias
 
 __all__ = ["AttentionRecord", "MultiHeadSelfAttention", "attention_reference"]
@@ -93,11 +95,11 @@ class MultiHeadSelfAttention(nn.Module):
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+                raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+            raise ConfigError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         if hidden_size % num_heads != 0:
-            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+            raise ConfigError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.head_size = hidden_size // num_heads
@@ -151,11 +153,11 @@ class MultiHeadSelfAttention(nn.Module):
             output (B, T, C) and an :class:`AttentionRecord` (or None if not asked for).
         """
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"x must be (B, T, {self.hidden_size}), got {tuple(x.shape)}")
+            raise InputError(f"x must be (B, T, {self.hidden_size}), got {tuple(x.shape)}")
         B, T, C = x.shape
         if attention_mask is not None:
             if bias is not None:
-                raise ValueError("give attention_mask or bias, not both")
+                raise InputError("give attention_mask or bias, not both")
             check_attention_mask(attention_mask, B, T)
             bias = mask_to_bias(attention_mask, x.dtype)  # (B, 1, 1, T)
 

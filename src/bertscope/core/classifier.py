@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import BertConfig
+from ..errors import InputError
+from .config import BertConfig, ConfigError
 from .model import BertModel
 from .outputs import BertOutput
 
@@ -49,6 +50,19 @@ class ClassifierOutput:
     encoder: BertOutput | None = None
 
 
+def _check_labels(labels: object, batch: int, num_labels: int) -> None:
+    """InputError unless ``labels`` is a (B,) tensor of class indices 0..K-1 (one host sync)."""
+    if not isinstance(labels, torch.Tensor):
+        raise InputError(f"labels must be a tensor of class indices, e.g. torch.tensor([0, 1]), "
+                         f"got {type(labels).__name__}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise InputError(f"labels must be integer class indices, got {labels.dtype}")
+    if tuple(labels.shape) != (batch,):
+        raise InputError(f"labels must hold one class per text, shape ({batch},), got {tuple(labels.shape)}")
+    if batch and (int(labels.min()) < 0 or int(labels.max()) >= num_labels):
+        raise InputError(f"labels must be classes 0..{num_labels - 1}, got {int(labels.min())}..{int(labels.max())}")
+
+
 class BertForSequenceClassification(nn.Module):
     """The encoder (``.bert``), then pooler -> dropout -> linear head (``.classifier``).
 
@@ -68,16 +82,16 @@ class BertForSequenceClassification(nn.Module):
                  classifier_dropout: float | None = None, encoder: BertModel | None = None) -> None:
         super().__init__()
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
-            raise ValueError(f"a classifier needs at least 2 labels, got {num_labels!r}")
+            raise ConfigError(f"a classifier needs at least 2 labels, got {num_labels!r}")
         if id2label is None:
             id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
         if sorted(id2label) != list(range(num_labels)):
-            raise ValueError(f"id2label must name the classes 0..{num_labels - 1}, got keys {sorted(id2label)}")
+            raise ConfigError(f"id2label must name the classes 0..{num_labels - 1}, got keys {sorted(id2label)}")
         if len(set(id2label.values())) != num_labels:
-            raise ValueError("id2label gives two classes the same name")
+            raise ConfigError("id2label gives two classes the same name")
         p = config.hidden_dropout_prob if classifier_dropout is None else classifier_dropout
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1), got {p}")
+            raise ConfigError(f"classifier_dropout must be in [0, 1), got {p}")
         self.config = config
         self.num_labels = num_labels
         self.id2label = {int(i): str(name) for i, name in sorted(id2label.items())}
@@ -142,5 +156,7 @@ class BertForSequenceClassification(nn.Module):
                         output_hidden_states, head_mask, output_intermediates=output_intermediates,
                         inputs_embeds=inputs_embeds)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)@(C, K) -> (B, K)
+        if labels is not None:
+            _check_labels(labels, logits.shape[0], self.num_labels)
         loss = None if labels is None else self.loss_fn(logits, labels.to(logits.device))
         return ClassifierOutput(logits=logits, loss=loss, encoder=out)

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ..errors import InputTypeError
 from .config import BertConfig
+from .model import BertModel
 
 __all__ = ["ParamCount", "count_params"]
 
@@ -38,7 +40,15 @@ class ParamCount:
 
 
 def count_params(model: nn.Module) -> ParamCount:
-    """Count a :class:`bertscope.core.model.BertModel`'s attention and total parameters."""
+    """Count a :class:`bertscope.core.model.BertModel`'s attention and total parameters (of its
+    encoder, for a classifier or the ``bertscope.load`` facade)."""
+    for inner in (model, getattr(model, "encoder", None), getattr(model, "bert", None)):
+        if isinstance(inner, BertModel):
+            model = inner
+            break
+    else:
+        raise InputTypeError(f"count_params counts a BERT model (bertscope.load(...), or its .model), "
+                             f"got {type(model).__name__}")
     config: BertConfig = model.config  # type: ignore[assignment]
     attn = model.layers[0].attention  # type: ignore[index]
     per_matrix = {}

@@ -20,7 +20,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from ..errors import CheckpointError, InputError, InputTypeError
 
-__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts"]
+__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,12 @@ def check_text(text: object, what: str = "the text") -> str:
         raise InputError(f"{what} is not valid Unicode text (a lone surrogate U+{ord(bad):04X} "
                          f"at character {e.start}; non-UTF-8 bytes look like this)") from None
     return text
+
+
+def no_tokens(what: str = "the text") -> InputError:
+    """The error for a text the tokenizer leaves nothing of but [CLS] and [SEP] (it holds only
+    characters the tokenizer drops, such as U+200B): there is no word to show or explain."""
+    return InputError(f"{what} has no tokens (it holds only spaces or control characters)")
 
 
 def check_texts(texts: object, what: str = "texts") -> list[str]:

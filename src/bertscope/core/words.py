@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError, as_whole_number
-from .tokenizer import Batch, check_text
+from .tokenizer import Batch, check_text, no_tokens
 
 __all__ = ["Words", "find_word", "group_words", "word_attention"]
 
@@ -73,9 +73,12 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
 
     To a word: sum over its sub-tokens (columns). From a word: mean over its sub-tokens (rows).
     """
+    if not isinstance(probs, torch.Tensor) or probs.dim() < 2 or probs.shape[-1] != probs.shape[-2]:
+        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
+        raise InputError(f"probs must be a tensor of token attention (..., T, T), got {shape}")
     T = probs.shape[-1]
     if len(token_words) != T:
-        raise ValueError(f"{len(token_words)} token-to-word entries for {T} tokens")
+        raise InputError(f"token_words has {len(token_words)} entries (one word index per token) for {T} tokens")
     W = max(token_words) + 1
     assign = torch.zeros(T, W, dtype=probs.dtype, device=probs.device)  # (T, W)
     assign[torch.arange(T), torch.tensor(token_words)] = 1.0
@@ -102,7 +105,7 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     if not hits:
         real = [w for w in words if w not in ("[CLS]", "[SEP]")]
         if not real:
-            raise InputError("the text has no tokens (it holds only spaces or control characters)")
+            raise no_tokens()
         span = _split_span(real, target)
         if span:
             raise InputError(

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..bert import Bert
-from ..core.tokenizer import Batch
+from ..core.tokenizer import Batch, check_text, no_tokens
 from ..core.words import group_words, word_attention
 from ..errors import InputError, as_count, as_index, as_whole_number
 from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
@@ -92,6 +92,12 @@ class Explanation:
     maps: np.ndarray
     target: str | None = None
     truncated: bool = False
+
+    def __repr__(self) -> str:  # a summary: the maps are up to (L, H, T, T) numbers
+        target = f", target={self.target!r}" if self.target is not None else ""
+        return (f"Explanation(method={self.method!r}, {len(self.words)} words, {len(self.tokens)} tokens, "
+                f"maps {tuple(self.maps.shape)}{target}{', truncated' if self.truncated else ''}; "
+                f".ranked(word), .sources(word), .word_maps())")
 
     @property
     def kind(self) -> str:
@@ -168,12 +174,22 @@ def _length_limit(bert: Bert, method: str | None = None) -> int | None:
     return bert.max_seq_length if bert.is_classifier or method in GRAD_METHODS else None
 
 
+def _check_value_zeroing(T: int) -> None:
+    """Value zeroing reruns every layer once per token: refused above the limit, before any work."""
+    if T > VALUE_ZEROING_MAX_TOKENS:
+        raise InputError(f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer "
+                         f"once per token); this text has {T}")
+
+
 def _encode_one(bert: Bert, text: object, what: str = "text", max_length: int | None = None) -> Batch:
-    if not isinstance(text, str):
-        raise InputError(f"the {what} must be a string, got {type(text).__name__}")
+    """One text, checked (a string, not blank, with tokens) and encoded."""
+    check_text(text, f"the {what}")
     if not text.strip():
         raise InputError(f"the {what} is empty")
-    return bert.encode([text], max_length=max_length)
+    batch = bert.encode([text], max_length=max_length)
+    if batch.lengths[0] <= 2:  # [CLS] [SEP] only
+        raise no_tokens(f"the {what}")
+    return batch
 
 
 def _resolve_target(bert: Bert, method: str, batch: Batch, text_b: str | None,
@@ -186,8 +202,7 @@ def _resolve_target(bert: Bert, method: str, batch: Batch, text_b: str | None,
     if text_b is not None:
         if target is not None:
             raise InputError("give text_b (similarity to a second text) or a target, not both")
-        if not isinstance(text_b, str) or not text_b.strip():
-            raise InputError("text_b is empty")
+        _encode_one(bert, text_b, "second text (text_b)")  # checked as the text is
         return similarity_target(bert, text_b)
     if isinstance(target, Target):
         return target
@@ -247,10 +262,13 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
             it predicts for ``text``. Any other output: a :class:`Target`.
 
     Raises:
-        InputError: an unknown method, an empty text, or a target the method cannot take.
+        InputError: an unknown method, an empty text (or one with no tokens), a target the method
+            cannot take, or value-zeroing on more than :data:`VALUE_ZEROING_MAX_TOKENS` tokens.
     """
     check_method(method)
     batch = _encode_one(bert, text, max_length=_length_limit(bert, method))
+    if method == "value-zeroing":
+        _check_value_zeroing(batch.lengths[0])
     tgt = _resolve_target(bert, method, batch, text_b, target)
     maps = explain_batch(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, method,
                          target=tgt)[0]
@@ -299,10 +317,8 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
         if name not in MAP_METHODS:
             raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
     batch = bert.encode([text], pairs=None if pair is None else [pair])  # as analyze() cuts: maps line up
-    T = batch.lengths[0]
-    if "value-zeroing" in names and T > VALUE_ZEROING_MAX_TOKENS:
-        raise InputError(f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer "
-                         f"once per token); this text has {T}")
+    if "value-zeroing" in names:
+        _check_value_zeroing(batch.lengths[0])
     model = bert.model
     was_training = model.training
     model.eval()

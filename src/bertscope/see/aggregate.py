@@ -12,20 +12,55 @@ Shape legend: N layers, H heads, T tokens.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from ..errors import InputError, InputTypeError
 
 __all__ = ["attention_rollout", "mean_heads"]
 
 
+def _one_text(attentions: object) -> torch.Tensor:
+    """One text's maps as an (N, H, T, T) tensor, from that tensor, a numpy array, or a model's
+    ``attentions`` (a tuple of N (B, H, T, T) maps, as bertscope and HF return them) for B = 1."""
+    if isinstance(attentions, (tuple, list)):
+        if not attentions:
+            raise InputError("attentions is empty: give one map per layer")
+        try:
+            attentions = torch.stack([torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a)
+                                      for a in attentions])  # (N, ...)
+        except (RuntimeError, TypeError, ValueError):
+            raise InputError("attentions must be one map per layer, all of one shape") from None
+    elif isinstance(attentions, np.ndarray):
+        attentions = torch.from_numpy(attentions)
+    elif not isinstance(attentions, torch.Tensor):
+        raise InputTypeError(f"attentions must be a tensor (N, H, T, T) or a model's tuple of attentions, "
+                             f"got {type(attentions).__name__}")
+    if attentions.dim() == 5:  # (N, B, H, T, T): the model's tuple, stacked
+        if attentions.shape[1] != 1:
+            raise InputError(f"attentions hold {attentions.shape[1]} texts (N, B, H, T, T) = "
+                             f"{tuple(attentions.shape)}; pick one: torch.stack(attentions)[:, i]")
+        attentions = attentions[:, 0]  # (N, H, T, T)
+    if attentions.dim() != 4 or attentions.shape[-1] != attentions.shape[-2]:
+        raise InputError(f"attentions must be (N, H, T, T), got {tuple(attentions.shape)}")
+    if not attentions.is_floating_point():
+        raise InputError(f"attentions must be probabilities (floats), got {attentions.dtype}")
+    return attentions
+
+
 def mean_heads(attentions: torch.Tensor) -> torch.Tensor:
-    """(N, H, T, T) -> (N, T, T): each layer's attention averaged over its heads."""
-    if attentions.dim() != 4:
-        raise ValueError(f"attentions must be (N, H, T, T), got {tuple(attentions.shape)}")
-    return attentions.mean(dim=1)  # (N, T, T)
+    """(N, H, T, T) -> (N, T, T): each layer's attention averaged over its heads.
+
+    Also takes a numpy array, or a model's ``out.attentions`` (N maps of (1, H, T, T)) for one
+    text."""
+    return _one_text(attentions).mean(dim=1)  # (N, T, T)
 
 
 def attention_rollout(attentions: torch.Tensor) -> torch.Tensor:
-    """(N, H, T, T) -> (N, T, T): the rollout after each layer (Abnar & Zuidema 2020)."""
+    """(N, H, T, T) -> (N, T, T): the rollout after each layer (Abnar & Zuidema 2020).
+
+    Takes what :func:`mean_heads` takes."""
+    attentions = _one_text(attentions)
     A = mean_heads(attentions).double()  # (N, T, T); float64 so 24 products stay exact
     N, T, _ = A.shape
     A = A + torch.eye(T, dtype=A.dtype, device=A.device)  # (N, T, T): the residual path

@@ -30,6 +30,7 @@ import difflib
 import html
 import json
 import os
+import reprlib
 import zlib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -40,9 +41,9 @@ import numpy as np
 import torch
 
 from .aggregate import attention_rollout
-from ..files import write_bytes_atomic
-from ..errors import InputError
-from ..core.tokenizer import check_texts
+from ..files import as_path, write_bytes_atomic
+from ..errors import InputError, as_whole_number
+from ..core.tokenizer import check_texts, no_tokens
 from ..core.words import group_words
 from ..bert import Bert
 
@@ -83,6 +84,14 @@ class ReportText:
     pair: str | None = None
     qkv: np.ndarray | None = None
     measures: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # a summary: the maps are (N, H, T, T) numbers
+        extra = [f"pair {reprlib.repr(self.pair)}"] if self.pair is not None else []
+        extra += ["q, k, v"] if self.qkv is not None else []
+        extra += [f"measures {', '.join(self.measures)}"] if self.measures else []
+        extra += ["truncated"] if self.truncated else []
+        return (f"ReportText({reprlib.repr(self.text)}, {len(self.tokens)} tokens, {len(self.words)} words, "
+                f"attentions {tuple(self.attentions.shape)}{''.join('; ' + e for e in extra)})")
 
     def meta(self) -> dict[str, Any]:
         """Everything about the text except the numbers (JSON-ready)."""
@@ -157,6 +166,11 @@ class Report:
     texts: list[ReportText]
     options: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # a summary: the page holds every map
+        texts = ", ".join(reprlib.repr(t.text) for t in self.texts)
+        return (f"Report({self.model_name!r}, {self.num_layers} layers x {self.num_heads} heads, "
+                f"texts: {texts}; .save('page.html'), or show it in a notebook)")
+
     def meta(self) -> dict[str, Any]:
         out = {"model": self.model_name, "layers": self.num_layers, "heads": self.num_heads,
                "texts": [t.meta() for t in self.texts], "options": dict(self.options)}
@@ -208,7 +222,7 @@ class Report:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the HTML file atomically (a temporary file, then a rename). The name must end in
         .html or .htm; its folder must exist."""
-        if Path(path).suffix.lower() not in (".html", ".htm"):
+        if as_path(path, "the file name").suffix.lower() not in (".html", ".htm"):
             raise InputError(f"{path}: the explorer is an HTML page; give a name ending in .html")
         return write_bytes_atomic(Path(path), self.to_html().encode("utf-8"), make_parents=False)
 
@@ -269,7 +283,13 @@ def parse_span(span: str | tuple[int, int] | None, T: int | None) -> tuple[int, 
         except ValueError:
             raise InputError(f"--span must be START:END with whole numbers, got {span!r}") from None
     else:
-        lo, hi = span
+        try:
+            lo, hi = span
+        except (TypeError, ValueError):
+            raise InputError(f"span must be \"START:END\" or a pair (START, END) of token positions, got {span!r}") from None
+        for v in (lo, hi):
+            if v is not None and as_whole_number(v) is None:
+                raise InputError(f"span must be \"START:END\" or a pair (START, END) of token positions, got {span!r}")
     if T is None:
         if lo is not None and hi is not None and (lo < 0) == (hi < 0) and hi <= lo:
             raise InputError(f"--span {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
@@ -344,7 +364,7 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
         for seg, what in ((0, "the text" if b == 0 else "the second text"), (1, "the pair text")):
             if (seg == 0 or pair is not None) and not any(
                     w is not None and int(batch.token_type_ids[b, t]) == seg for t, w in enumerate(batch.word_ids[b])):
-                raise InputError(f"{what} has no tokens (it holds only spaces or control characters)")
+                raise no_tokens(what)
     dev = bert.device
     cfg = bert.config
     want_qk = _want_qk(qk, cfg.num_hidden_layers, cfg.hidden_size, max(batch.lengths))

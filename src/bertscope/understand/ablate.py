@@ -24,8 +24,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError
-from ..core.tokenizer import check_text
+from ..errors import InputError, as_whole_number
+from ..core.tokenizer import check_text, no_tokens
 from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert
 
@@ -53,6 +53,12 @@ class Ablation:
     word_shift: torch.Tensor | None = None
     before: torch.Tensor | None = None
     after: torch.Tensor | None = None
+
+    def __repr__(self) -> str:  # a summary: token_cosine and word_shift are tensors
+        heads = ", ".join(f"L{l} H{h}" for l, h in self.heads[:6]) + (" ..." if len(self.heads) > 6 else "")
+        word = f", word {self.word!r}" if self.word is not None else ""
+        return (f"Ablation({len(self.heads)} head(s) silenced: {heads}; sentence embedding cosine "
+                f"{self.embedding_cosine:.4f}, lowest token cosine {float(self.token_cosine.min()):.4f}{word})")
 
     def to_json(self) -> dict:
         d = {"text": self.text, "heads": [list(h) for h in self.heads], "tokens": self.tokens,
@@ -90,6 +96,24 @@ class HeadEffects:
                             for l, h, a, b in self.ranking(k)]}
 
 
+def _as_heads(heads: object) -> list[tuple[int, int]]:
+    """``heads`` as a list of (layer, head) pairs of whole numbers, else one InputError."""
+    example = "a list of (layer, head) pairs, e.g. [(3, 1)] for one head"
+    if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+        raise InputError(f"heads must be {example}, got {heads!r}")
+    out = []
+    for pair in heads:
+        try:
+            l, h = pair
+        except (TypeError, ValueError):
+            raise InputError(f"heads must be {example}, got {heads!r}") from None
+        l, h = as_whole_number(l), as_whole_number(h)
+        if l is None or h is None:
+            raise InputError(f"heads must be (layer, head) pairs of whole numbers, e.g. [(3, 1)], got {pair!r}")
+        out.append((l, h))
+    return out
+
+
 def _check_heads(bert: Bert, heads: list[tuple[int, int]]) -> None:
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     for l, h in heads:
@@ -116,14 +140,14 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
         check_text(word, "the word")
     if not text.strip():
         raise InputError("the text is empty")
-    heads = list(dict.fromkeys((int(l), int(h)) for l, h in heads))  # each head once, in order
+    heads = list(dict.fromkeys(_as_heads(heads)))  # each head once, in order
     if not heads:
         raise InputError("name at least one head to silence (--layer L --head H), or use --sweep")
     _check_heads(bert, heads)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])
     if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)
-        raise InputError("the text has no tokens (it holds only spaces or control characters)")
+        raise no_tokens()
     words = group_words(batch, text)
     wi = (find_word(words.words, word, occurrence, cut_text=text if batch.truncated[0] else None,
                     positions=bert.tokenizer.max_length) if word is not None else None)
@@ -159,7 +183,7 @@ def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None 
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])
     if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)
-        raise InputError("the text has no tokens (it holds only spaces or control characters)")
+        raise no_tokens()
     a = _run(bert, batch, None, False).last_hidden_state.float().cpu()  # (1, T, C)
     ea = _embedding(a)
     tok = torch.zeros(N, H)

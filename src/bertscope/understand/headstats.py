@@ -50,13 +50,13 @@ import math
 import unicodedata
 import warnings as pywarnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
 from ..errors import InputError
 from ..bert import Bert
-from ..core.tokenizer import TruncationWarning, check_text
+from ..core.tokenizer import TruncationWarning, check_text, check_texts
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
            "HeadSums", "TokenKinds", "classify", "head_stats", "head_sums", "map_stats", "pattern_features",
@@ -197,6 +197,16 @@ class HeadStats:
     class_counts: dict[str, torch.Tensor]
     warnings: list[str] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # a summary: the statistics are (N, H) tensors
+        N, H = self.class_share.shape
+        counts: dict[str, int] = {}
+        for row in self.classes:
+            for c in row:
+                counts[c] = counts.get(c, 0) + 1
+        shown = ", ".join(f"{c} {n}" for c, n in sorted(counts.items(), key=lambda x: -x[1]))
+        return (f"HeadStats({self.model!r}, {self.num_texts} texts, {self.num_tokens} tokens, {N} layers x {H} heads; "
+                f"classes: {shown})")
+
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.class_share.shape)  # type: ignore[return-value]
@@ -312,6 +322,8 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     """The :class:`HeadSums` of ``texts`` (strings, or (line number, string) pairs); blank
     texts are skipped. Each text runs alone through the reference model (its attentions).
     ``progress(done, total)`` is called after each text (one forward pass each)."""
+    if isinstance(texts, (str, bytes, Mapping, set, frozenset)) or hasattr(texts, "columns"):
+        check_texts(texts)  # one string, a dict, a set or a table: the one-line InputTypeError
     items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
     items = [(n, check_text(t, f"text {n}")) for n, t in items]
     sums = HeadSums(bert.config.num_hidden_layers, bert.config.num_attention_heads)

@@ -35,6 +35,11 @@ class AttendResult:
     weights: torch.Tensor
     truncated: bool
 
+    def __repr__(self) -> str:  # a summary: the weights are (N, H, W) numbers
+        N, H, W = self.weights.shape
+        return (f"AttendResult(token={self.token!r} (word {self.index} of {W}), weights: {N} layers x {H} heads "
+                f"x {W} words{', truncated' if self.truncated else ''}; .top_words(layer, head), .heads_for(word))")
+
     def _check(self, name: str, value: object, size: int) -> int:
         """``value`` as an int (a 0-d integer tensor too), if it indexes ``size`` things."""
         return as_index(name, value, size)

@@ -77,6 +77,11 @@ class Trace:
     values: torch.Tensor | None = None
     context: torch.Tensor | None = None
 
+    def __repr__(self) -> str:  # a summary: the record holds every step's tensors
+        top = ", ".join(f"{w} {v:.2f}" for w, v in self.top_words(3))
+        return (f"Trace({self.tokens[self.token_index]!r} (token {self.token_index} of {len(self.tokens)}), "
+                f"layer {self.layer}, head {self.head}; top words: {top}; .to_json() for every step)")
+
     def top_tokens(self, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` tokens this head's query weighs most, with their weights."""
         vals, idx = self.weights.topk(min(as_count(k), self.weights.numel()))

@@ -731,3 +731,21 @@ def test_results_have_short_reprs(bert):
         assert r.startswith(type(obj).__name__ + "("), r
     assert "'it' (token 10 of 15), layer 3, head 1" in repr(shown[3])
     assert "6 layers x 12 heads" in repr(shown[0])
+
+
+def test_heads_for_takes_the_word_and_build_report_names_the_text(bert):
+    res = bertscope.attend(bert, IT_ANIMAL, "it")
+    assert res.heads_for("animal", k=3) == res.heads_for(res.words.index("animal"), k=3)
+    assert res.heads_for("Animal", k=1) == res.heads_for(res.words.index("animal"), k=1)  # as attend matches
+    with pytest.raises(InputError, match="not in the text"):
+        res.heads_for("zebra")
+    with pytest.raises(InputTypeError, match="^the text is int, not a string$"):
+        bertscope.build_report(bert, 3)  # it said "texts[0]", a name the caller never used
+    with pytest.raises(InputTypeError, match="^the second text is int, not a string$"):
+        bertscope.build_report(bert, IT_ANIMAL, 3)
+
+
+def test_a_batch_passed_whole_is_told_which_tensors_to_pass(bert):
+    b = bert.encode(["a cat"])
+    with pytest.raises(InputTypeError, match="pass batch.input_ids, batch.attention_mask, batch.token_type_ids"):
+        bert.model(b)

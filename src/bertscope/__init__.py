@@ -7,6 +7,7 @@ This module is the public API; everything re-exported here is stable.
     vecs = bert.embed(["a sentence", "another"])  # (2, 384) numpy, unit length
     probs = bertscope.load("fine-tuned/").classify(["a review"])  # (1, K), after bertscope finetune
     res = bertscope.attend(bert, "The animal didn't cross the street because it was too tired", "it")
+    bertscope.trace(bert, "...", "it", layer=3, head=1)  # the seed's steps on real numbers
     bertscope.show(hf_outputs.attentions, tokens)  # any model's attention in the explorer
 """
 
@@ -29,6 +30,9 @@ from .see.report import Report, ReportText, build_report
 from .see.show import show
 from .core.tokenizer import Batch, BertTokenizer, TruncationWarning
 from .explain import Explanation, explain
+from .understand.ablate import Ablation, ablate
+from .understand.headstats import HeadStats, head_stats
+from .understand.trace import Trace, trace
 
 __all__ = [
     "AttendResult", "AttentionRecord", "Batch", "Bert", "BertConfig", "BertForSequenceClassification",
@@ -40,4 +44,5 @@ __all__ = [
     "mask_to_bias", "to_key_padding_mask", "word_attention",
     "Report", "ReportText", "attention_rollout", "build_report", "mean_heads", "show",
     "Explanation", "explain",
+    "Ablation", "HeadStats", "Trace", "ablate", "head_stats", "trace",
 ]

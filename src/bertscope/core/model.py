@@ -79,7 +79,12 @@ class BertPooler(nn.Module):
 def check_tensor(x: object, name: str) -> None:
     """InputTypeError (one line) unless ``x`` is None or a torch tensor."""
     if x is not None and not isinstance(x, torch.Tensor):
-        hint = "; bert.encode(texts) gives a batch of them" if name in ("input_ids", "attention_mask") else ""
+        if type(x).__name__ == "Batch":  # bertscope's own encode(): its tensors are the arguments
+            hint = "; pass batch.input_ids, batch.attention_mask, batch.token_type_ids"
+        elif name in ("input_ids", "attention_mask"):
+            hint = "; bert.encode(texts) gives a batch of them"
+        else:
+            hint = ""
         raise InputTypeError(f"{name} must be a torch tensor (B, T), got {type(x).__name__}{hint}")
 
 

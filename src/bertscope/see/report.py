@@ -43,7 +43,7 @@ import torch
 from .aggregate import attention_rollout
 from ..files import as_path, write_bytes_atomic
 from ..errors import InputError, as_whole_number
-from ..core.tokenizer import check_texts, no_tokens
+from ..core.tokenizer import check_text, check_texts, no_tokens
 from ..core.words import group_words
 from ..bert import Bert
 
@@ -421,6 +421,9 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     """
     if text_b is not None and pair is not None:
         raise InputError("give a second text to compare, or a pair text, not both")
+    check_text(text)
+    if text_b is not None:
+        check_text(text_b, "the second text")
     cfg = bert.config
     name = bert.name or (bert.path.name if bert.path else "BERT")
     if bert_b is None:

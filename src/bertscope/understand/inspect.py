@@ -53,9 +53,12 @@ class AttendResult:
         vals, idx = row.topk(min(as_count(k), row.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
-    def heads_for(self, target: int, k: int | None = None) -> list[tuple[int, int, float]]:
-        """(layer, head, weight) sorted by the weight from the token to word ``target`` (an index
-        into ``words``: ``res.words.index("animal")``)."""
+    def heads_for(self, target: int | str, k: int | None = None) -> list[tuple[int, int, float]]:
+        """(layer, head, weight) sorted by the weight from the token to word ``target``: an index
+        into ``words``, or the word itself (its first occurrence, matched as ``attend`` matches
+        ``token``)."""
+        if isinstance(target, str):
+            target = find_word(self.words, target, 1)
         target = self._check("target (an index into words)", target, len(self.words))
         w = self.weights[:, :, target]  # (N, H)
         H = w.shape[1]

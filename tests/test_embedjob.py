@@ -228,6 +228,10 @@ def test_embed_bad_input_shows_no_progress_bar(tmp_path, capsys):
     ("plain.txt", ["--field", "text"], "no line is valid JSON"),
     ("array.json", [], "one JSON document (an array), not JSON Lines"),
     ("pretty.json", [], "not JSON Lines"),
+    # a NUL byte near the start: binary data (git's rule), not thousands of garbage "lines"
+    ("binary.txt", [], "binary.txt looks like a binary file, not text (a NUL byte on line 2, byte 6)"),
+    ("utf16.txt", [], "it is UTF-16 text: convert it to UTF-8 first"),
+    ("damaged.parquet", [], "damaged.parquet as Parquet"),  # pyarrow's ArrowInvalid: exit 1, no name
 ])
 def test_embed_bad_input_is_one_line_error(tmp_path, capsys, make_input, extra, message):
     files = {"ok.txt": "hello\n", "bad.jsonl": '{"text": broken\nnot json either\n\n',
@@ -236,10 +240,13 @@ def test_embed_bad_input_is_one_line_error(tmp_path, capsys, make_input, extra, 
              "nottext.jsonl": '{"text": 1}\n{"text": null}\n',
              "plain.txt": "a plain text\nanother\n",
              "array.json": '[{"text": "a"},\n {"text": "b"}]\n',
-             "pretty.json": '{\n  "text": "one document"\n}\n'}
+             "pretty.json": '{\n  "text": "one document"\n}\n',
+             "binary.txt": b"hello\n\x00\x01\x02 data\nmore\n", "utf16.txt": "hello\n".encode("utf-16"),
+             "damaged.parquet": "not parquet at all\n"}
     inp = tmp_path / (make_input or "missing.txt")
     if make_input:
-        inp.write_text(files[make_input])
+        data = files[make_input]
+        inp.write_bytes(data if isinstance(data, bytes) else data.encode())
     code, stdout, err = _run_cli(["embed", str(inp), "--out", str(tmp_path / "o"), *extra], capsys)
     assert code == 2
     lines = err.strip().splitlines()
@@ -276,3 +283,84 @@ def test_each_shard_hands_the_allocators_free_memory_back(tmp_path, capsys, monk
     assert main(["embed", str(inp), "--out", str(tmp_path / "out"), "--shard-rows", "4", "--quiet"]) == 0
     capsys.readouterr()
     assert len(calls) == -(-len(TEXTS * 3) // 4)
+
+
+def test_a_json_line_no_text_can_be_read_from_is_its_own_row(tmp_path, bert, capsys):
+    """A JSON string with an escaped lone surrogate ("\\udcff", valid JSON, found in scraped data)
+    stopped the whole job, and every --resume, with "texts[6] is not valid Unicode"; nesting
+    deeper than Python's recursion limit stopped it with a RecursionError. Each is one row now."""
+    lines = ['{"text": "fine"}', '{"text": "bad \\udcff x"}',
+             '{"text": "x", "meta": ' + "[" * 5000 + "]" * 5000 + "}", '{"text": "after"}']
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    assert json.loads(lines[1])["text"] == "bad \udcff x"  # what Python's own json reads there
+    out = tmp_path / "o"
+    code, _, err = _run_cli(["embed", str(inp), "--out", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    emb, status = read_embeddings(out)
+    assert status == ["ok", "undecodable", "bad_json", "ok"]
+    assert not emb[1].any() and not emb[2].any()
+    assert np.abs(emb[3] - bert.embed(["after"])[0]).max() < 1e-5
+    assert "undecodable line(s) (not UTF-8 text), zero vectors: line 2" in err
+
+
+def test_an_output_inside_its_input_folder_is_not_read_as_input(tmp_path, capsys):
+    """embed DIR --out DIR/x.emb: the resume saw the job's own shard as a new input file and was
+    refused, and a second job embedded the .npy shard as 244 undecodable lines of text."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one\ntwo\nthree\n")
+    for args in (["--out", str(folder / "out.emb")], ["--out", str(folder / "out.emb"), "--resume"],
+                 ["--out", str(folder / "out2.emb")]):
+        code, _, err = _run_cli(["embed", str(folder), *args, "--quiet"], capsys)
+        assert code == 0, err
+    for name in ("out.emb", "out2.emb"):
+        emb, status = read_embeddings(folder / name)
+        assert status == ["ok"] * 3
+    code, _, err = _run_cli(["embed", str(folder / "**" / "*"), "--out", str(tmp_path / "g.emb"), "--quiet"], capsys)
+    assert code == 0, err
+    assert read_embeddings(tmp_path / "g.emb")[1] == ["ok"] * 3  # a glob leaves the job folders out too
+
+
+@pytest.mark.parametrize("args,message", [
+    (["", "--out", "o.emb"], "the input is an empty name"),  # an unset "$FILE": not the working folder
+    (["in.txt", "--out", ""], "the output folder (--out) must be a folder name"),
+])
+def test_empty_names_are_refused(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("hello\n")
+    code, _, err = _run_cli(["embed", *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_python_api_checks_job_options(tmp_path, bert):
+    from bertscope.errors import InputError
+    from bertscope.fast.embedjob import JobOptions, run_embed_job
+
+    (tmp_path / "in.txt").write_text("hello\n")
+    for opts, message in ((JobOptions(shard_rows="5"), "shard_rows must be a whole number"),
+                          (JobOptions(batch_tokens=2.5), "batch_tokens must be a whole number"),
+                          (JobOptions(field_name=3), "field_name")):
+        with pytest.raises(InputError, match=message):
+            run_embed_job(bert, tmp_path / "in.txt", tmp_path / "o", opts)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_damaged_shard_record_is_recomputed_not_fatal(tmp_path):
+    """One unreadable _staging/_part-N.json made --resume say "remove OUTPUT and start again",
+    throwing away every finished shard; that one shard is now recomputed, the rest kept."""
+    texts = [f"sentence number {i}" for i in range(12)]
+    inp = _write_input(tmp_path / "in.txt", texts)
+    whole = _subprocess_embed(inp, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "killed"
+    killed = _subprocess_embed(inp, out, env_extra={KILL_HOOK_ENV: "2"})
+    assert killed.returncode == -signal.SIGKILL
+    (out / "_staging" / "_part-00001.json").write_text("garbage")
+    resumed = _subprocess_embed(inp, out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    a, sa = read_embeddings(tmp_path / "whole")
+    b, sb = read_embeddings(out)
+    assert sa == sb and np.abs(a - b).max() < 1e-6
+    runs = [s["run"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
+    assert runs == [1, 2, 2]  # shard 0 kept from the killed run; shard 1 (damaged record) redone

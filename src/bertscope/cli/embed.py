@@ -24,10 +24,11 @@ Lines: a single JSON document (one that starts with "[", or whose first line is 
 JSON object) is refused.
 
 A bad line never stops the job: it gets a zero vector and a status -- empty, undecodable (not
-UTF-8), bad_json (not valid JSON), no_field (not an object with the field), not_text (the field
+UTF-8 text, or NUL bytes), bad_json (not valid JSON), no_field (not an object with the field), not_text (the field
 is not a string) -- and over-long texts are cut to the model's max_seq_length (truncated); each
 is reported with its line numbers, here and in the manifest. But if NO line holds a text (every
-non-blank line fails), the input is refused at once: that is the wrong --field or file.
+non-blank line fails), the input is refused at once: that is the wrong --field or file; so is a
+file with a NUL byte in its first 8,000 bytes (binary data, or UTF-16 text).
 Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
 file. Finished shards wait in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a
 dataset reader never mistakes an unfinished job for a complete one. --resume finishes a job
@@ -296,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
                        ("no_field", f"line(s) not a JSON object with a field {field!r}, zero vectors"),
                        ("not_text", f"line(s) whose field {field!r} is not a string, zero vectors"),
                        ("empty", "empty line(s), zero vectors"),
-                       ("undecodable", "undecodable line(s) (not UTF-8), zero vectors"),
+                       ("undecodable", "undecodable line(s) (not UTF-8 text), zero vectors"),
                        ("truncated", f"line(s) longer than {max_len} tokens, truncated")):
         nums = res.problems.get(kind, [])
         if nums:

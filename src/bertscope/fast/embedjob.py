@@ -35,7 +35,8 @@ are numbered across the files in order). A row's status is one of
     ok           the text's embedding
     truncated    longer than the model's max_seq_length: the embedding of its first tokens
     empty        an empty or whitespace-only line (or JSON field, or Parquet value): a zero vector
-    undecodable  bytes that are not UTF-8: a zero vector
+    undecodable  bytes that are not UTF-8 text (or hold NUL bytes, as binary data does; or, in
+                 JSON Lines, a string with an escaped lone surrogate such as "\udcff"): a zero vector
     bad_json     (JSON Lines) a line that is not valid JSON: a zero vector
     no_field     (JSON Lines) valid JSON, but not an object with the field: a zero vector
     not_text     (JSON Lines, Parquet) the field holds no string (a number, null, a list...): a zero vector
@@ -44,7 +45,10 @@ Zero vectors are easy to spot (a real embedding has norm 1 when normalised), and
 lists the line numbers of every row that is not ``ok``. One bad line never stops the job; but
 if NO line holds a text (every line fails as not UTF-8, not JSON, without the field or not a
 string; blank lines aside), the input is refused before any work, as a usage mistake (the wrong
-``--field``, or a file that is not JSON Lines). Read it all back with :func:`read_embeddings`,
+``--field``, or a file that is not JSON Lines); so is a text or JSON Lines file with a NUL byte
+in its first 8,000 bytes, which is binary data (or UTF-16 text), as git judges a file. Files in
+an embedding job's OUTPUT folder (one holding ``_job.json``) are never read as input: an
+OUTPUT inside its own INPUT folder is left out of it. Read it all back with :func:`read_embeddings`,
 or per shard with ``numpy.load``; a parquet OUTPUT is a dataset that
 ``pyarrow.parquet.read_table(OUTPUT)`` reads directly.
 
@@ -86,10 +90,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import InputError, InputTypeError
+from ..errors import InputError, InputTypeError, as_whole_number
 from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .heap import release_free_memory
-from .jobinput import InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
+from .jobinput import JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
            "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "check_json_lines", "compute_shard", "decode_record",
@@ -101,7 +105,7 @@ log = logging.getLogger(__name__)
 STATUSES = ("ok", "truncated", "empty", "undecodable", "bad_json", "no_field", "not_text")
 _PROBLEMS = STATUSES[1:]
 _FAILED = ("undecodable", "bad_json", "no_field", "not_text")  # lines that hold no text at all
-JOB_FILE, RUNS_FILE, MANIFEST_FILE, LOCK_FILE, STAGING = "_job.json", "_runs.json", "_manifest.json", ".lock", "_staging"
+RUNS_FILE, MANIFEST_FILE, LOCK_FILE, STAGING = "_runs.json", "_manifest.json", ".lock", "_staging"
 # Test hook: SIGKILL this process after N shards (local engine: while the next one is half written).
 KILL_HOOK_ENV = "BERTSCOPE_EMBED_KILL_AFTER_SHARDS"
 _CHUNK = 2048  # texts sorted and embedded together inside a shard
@@ -175,6 +179,8 @@ def decode_record(raw: bytes | None, kind: str, field_name: str | None) -> tuple
     exception. ``raw`` is a line's bytes, or a Parquet value's bytes (None for null)."""
     if raw is None:
         return "", "not_text"
+    if b"\x00" in raw:  # NUL bytes: binary data, not text (as git and grep judge)
+        return "", "undecodable"
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -184,13 +190,17 @@ def decode_record(raw: bytes | None, kind: str, field_name: str | None) -> tuple
             return "", "empty"
         try:
             record = json.loads(line.lstrip("\ufeff"))  # a byte-order mark may open line 1
-        except ValueError:  # JSONDecodeError, and the odd number too large to parse
+        except (ValueError, RecursionError):  # JSONDecodeError, a number too large, nesting too deep
             return "", "bad_json"
         if not isinstance(record, dict) or field_name not in record:
             return "", "no_field"
         line = record[field_name]
         if not isinstance(line, str):
             return "", "not_text"
+        try:  # JSON may escape a lone surrogate ("\udcff"), which is no text
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            return "", "undecodable"
     if not line.strip():
         return "", "empty"
     return line, "ok"
@@ -542,7 +552,14 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
                         "JobOptions(shard_rows=..., fmt=..., ...)")
     field_name, batch_tokens, fmt, resume, shard_rows = o.field_name, o.batch_tokens, o.fmt, o.resume, o.shard_rows
     _check_bert(bert)
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir).strip():
+        raise InputError(f"the output folder (--out) must be a folder name, got {out_dir!r}")
     out = Path(out_dir)
+    for name, value in (("batch_tokens", batch_tokens), ("shard_rows", shard_rows)):
+        if value is not None and as_whole_number(value) is None:
+            raise InputError(f"{name} must be a whole number, got {value!r}")
+    if field_name is not None and not isinstance(field_name, str):
+        raise InputError(f"field_name (--field) must be a string, got {field_name!r}")
     if fmt not in ("npy", "parquet"):
         raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
     if fmt == "parquet":
@@ -707,7 +724,14 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
             rec_path = staging / _record_name(shard.index)
             if not rec_path.is_file():
                 continue
-            rec = _read_json(rec_path, out)
+            try:
+                rec = json.loads(rec_path.read_text(encoding="utf-8"))
+                if not isinstance(rec, dict):
+                    raise ValueError("not a record")
+            except (OSError, ValueError):  # damaged (a crash mid-write of an older version, a disk error)
+                repaired[shard.index] = f"its record {STAGING}/{rec_path.name} was unreadable"
+                rec_path.unlink(missing_ok=True)
+                continue
             name = _shard_name(shard.index, fmt)
             present = (staging / name).is_file() or (out / name).is_file()
             if rec.get("sha256") == shard.sha256 and rec.get("rows") == shard.rows:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -40,10 +41,13 @@ import numpy as np
 from ..errors import InputError, InputTypeError
 from ..files import split_lines, why_not_a_file
 
-__all__ = ["InputFile", "InputPlan", "Piece", "Shard", "iter_records", "plan_input", "read_shard",
+log = logging.getLogger(__name__)
+
+__all__ = ["JOB_FILE", "InputFile", "InputPlan", "Piece", "Shard", "iter_records", "plan_input", "read_shard",
            "read_shard_bytes", "resolve_inputs"]
 
 _BLOCK = 8 << 20  # bytes read at a time while planning a text file
+JOB_FILE = "_job.json"  # what marks an embedding job's OUTPUT folder (bertscope.fast.embedjob)
 _GLOB_CHARS = "*?["
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -139,6 +143,26 @@ def _visible(rel: str) -> bool:
     return not any(part.startswith((".", "_")) for part in Path(rel).parts)
 
 
+def _without_job_folders(names: list[str]) -> list[str]:
+    """``names`` less the files inside an embedding job's OUTPUT folder (one holding
+    :data:`JOB_FILE`): an OUTPUT written inside its own INPUT folder is not read back as input."""
+    is_job: dict[Path, bool] = {}
+
+    def in_job(name: str) -> bool:
+        for parent in Path(name).parents:
+            if parent not in is_job:
+                is_job[parent] = (parent / JOB_FILE).is_file()
+            if is_job[parent]:
+                return True
+        return False
+
+    kept = [n for n in names if not in_job(n)]
+    if len(kept) < len(names):
+        log.info("left out %d file(s) of embedding job folders (%s)", len(names) - len(kept),
+                 ", ".join(sorted(str(p) for p, j in is_job.items() if j)))
+    return kept
+
+
 def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> list[InputFile]:
     """The files of an input spec (one file, a folder or a glob), sorted, each with its kind.
 
@@ -148,6 +172,8 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
         raise InputTypeError(f"the input must be a file, folder or glob (a str or a path), not a "
                              f"{type(spec).__name__}; to embed texts held in memory use bert.embed(texts)")
     spec = os.fspath(spec)
+    if not spec.strip():  # "" would be the working folder, read recursively: an unset variable
+        raise InputError("the input is an empty name; give a file, a folder or a glob")
     names: list[str]
     fs_uri = None
     if _has_scheme(spec):
@@ -155,11 +181,12 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
     else:
         p = Path(spec).expanduser()
         if any(c in spec for c in _GLOB_CHARS) and not p.exists():
-            names = sorted(n for n in glob.glob(str(p), recursive=True) if os.path.isfile(n))
+            names = _without_job_folders(sorted(n for n in glob.glob(str(p), recursive=True) if os.path.isfile(n)))
             if not names:
                 raise InputError(f"no input file matches {spec}")
         elif p.is_dir():
             names = sorted(str(q) for q in p.rglob("*") if q.is_file() and _visible(str(q.relative_to(p))))
+            names = _without_job_folders(names)
             if not names:
                 raise InputError(f"the input folder {spec} holds no file")
         elif p.is_file():
@@ -297,7 +324,22 @@ class _ShardCutter:
         self._pieces, self._in, self._hash = [], 0, hashlib.sha256()
 
 
-def _plan_text_file(cut: _ShardCutter, index: int, f) -> None:
+_SNIFF = 8000  # bytes at the start of a text file searched for NUL, as git judges a file binary
+
+
+def _refuse_binary(name: str, head: bytes) -> None:
+    """InputError if a text or JSON Lines file looks binary: a NUL byte in its first bytes."""
+    k = head.find(b"\x00", 0, _SNIFF)
+    if k < 0:
+        return
+    utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
+    line = head[:k].count(b"\n") + 1
+    raise InputError(f"{name} looks like a binary file, not text (a NUL byte on line {line}, "
+                     f"byte {k}); " + ("it is UTF-16 text: convert it to UTF-8 first" if utf16 else
+                                        "embed reads UTF-8 text, JSON Lines or Parquet"))
+
+
+def _plan_text_file(cut: _ShardCutter, index: int, f, name: str = "") -> None:
     """Feed one text/JSONL file to the cutter, block by block: a shard ends just after a ``\n``.
 
     The bytes of a line not yet ended belong to the open shard already (that line will be its
@@ -309,6 +351,8 @@ def _plan_text_file(cut: _ShardCutter, index: int, f) -> None:
         block = f.read(_BLOCK)
         if not block:
             break
+        if pos == 0:
+            _refuse_binary(name, block)
         nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)  # positions of "\n"
         i, used = 0, 0  # newlines of the block given to the cutter; bytes of the block given
         while len(nl) - i >= cut.need:  # enough newlines to close the open shard
@@ -356,7 +400,7 @@ def _open_parquet(file: InputFile):
 
     try:
         return pq.ParquetFile(file.open())
-    except OSError as e:
+    except (OSError, ValueError) as e:  # pyarrow.ArrowInvalid (not Parquet, damaged) is a ValueError
         raise InputError(f"cannot read {file.name} as Parquet ({str(e).splitlines()[0]})") from None
 
 
@@ -364,7 +408,11 @@ def _plan_parquet_file(cut: _ShardCutter, index: int, file: InputFile, field_nam
     pf = _open_parquet(file)
     _text_column(pf, file, field_name)
     row = 0
-    for batch in pf.iter_batches(columns=[field_name], batch_size=65536):
+    try:
+        batches = list(pf.iter_batches(columns=[field_name], batch_size=65536))
+    except (OSError, ValueError) as e:  # a damaged page, a column chunk that does not decode
+        raise InputError(f"cannot read {file.name} as Parquet ({str(e).splitlines()[0]})") from None
+    for batch in batches:
         values = _parquet_values(batch.column(0))
         i = 0
         while i < len(values):
@@ -392,7 +440,7 @@ def plan_input(spec: str | os.PathLike, *, field_name: str | None = None, shard_
             continue
         try:
             with f.open() as fh:
-                _plan_text_file(cut, i, fh)
+                _plan_text_file(cut, i, fh, f.name)
         except OSError as e:
             raise InputError(f"cannot read {f.name} ({getattr(e, 'strerror', None) or e})") from None
     cut.close()

@@ -14,6 +14,12 @@ from bertscope.cli.main import main
 
 def test_bench_quick_json(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("BERTSCOPE_HEAP", raising=False)  # the default: the heap kept (glibc, as on Linux)
+    monkeypatch.delenv("BERTSCOPE_BUSY_SHARE", raising=False)
+    # another job took 60% of the CPUs during the run (as /proc/stat would say): the tables say so
+    import bertscope.bench.run as bench_run
+
+    seen = []
+    monkeypatch.setattr(bench_run, "others_share", lambda a, b, threads=None: seen.append((a, b)) or 0.6)
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"a first text\n\xff\xfe not utf-8\nthe third line\n\nlast one\n")
     code = main(["bench", "--quick", "--json", "--corpus", str(corpus), "--plot", str(tmp_path / "s13.png")])
@@ -74,6 +80,10 @@ def test_bench_quick_json(tmp_path, capsys, monkeypatch):
 
     md = write_markdown(r)
     assert "T^-" not in md
+    assert len(seen) == 1 and r["others_share"] == 0.6 and r["warnings"][0].startswith("other processes took 60%")
+    assert "**Warning**: other processes took 60% of the CPUs" in md, md[:600]
+    assert "took 60%" in err, err
+    assert "best of 256³; torch.mm" in md  # what --quick measured, not the full run's shapes
     assert "| its time / bertscope fp32's |" in md  # the column says which way its ratio reads
     from bertscope.fast.tuning import cpu_id, describe_cpu
 

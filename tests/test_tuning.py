@@ -966,3 +966,26 @@ def test_a_slower_probe_on_a_busy_machine_keeps_the_cached_choice(cache, small_m
         assert got.source == source and len(calls) == before + (source == "measured"), (now, share)
         assert any("GEMM rate" in r.getMessage() for r in caplog.records) == (source == "measured")
         assert json.loads(next(cache.glob("*.json")).read_text())["gemm_gflops"] == cached
+
+
+def test_busy_share_1_does_not_turn_every_run_into_another_host(cache, small_model, monkeypatch, caplog):
+    """BERTSCOPE_BUSY_SHARE=1 (a machine never quiet) caches a choice measured while others ran,
+    with the busy GEMM rate. Every later quiet run read 5x that rate and measured the choice again
+    ("another host behind the same CPU name?"), as did every busy run slower than a quiet record."""
+    monkeypatch.setenv("BERTSCOPE_BUSY_SHARE", "1")
+    calls = counting(monkeypatch)
+    rate = [40.0]
+    monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: rate[0])
+    monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(0.5))
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured"
+    assert json.loads(next(cache.glob("*.json")).read_text())["busy"] == pytest.approx(0.5)  # cached at 1
+    for now, share, source in [(220.0, 0.0, "cache"),  # quiet now: the record was the busy rate
+                               (10.0, 0.6, "cache")]:  # slower while others run: kept as well
+        rate[0] = now
+        monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(share))
+        before = len(calls)
+        with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+            caplog.clear()
+            got = choose(small_model, budget_s=0.2, candidates=FAST)
+        assert got.source == source and len(calls) == before, (now, share)
+        assert not any("another host" in r.getMessage() for r in caplog.records)

@@ -104,7 +104,9 @@ def write_markdown(r: dict) -> str:
              f"{m.get('gpu', 'no GPU used') if r['device'] != 'cpu' else 'CPU'}; dtype {r['dtype']}; "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
              *([f"\nC allocator, for every system in this process: {m['heap']['detail']}."] if m.get("heap") else []),
-             "", f"Measured fp32 matmul peak (best of 1024³, 2048³, 4096×768×3072; torch.mm): **{r['matmul_peak_gflops']:.1f} GFLOP/s**"
+             *([f"\n**Warning**: {w}." for w in r.get("warnings", []) if "other processes took" in w]),
+             "", f"Measured fp32 matmul peak (best of {r.get('matmul_peak_shapes', '1024³, 2048³, 4096×768×3072')}; "
+                 f"torch.mm): **{r['matmul_peak_gflops']:.1f} GFLOP/s**"
              + (f"; through oneDNN: **{r['matmul_peak_onednn_gflops']:.1f} GFLOP/s**"
                 if r.get("matmul_peak_onednn_gflops") else "") + ".", ""]
     for wname, w in r["workloads"].items():

@@ -24,6 +24,7 @@ from ..bert import bundled_model_path, load
 from ..core.config import BertConfig
 from ..errors import InputError
 from ..fast.heap import keep_heap
+from ..fast.tuning import cpu_ticks, others_share, too_busy
 from .corpus import make_texts, mixed_lengths, read_corpus, save_random_checkpoint
 from .machine import machine, matmul_peak, onednn_matmul_peak
 from .report import PLOT_SUFFIXES, plot_scaling
@@ -73,6 +74,7 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     started = time.perf_counter()
+    ticks = cpu_ticks()  # how much of the CPUs others take during the run: it is in every time below
     result: dict = {"machine": machine(), "quick": quick, "device": device,
                     "dtype": str(dtype or torch.float32).replace("torch.", "")}
     # bertscope's first CPU run fixes glibc's thresholds for the whole process (bertscope.fast.heap);
@@ -97,6 +99,7 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
 
         result["matmul_peak_gflops"] = matmul_peak(256 if quick else None, 0.3 if quick else 3.0,
                                                    device=device if device == "cpu" else "cuda")
+        result["matmul_peak_shapes"] = "256³" if quick else "1024³, 2048³, 4096×768×3072"
         if device == "cpu":  # the GEMM library the packed path uses on CPU; the higher one is the bar
             result["matmul_peak_onednn_gflops"] = onednn_matmul_peak(256 if quick else None, 0.3 if quick else 3.0)
         bar = max(result["matmul_peak_gflops"], result.get("matmul_peak_onednn_gflops") or 0.0)
@@ -163,4 +166,12 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["wall_s"] = time.perf_counter() - started
+    share = others_share(ticks, cpu_ticks(), threads) if device == "cpu" else None
+    result["others_share"] = share
+    if too_busy(share):
+        note = (f"other processes took {share:.0%} of the CPUs this run's {threads} thread(s) need: every "
+                "time here measures them too, so the figures are not this machine's; rerun on a quiet "
+                "machine (or with --threads 1 beside one other job)")
+        result.setdefault("warnings", []).insert(0, note)  # the CLI prints it; the tables carry it
+        log.info("%s", note)
     return result

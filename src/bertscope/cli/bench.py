@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
             res["scaling"]["plot"] = str(plot)
         except Exception as e:  # reported after the results, which come first
             failed = f"could not draw --plot {plot} ({type(e).__name__}: {e})"
+    for note in res.get("warnings", []):
+        if note.startswith("other processes took"):
+            print(f"bertscope: warning: {note}", file=sys.stderr)
     for w in res["workloads"].values():
         for name, why in w["skipped"].items():
             print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)

@@ -102,7 +102,9 @@ only and is not cached (a warning, and ``doctor``, say so); the next run measure
 (``BERTSCOPE_BUSY_SHARE`` sets another limit; 1 caches whatever was measured, for a machine that
 is never quiet). And a
 host check whose probe reads more than 2x slower while others are busy keeps the cached choice:
-load, not another host (a faster reading still measures again)."""
+load, not another host (a faster reading still measures again, unless the cached rate itself was
+read while others were busy: then the faster reading is the quiet machine's). The host check
+judges "busy" by :data:`BUSY_SHARE` whatever ``BERTSCOPE_BUSY_SHARE`` says."""
 
 from __future__ import annotations
 
@@ -901,7 +903,14 @@ def host_changed(choice: KernelChoice, rate: float | None = None) -> str | None:
         share = others_share(before, cpu_ticks())
     if change(rate) <= HOST_SPEED_CHANGE:
         return None
-    if rate < choice.gemm_gflops and too_busy(share):  # slower because others run: not another host
+    # BUSY_SHARE itself here, not BERTSCOPE_BUSY_SHARE: that setting says what may be cached, and
+    # at 1 (a machine never quiet) it must not turn every busy reading into "another host"
+    if rate > choice.gemm_gflops and choice.busy is not None and choice.busy > BUSY_SHARE:
+        log.info("the fp32 GEMM rate read %.1f GFLOP/s against the %.1f recorded while other processes "
+                 "took %.0f%% of the CPUs: the recorded rate was the busy one; keeping the cached kernel "
+                 "choice", rate, choice.gemm_gflops, 100 * choice.busy)
+        return None
+    if rate < choice.gemm_gflops and share is not None and share > BUSY_SHARE:  # others run: not another host
         log.info("the fp32 GEMM rate read %.1f GFLOP/s against the cached choice's %.1f while other "
                  "processes took %.0f%% of the CPUs: keeping the cached kernel choice", rate,
                  choice.gemm_gflops, 100 * share)

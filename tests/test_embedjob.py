@@ -364,3 +364,12 @@ def test_a_damaged_shard_record_is_recomputed_not_fatal(tmp_path):
     assert sa == sb and np.abs(a - b).max() < 1e-6
     runs = [s["run"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
     assert runs == [1, 2, 2]  # shard 0 kept from the killed run; shard 1 (damaged record) redone
+
+
+def test_resume_of_an_output_that_does_not_exist_says_it_starts_a_new_job(tmp_path, capsys):
+    """A typo in --out with --resume started a new job without a word."""
+    (tmp_path / "in.txt").write_text("hello\n")
+    code, _, err = _run_cli(["embed", str(tmp_path / "in.txt"), "--out", str(tmp_path / "typo.emb"),
+                             "--resume", "--quiet"], capsys)
+    assert code == 0 and f"--resume: {tmp_path / 'typo.emb'} does not exist yet; starting a new job" in err
+    assert read_embeddings(tmp_path / "typo.emb")[1] == ["ok"]

@@ -182,6 +182,9 @@ def test_a_second_job_on_the_same_output_is_refused_and_its_files_kept(tmp_path,
         code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume"], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "in use by another running job (pid 4242)" in err
+        # without --resume too: "pass --resume to finish it" would only lead to the lock
+        code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4"], capsys)
+        assert code == 2 and "in use by another running job (pid 4242)" in err and "--resume" not in err, err
         assert live.read_bytes() == b"half a shard"  # the live job's file is untouched
     finally:
         os.close(fd)  # the other job ends

@@ -143,3 +143,21 @@ def test_parquet_input_by_row_groups_embeds_like_the_texts(tmp_path, bert, capsy
         plan_input(tmp_path / "numbers.parquet")
     with pytest.raises(InputError, match="holds int64, not text"):
         plan_input(tmp_path / "numbers.parquet", field_name="n")
+
+
+def test_every_command_numbers_lines_as_embed_does(tmp_path):
+    """bench and heads read their corpus with bytes.splitlines, which also splits at a lone "\\r":
+    the same file's line 5 was another line to embed. One rule now (split_lines), and one warning
+    for many bad lines (a binary file gave one per line)."""
+    from bertscope.fast.embedjob import decode_record
+    from bertscope.files import read_lines, split_lines
+
+    data = b"one\rstill one\r\ntwo\n\xff\xfe\n\x00bin\n\nlast"
+    path = tmp_path / "c.txt"
+    path.write_bytes(data)
+    lines, warns = read_lines(path)
+    embed_view = [(n, decode_record(raw, "text", None)) for n, raw in enumerate(split_lines(data), start=1)]
+    assert lines == [(n, text.strip()) for n, (text, status) in embed_view if status == "ok"]
+    assert [n for n, (_, s) in embed_view if s == "undecodable"] == [3, 4]
+    assert warns == [f"{path}: 2 lines are not UTF-8 text (lines 3, 4); skipped"]
+    assert len(data.splitlines()) == 7 and len(split_lines(data)) == 6  # what differed: the lone "\r"

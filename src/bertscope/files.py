@@ -211,21 +211,28 @@ def update_section(path: str | os.PathLike, name: str, markdown: str, *, title: 
 def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str]]:
     """Non-blank lines of a UTF-8 text file as (line number, text), and warnings for lines skipped.
 
-    A line that is not UTF-8 is skipped with a warning naming it; the rest are kept.
+    Lines are counted as ``bertscope embed`` counts them (:func:`split_lines`: at "\n" only), so
+    a line number means the same line to every command. Lines that are not UTF-8 text (or hold
+    NUL bytes) are skipped with one warning naming them; the rest are kept.
     """
     p = Path(path)
     raw = read_input_bytes(p)
     lines: list[tuple[int, str]] = []
-    warnings: list[str] = []
-    for n, chunk in enumerate(raw.splitlines(), start=1):
+    bad: list[int] = []
+    for n, chunk in enumerate(split_lines(raw), start=1):
         try:
+            if b"\x00" in chunk:
+                raise UnicodeDecodeError("utf-8", chunk, 0, 1, "NUL byte")
             text = chunk.decode("utf-8").strip()
         except UnicodeDecodeError:
-            warnings.append(f"{p}: line {n} is not UTF-8 text; skipped")
+            bad.append(n)
             continue
         if text:
             lines.append((n, text))
-    return lines, warnings
+    if len(bad) == 1:
+        return lines, [f"{p}: line {bad[0]} is not UTF-8 text; skipped"]
+    shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+    return lines, [f"{p}: {len(bad)} lines are not UTF-8 text (lines {shown}); skipped"] if bad else []
 
 
 def split_lines(data: bytes) -> list[bytes]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .common import add_engine_args, add_model_arg, engine_options, load_model
 from .progress import add_progress_args, progress_enabled
@@ -110,8 +111,9 @@ def register(sub) -> None:
     p.add_argument("--shard-rows", type=int, default=None, metavar="N",
                    help="input lines per shard (default 10000; with --resume, the job's)")
     p.add_argument("--resume", action="store_true",
-                   help="finish an interrupted job in OUTPUT (or check a finished one); --format, "
-                        "--shard-rows and --field default to the job's")
+                   help="finish an interrupted job in OUTPUT (or check a finished one; where OUTPUT does "
+                        "not exist, start one, with a note); --format, --shard-rows, --field and "
+                        "--precision default to the job's")
     add_progress_args(p)
     add_engine_args(p)
     p.set_defaults(func=run, resumable=resumable)
@@ -235,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_inputs(args.input, args.field)  # no such file, a glob matching nothing: one line
     check_output_dir(args.out)
+    if args.resume and not Path(args.out).exists():  # runs (a script may always pass --resume), but said
+        print(f"bertscope: note: --resume: {args.out} does not exist yet; starting a new job there",
+              file=sys.stderr)
     from tqdm import tqdm
 
     bar = None

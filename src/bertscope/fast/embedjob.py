@@ -391,6 +391,10 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
         if not (out / JOB_FILE).is_file():
             raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")
         if not resume:
+            pid = _running_job(out)
+            if pid is not None:  # "pass --resume to finish it" would only meet the lock
+                raise InputError(f"{out} is in use by another running job (pid {pid}); wait for it to "
+                                 "finish, or choose another --out")
             if (out / MANIFEST_FILE).is_file():
                 raise InputError(f"{out} already holds a finished job; pass --resume to check it (and "
                                  "redo what changed), or choose a new --out")
@@ -398,6 +402,24 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
                              "choose a new --out")
         return True
     return False
+
+
+def _running_job(out: Path) -> str | None:
+    """The pid written in OUTPUT/.lock while a job holds its lock; None when no job runs there."""
+    try:
+        import fcntl
+
+        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: no job holds it
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except OSError:
+        return os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+    finally:
+        os.close(fd)
 
 
 class _Lock:

@@ -45,7 +45,8 @@ One job at a time per OUTPUT (a lock file): a second is refused.
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
 writes the same OUTPUT (a job can be resumed by either engine). Without --address Ray starts on
 this machine; on a cluster, run it on the head node with --address auto. OUTPUT must be a
-folder every worker can write (one machine, or a shared filesystem).
+folder every worker can write (one machine, or a shared filesystem). Ray runs fp32 only:
+--precision int8 and bf16 run on the local engine.
 
 A progress bar on stderr counts the texts as they are embedded (when stderr is a terminal;
 --quiet hides it, --progress forces it).
@@ -280,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     skipped = f" ({res.shards_skipped} already done)" if res.shards_skipped else ""
-    print(f"wrote {res.rows} rows x {res.dim} to {res.out_dir} in {res.shards} shard(s){skipped}")
+    ran = _recorded_precision(args.out)[0] or "fp32"  # what the job computes in, as it recorded it
+    print(f"wrote {res.rows} rows x {res.dim} ({ran}) to {res.out_dir} in {res.shards} shard(s){skipped}")
     if res.rows == 0:
         print(f"bertscope: warning: {args.input} holds no lines: the job has no rows", file=sys.stderr)
     elif len(res.problems.get("empty", [])) == res.rows:

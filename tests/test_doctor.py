@@ -4,6 +4,7 @@ choice; the choice it shows is the one cached on disk and the one `load` then us
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
         assert "--budget: must be a finite number of seconds above 0" in capsys.readouterr().err
 
 
-def test_doctor_retune_on_a_busy_machine_keeps_the_last_cached_choice(tmp_path, monkeypatch, capsys):
+def test_doctor_retune_on_a_busy_machine_keeps_the_last_cached_choice(tmp_path, monkeypatch, capsys, caplog):
     """--retune measures again; measured while others took half the CPUs, the new choice is shown
     (with why it is not cached) and the last cached one stays for the next run."""
     from bertscope.fast import tuning
@@ -165,3 +166,12 @@ def test_doctor_retune_on_a_busy_machine_keeps_the_last_cached_choice(tmp_path, 
     monkeypatch.setattr(tuning, "cpu_ticks", lambda: None)
     assert main(["doctor", "--precision", "fp32"]) == 0
     assert "choice (cache)" in capsys.readouterr().out
+    # every precision measured while busy: stdout says so for each, stderr warns once (it said it 3x)
+    monkeypatch.setattr(tuning, "cpu_ticks", busy)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+        assert main(["doctor", "--precision", "all", "--retune"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("measured on a busy machine") >= 2, out
+    warned = [r for r in caplog.records if r.getMessage().startswith("the kernel choice holds for this run only")]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]

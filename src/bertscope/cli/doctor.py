@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from .common import MODEL_HELP, check_preset, print_json
@@ -108,6 +109,20 @@ def _timings(choice: dict) -> list[str]:
     return lines
 
 
+class _OnceBusy(logging.Filter):
+    """Lets through the first "the kernel choice holds for this run only" warning, not the next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("the kernel choice holds for this run only"):
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
     from ..bench.report import int8_steps_text
@@ -117,8 +132,14 @@ def run(args: argparse.Namespace) -> int:
     if args.budget is not None:  # read by the kernel choice wherever this process measures one
         os.environ["BERTSCOPE_TUNE_BUDGET"] = repr(args.budget)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)
-    res = diagnose(model=args.model, preset=args.preset, precisions=precisions,
-                   retune=args.retune or args.budget is not None)
+    tuning_log = logging.getLogger("bertscope.fast.tuning")
+    once = _OnceBusy()  # each choice measured while busy warned alike: once is enough (the report says which)
+    tuning_log.addFilter(once)
+    try:
+        res = diagnose(model=args.model, preset=args.preset, precisions=precisions,
+                       retune=args.retune or args.budget is not None)
+    finally:
+        tuning_log.removeFilter(once)
     if args.json:
         print_json(res)
         return 0

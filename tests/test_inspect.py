@@ -73,7 +73,7 @@ def test_it_attends_to_animal_in_the_heads_the_spec_names(bert, hf_model):
 
 def test_find_word_explains_split_words_and_empty_texts():
     words = ["[CLS]", "The", "animal", "didn", "'", "t", "cross", "[SEP]"]
-    with pytest.raises(InputError, match=r"splits \"didn't\" into the words didn ' t; pass one of them, e.g. --token didn"):
+    with pytest.raises(InputError, match=r"splits \"didn't\" into the words didn ' t; give one of them, e.g. 'didn'"):
         find_word(words, "didn't")
     with pytest.raises(InputError, match="the text has no tokens"):
         find_word(["[CLS]", "[SEP]"], "x")

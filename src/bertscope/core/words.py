@@ -95,7 +95,7 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     only in the part cut off is then said to be cut off, not missing."""
     check_text(word, "the word")
     if not word.strip():
-        raise InputError("the --token word is empty")
+        raise InputError("the word to look for (--token) is empty")
     n = as_whole_number(occurrence)
     if n is None:
         raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}")
@@ -110,7 +110,7 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
         if span:
             raise InputError(
                 f"the tokenizer splits {word!r} into the words {' '.join(span)}; "
-                f"pass one of them, e.g. --token {span[0]}")
+                f"give one of them, e.g. {span[0]!r}")
         if _cut_off(cut_text, target, 0):
             raise InputError(f"the word {word!r} was cut off: the text is longer than {_limit(positions)}")
         shown = " ".join(real[:40]) + (f" ... ({len(real)} words)" if len(real) > 40 else "")

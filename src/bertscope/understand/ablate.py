@@ -142,7 +142,8 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
         raise InputError("the text is empty")
     heads = list(dict.fromkeys(_as_heads(heads)))  # each head once, in order
     if not heads:
-        raise InputError("name at least one head to silence (--layer L --head H), or use --sweep")
+        raise InputError("name at least one head to silence (heads=[(layer, head)]; in the CLI --layer L "
+                         "--head H), or sweep every head (sweep(); --sweep)")
     _check_heads(bert, heads)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])

@@ -943,6 +943,17 @@ def test_a_cache_folder_that_is_a_file_is_a_warning_not_a_failure(tmp_path, smal
     assert any("could not cache the kernel choice" in r.getMessage() for r in caplog.records)
 
 
+def _choose_reading(small_model, monkeypatch, caplog, rate: list, now: float, share: float):
+    """choose() while the GEMM probe reads ``now`` GFLOP/s and others take ``share`` of the CPUs:
+    (the choice, the warnings it logged)."""
+    rate[0] = now
+    monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(share))
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+        caplog.clear()
+        got = choose(small_model, budget_s=0.2, candidates=FAST)
+    return got, [r.getMessage() for r in caplog.records]
+
+
 def test_a_slower_probe_on_a_busy_machine_keeps_the_cached_choice(cache, small_model, monkeypatch, caplog):
     """Another job running makes the host check's probe read slow: that is not another host. A
     faster reading, or a slower one on a quiet machine, still measures the choice again."""
@@ -957,14 +968,10 @@ def test_a_slower_probe_on_a_busy_machine_keeps_the_cached_choice(cache, small_m
             (250.0, 0.0, "measured", 250.0),  # the same on a quiet machine: measured and cached
             (100.0, 0.5, "cache", 250.0),  # 2.5x slower than that while busy: kept
             (100.0, 0.0, "measured", 100.0)]:  # 2.5x slower on a quiet machine: measured again
-        rate[0] = now
-        monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(share))
         before = len(calls)
-        with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
-            caplog.clear()
-            got = choose(small_model, budget_s=0.2, candidates=FAST)
+        got, warned = _choose_reading(small_model, monkeypatch, caplog, rate, now, share)
         assert got.source == source and len(calls) == before + (source == "measured"), (now, share)
-        assert any("GEMM rate" in r.getMessage() for r in caplog.records) == (source == "measured")
+        assert any("GEMM rate" in w for w in warned) == (source == "measured")
         assert json.loads(next(cache.glob("*.json")).read_text())["gemm_gflops"] == cached
 
 
@@ -981,11 +988,7 @@ def test_busy_share_1_does_not_turn_every_run_into_another_host(cache, small_mod
     assert json.loads(next(cache.glob("*.json")).read_text())["busy"] == pytest.approx(0.5)  # cached at 1
     for now, share, source in [(220.0, 0.0, "cache"),  # quiet now: the record was the busy rate
                                (10.0, 0.6, "cache")]:  # slower while others run: kept as well
-        rate[0] = now
-        monkeypatch.setattr(tuning, "cpu_ticks", busy_ticks(share))
         before = len(calls)
-        with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
-            caplog.clear()
-            got = choose(small_model, budget_s=0.2, candidates=FAST)
+        got, warned = _choose_reading(small_model, monkeypatch, caplog, rate, now, share)
         assert got.source == source and len(calls) == before, (now, share)
-        assert not any("another host" in r.getMessage() for r in caplog.records)
+        assert not any("another host" in w for w in warned)

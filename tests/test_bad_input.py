@@ -690,19 +690,29 @@ def test_python_api_mistakes_are_one_bertscope_error(bert, call, kind, fragment)
 
 
 @pytest.mark.parametrize("labels,fragment", [
-    (torch.tensor([5, 0]), r"classes 0\.\.1, got 0\.\.5"),
+    (torch.tensor([5, 0]), r"classes 0\.\.1 \(or -100 to skip a text\), got 5"),
+    (torch.tensor([-1, 0]), "got -1"),
     (torch.tensor([1]), r"shape \(2,\), got \(1,\)"),
     (["pos", "neg"], "a tensor of class indices"),
-    (torch.tensor([0.0, 1.0]), "integer class indices"),
+    (torch.tensor([0.0, 1.0]), r"float labels are class probabilities, shape \(2, 2\)"),
+    (torch.tensor([True, False]), "integer class indices"),
 ])
 def test_classifier_labels_are_checked(bert, labels, fragment):
     """torch's own errors here were an IndexError ("Target 5 is out of bounds"), a batch-size
-    ValueError and an AttributeError."""
+    ValueError and an AttributeError. What torch's cross-entropy takes still works, and gives
+    torch's own loss: -100 (its ignore_index) skips a text, (B, K) floats are soft targets, and
+    any integer dtype is a class index (int32 was torch's "expected Long")."""
+    import torch.nn.functional as F
+
     clf = _tiny_classifier(bert).model
     b = bert.encode(["a cat", "a dog sat"])
+    run = lambda y: clf(b.input_ids, b.attention_mask, b.token_type_ids, labels=y)  # noqa: E731
     with pytest.raises(InputError, match=fragment):
-        clf(b.input_ids, b.attention_mask, b.token_type_ids, labels=labels)
-    assert clf(b.input_ids, b.attention_mask, b.token_type_ids, labels=torch.tensor([1, 0])).loss is not None
+        run(labels)
+    out = run(torch.tensor([1, 0]))
+    for y in (torch.tensor([1, -100]), torch.tensor([[0.3, 0.7], [1.0, 0.0]]), torch.tensor([1, 0], dtype=torch.int32)):
+        want = F.cross_entropy(out.logits, y.long() if not y.is_floating_point() else y)
+        assert torch.allclose(run(y).loss, want), y
 
 
 def test_rollout_and_mean_take_a_models_attentions_tuple(bert, hf_model):
@@ -749,3 +759,18 @@ def test_a_batch_passed_whole_is_told_which_tensors_to_pass(bert):
     b = bert.encode(["a cat"])
     with pytest.raises(InputTypeError, match="pass batch.input_ids, batch.attention_mask, batch.token_type_ids"):
         bert.model(b)
+
+
+def test_negative_layers_and_heads_count_from_the_end_everywhere(bert, capsys):
+    """trace took -1 and explain's results did; ablate said "head L-1 H0 does not exist" and
+    explain's CLI "--layer must be 0 or more"."""
+    assert ablate(bert, IT_ANIMAL, [(-1, -1)]).heads == [(5, 11)]
+    assert torch.equal(ablate(bert, IT_ANIMAL, [(-1, -1)]).token_cosine, ablate(bert, IT_ANIMAL, [(5, 11)]).token_cosine)
+    outs = []
+    for layer, head in (("-1", "-1"), ("5", "11")):
+        assert main(["explain", IT_ANIMAL, "--method", "norm", "--token", "it", "--layer", layer,
+                     "--head", head, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+    assert main(["explain", IT_ANIMAL, "--method", "norm", "--token", "it", "--layer", "-7"]) == 2
+    assert "--layer -7 does not exist (the model has layers 0..5, or -6..-1" in capsys.readouterr().err

@@ -320,6 +320,15 @@ def test_an_output_inside_its_input_folder_is_not_read_as_input(tmp_path, capsys
     code, _, err = _run_cli(["embed", str(folder / "**" / "*"), "--out", str(tmp_path / "g.emb"), "--quiet"], capsys)
     assert code == 0, err
     assert read_embeddings(tmp_path / "g.emb")[1] == ["ok"] * 3  # a glob leaves the job folders out too
+    for given in (folder / "out.emb", folder / "out.emb" / "*"):  # the job folder itself: said, not "no file"
+        code, _, err = _run_cli(["embed", str(given), "--out", str(tmp_path / "x.emb")], capsys)
+        assert code == 2 and "holds only an embedding job's output" in err, err
+    # a folder above the input's own root holding a job file does not hide the input
+    (tmp_path / "_job.json").write_text("{}")
+    code, _, err = _run_cli(["embed", str(folder / "a.txt"), "--out", str(tmp_path / "y.emb"), "--quiet"], capsys)
+    assert code == 0, err
+    code, _, err = _run_cli(["embed", str(folder), "--out", str(tmp_path / "z.emb"), "--quiet"], capsys)
+    assert code == 0 and read_embeddings(tmp_path / "z.emb")[1] == ["ok"] * 3, err
 
 
 @pytest.mark.parametrize("args,message", [
@@ -340,10 +349,13 @@ def test_the_python_api_checks_job_options(tmp_path, bert):
     (tmp_path / "in.txt").write_text("hello\n")
     for opts, message in ((JobOptions(shard_rows="5"), "shard_rows must be a whole number"),
                           (JobOptions(batch_tokens=2.5), "batch_tokens must be a whole number"),
-                          (JobOptions(field_name=3), "field_name")):
+                          (JobOptions(field_name=3), "field_name"),
+                          (JobOptions(shard_rows=None), "shard_rows must be a whole number")):
         with pytest.raises(InputError, match=message):
             run_embed_job(bert, tmp_path / "in.txt", tmp_path / "o", opts)
     assert not (tmp_path / "o").exists()
+    res = run_embed_job(bert, tmp_path / "in.txt", tmp_path / "o", JobOptions(shard_rows=np.int64(2)))
+    assert res.rows == 1  # a numpy int is a whole number (it was refused by the JSON record)
 
 
 def test_a_damaged_shard_record_is_recomputed_not_fatal(tmp_path):
@@ -373,3 +385,16 @@ def test_resume_of_an_output_that_does_not_exist_says_it_starts_a_new_job(tmp_pa
                              "--resume", "--quiet"], capsys)
     assert code == 0 and f"--resume: {tmp_path / 'typo.emb'} does not exist yet; starting a new job" in err
     assert read_embeddings(tmp_path / "typo.emb")[1] == ["ok"]
+
+
+def test_json_nested_too_deep_is_a_row_or_a_one_line_refusal(tmp_path, capsys):
+    """The checks before the job (is it JSON Lines? does any line hold a text?) parse lines too:
+    a RecursionError there was an internal error (exit 1)."""
+    deep = '{"a": ' + "[" * 5000 + "]" * 5000 + ', "text": "x"}'
+    (tmp_path / "two.json").write_text(deep + '\n{"text": "y"}\n')  # a .json file: its kind is checked
+    code, _, err = _run_cli(["embed", str(tmp_path / "two.json"), "--out", str(tmp_path / "a"), "--quiet"], capsys)
+    assert code == 0, err
+    assert read_embeddings(tmp_path / "a")[1] == ["bad_json", "ok"]
+    (tmp_path / "one.jsonl").write_text(deep + "\n")
+    code, _, err = _run_cli(["embed", str(tmp_path / "one.jsonl"), "--out", str(tmp_path / "b")], capsys)
+    assert code == 2 and "no line is valid JSON (line 1: nested too deep to read)" in err and "Traceback" not in err

@@ -217,7 +217,9 @@ def test_heads_on_ray_equals_the_local_engine(cluster, tmp_path, bert, capsys):
     corpus = tmp_path / "corpus.txt"
     lines = _sentences(14, seed=11)
     lines[3] = ""
-    raw = "\n".join(lines).encode() + b"\n\xff\xfe not utf-8\n" + b"The animal didn't cross the street, because it was tired.\n"
+    lines[5] = lines[5] + "\r" + lines[6]  # a lone "\r" stays inside its line (as embed counts lines)
+    raw = ("\n".join(lines).encode() + b"\n\xff\xfe not utf-8\n\xff second bad\n"
+           + b"The animal didn't cross the street, because it was tired.\n")
     corpus.write_bytes(raw)
     from bertscope.files import read_lines
 
@@ -229,7 +231,8 @@ def test_heads_on_ray_equals_the_local_engine(cluster, tmp_path, bert, capsys):
     finally:
         torch.set_num_threads(threads)
     hs, warns = ray_head_stats(corpus, engine=EngineOptions(workers=2), shard_lines=4)
-    assert warns == read_warns and len(warns) == 1  # the non-UTF-8 line, with its line number
+    assert warns == read_warns and len(warns) == 1  # the non-UTF-8 lines, with their numbers, once
+    assert "2 lines are not UTF-8 text (lines 15, 16)" in warns[0]
     assert hs.num_texts == local.num_texts == 14 and hs.num_tokens == local.num_tokens
     for k in STATS:
         rel = ((hs.stats[k].double() - local.stats[k].double()).abs() / local.stats[k].double().abs().clamp_min(1e-30))
@@ -242,7 +245,7 @@ def test_heads_on_ray_equals_the_local_engine(cluster, tmp_path, bert, capsys):
 
     code, out, err = _cli(["heads", str(corpus), "--engine", "ray", "--workers", "2", "--json"], capsys)
     assert code == 0 and json.loads(out)["classes"] == local.classes
-    assert "line 15 is not UTF-8" in err
+    assert "(lines 15, 16)" in err
 
 
 @contextlib.contextmanager

@@ -211,15 +211,32 @@ def update_section(path: str | os.PathLike, name: str, markdown: str, *, title: 
 def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str]]:
     """Non-blank lines of a UTF-8 text file as (line number, text), and warnings for lines skipped.
 
-    Lines are counted as ``bertscope embed`` counts them (:func:`split_lines`: at "\n" only), so
-    a line number means the same line to every command. Lines that are not UTF-8 text (or hold
-    NUL bytes) are skipped with one warning naming them; the rest are kept.
+    Lines are counted as ``bertscope embed`` counts them (:func:`text_lines`), so a line number
+    means the same line to every command; lines that are not UTF-8 text are skipped with one
+    warning naming them; a binary file is refused (:func:`refuse_binary`).
     """
     p = Path(path)
     raw = read_input_bytes(p)
-    lines: list[tuple[int, str]] = []
-    bad: list[int] = []
-    for n, chunk in enumerate(split_lines(raw), start=1):
+    refuse_binary(str(p), raw)
+    lines, bad, _ = text_lines(raw)
+    return lines, bad_lines_warning(p, bad)
+
+
+def bad_lines_warning(name: object, bad: list[int]) -> list[str]:
+    """The one warning for the lines of ``name`` skipped as not UTF-8 text (none: no warning)."""
+    if len(bad) == 1:
+        return [f"{name}: line {bad[0]} is not UTF-8 text; skipped"]
+    shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+    return [f"{name}: {len(bad)} lines are not UTF-8 text (lines {shown}); skipped"] if bad else []
+
+
+def text_lines(data: bytes) -> tuple[list[tuple[int, str]], list[int], int]:
+    """(1-based line number, stripped text) of the non-blank lines of ``data``, the numbers of the
+    lines that are not UTF-8 text (or hold NUL bytes), and how many lines it holds: lines as
+    :func:`split_lines` (and so ``bertscope embed``) counts them."""
+    items, bad = [], []
+    chunks = split_lines(data)
+    for n, chunk in enumerate(chunks, start=1):
         try:
             if b"\x00" in chunk:
                 raise UnicodeDecodeError("utf-8", chunk, 0, 1, "NUL byte")
@@ -228,11 +245,22 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
             bad.append(n)
             continue
         if text:
-            lines.append((n, text))
-    if len(bad) == 1:
-        return lines, [f"{p}: line {bad[0]} is not UTF-8 text; skipped"]
-    shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
-    return lines, [f"{p}: {len(bad)} lines are not UTF-8 text (lines {shown}); skipped"] if bad else []
+            items.append((n, text))
+    return items, bad, len(chunks)
+
+
+SNIFF_BYTES = 8000  # bytes at a text file's start searched for NUL, as git judges a file binary
+
+
+def refuse_binary(name: str, head: bytes) -> None:
+    """InputError if a text file looks binary: a NUL byte in its first :data:`SNIFF_BYTES`."""
+    k = head.find(b"\x00", 0, SNIFF_BYTES)
+    if k < 0:
+        return
+    line = head[:k].count(b"\n") + 1
+    utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
+    raise InputError(f"{name} looks like a binary file, not text (a NUL byte on line {line}, byte {k})"
+                     + ("; it is UTF-16 text: convert it to UTF-8 first" if utf16 else ""))
 
 
 def split_lines(data: bytes) -> list[bytes]:

@@ -49,8 +49,9 @@ def register(sub) -> None:
     p.add_argument("--token", metavar="WORD", help="the word whose sources to rank")
     p.add_argument("--occurrence", type=int, default=None, metavar="K",
                    help="which occurrence of WORD, if it appears more than once (default 1)")
-    p.add_argument("--layer", type=int, metavar="L", help="layer (default: the last)")
-    p.add_argument("--head", type=int, metavar="H", help="head, for per-head methods (default: mean over heads)")
+    p.add_argument("--layer", type=int, metavar="L", help="layer, from 0; -1 is the last (default: the last)")
+    p.add_argument("--head", type=int, metavar="H",
+                   help="head, for per-head methods, from 0; -1 is the last (default: mean over heads)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="words to list (default 5)")
     p.add_argument("--similar-to", metavar="TEXT_B",
                    help="for grad-input / integrated-gradients: explain the similarity to this text")
@@ -72,10 +73,6 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("the --token word is empty")
     if args.top < 1:
         raise InputError("--top must be at least 1")
-    if args.layer is not None and args.layer < 0:
-        raise InputError("--layer must be 0 or more")
-    if args.head is not None and args.head < 0:
-        raise InputError("--head must be 0 or more")
     if args.occurrence is not None and args.token is None:
         raise InputError("--occurrence picks one of the places --token WORD appears: give --token")
     if args.occurrence is not None and args.occurrence < 1:
@@ -142,10 +139,16 @@ def _check_ranges(bert, args) -> None:
     from ..explain import method_kind
 
     L, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
-    if args.layer is not None and args.layer >= L:
-        raise InputError(f"--layer {args.layer} does not exist (the model has layers 0..{L - 1})")
-    if args.head is not None and args.head >= H:
-        raise InputError(f"--head {args.head} does not exist (each layer has heads 0..{H - 1})")
+    if args.layer is not None and not -L <= args.layer < L:
+        raise InputError(f"--layer {args.layer} does not exist (the model has layers 0..{L - 1}, or -{L}..-1 "
+                         "from the end)")
+    if args.head is not None and not -H <= args.head < H:
+        raise InputError(f"--head {args.head} does not exist (each layer has heads 0..{H - 1}, or -{H}..-1 "
+                         "from the end)")
+    if args.layer is not None:
+        args.layer %= L  # -1: the last, named as such in what is printed
+    if args.head is not None:
+        args.head %= H
     if args.label is not None and not bert.is_classifier:
         raise InputError("--label needs a fine-tuned classifier as --model (this model has no classification head)")
     if not args.compare and method_kind(args.method) == "input" and args.similar_to is None and not bert.is_classifier:

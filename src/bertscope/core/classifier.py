@@ -50,17 +50,30 @@ class ClassifierOutput:
     encoder: BertOutput | None = None
 
 
-def _check_labels(labels: object, batch: int, num_labels: int) -> None:
-    """InputError unless ``labels`` is a (B,) tensor of class indices 0..K-1 (one host sync)."""
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a label that counts for nothing
+
+
+def _check_labels(labels: object, batch: int, num_labels: int) -> torch.Tensor:
+    """``labels`` as the loss takes them, else one InputError (one host sync): (B,) class indices
+    0..K-1 of any integer dtype (-100, the loss's ignore_index, skips a text, as in HF), or (B, K)
+    floats, each row a distribution over the classes (soft targets)."""
     if not isinstance(labels, torch.Tensor):
         raise InputError(f"labels must be a tensor of class indices, e.g. torch.tensor([0, 1]), "
                          f"got {type(labels).__name__}")
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+    if labels.is_floating_point():
+        if tuple(labels.shape) != (batch, num_labels):
+            raise InputError(f"float labels are class probabilities, shape ({batch}, {num_labels}); got "
+                             f"{tuple(labels.shape)} (class indices are integers)")
+        return labels
+    if labels.is_complex() or labels.dtype == torch.bool:
         raise InputError(f"labels must be integer class indices, got {labels.dtype}")
     if tuple(labels.shape) != (batch,):
         raise InputError(f"labels must hold one class per text, shape ({batch},), got {tuple(labels.shape)}")
-    if batch and (int(labels.min()) < 0 or int(labels.max()) >= num_labels):
-        raise InputError(f"labels must be classes 0..{num_labels - 1}, got {int(labels.min())}..{int(labels.max())}")
+    bad = (labels < 0) & (labels != IGNORE_INDEX) | (labels >= num_labels)
+    if bool(bad.any()):
+        raise InputError(f"labels must be classes 0..{num_labels - 1} (or {IGNORE_INDEX} to skip a text), "
+                         f"got {int(labels[bad][0])}")
+    return labels.long()
 
 
 class BertForSequenceClassification(nn.Module):
@@ -122,8 +135,9 @@ class BertForSequenceClassification(nn.Module):
 
     @staticmethod
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of (B, K) logits against (B,) class indices."""
-        return F.cross_entropy(logits, labels)
+        """Mean cross-entropy of (B, K) logits against (B,) class indices (IGNORE_INDEX skips a
+        text) or (B, K) class probabilities."""
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
 
     def forward(
         self,
@@ -144,7 +158,8 @@ class BertForSequenceClassification(nn.Module):
             input_ids: (B, T) token ids (or None with ``inputs_embeds``).
             attention_mask: (B, T), 1 = token, 0 = PAD.
             token_type_ids: (B, T) segment ids: 0 for the first text, 1 for the second of a pair.
-            labels: (B,) class indices; when given the record carries the mean cross-entropy.
+            labels: (B,) class indices (-100 skips a text) or (B, K) class probabilities; when
+                given the record carries the mean cross-entropy.
             inputs_embeds: (B, T, C) word embeddings used instead of looking up ``input_ids``.
             output_attentions, output_hidden_states, head_mask, output_intermediates: passed to
                 the encoder (see :meth:`bertscope.core.model.BertModel.forward`).
@@ -157,6 +172,6 @@ class BertForSequenceClassification(nn.Module):
                         inputs_embeds=inputs_embeds)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)@(C, K) -> (B, K)
         if labels is not None:
-            _check_labels(labels, logits.shape[0], self.num_labels)
+            labels = _check_labels(labels, logits.shape[0], self.num_labels)
         loss = None if labels is None else self.loss_fn(logits, labels.to(logits.device))
         return ClassifierOutput(logits=logits, loss=loss, encoder=out)

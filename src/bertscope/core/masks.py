@@ -35,16 +35,21 @@ def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) 
             f"attention_mask must have shape (B, T) = ({batch}, {tokens}), "
             f"got {tuple(attention_mask.shape)}"
         )
-    if attention_mask.dtype == torch.bool:  # True means "token" to HF but "PAD" to PyTorch
-        raise InputError("attention_mask is boolean, and the two conventions for it are opposite: give "
-                         "integers, 1 = token and 0 = PAD (mask.long() for HF's True = token, "
-                         "(~mask).long() for PyTorch's key_padding_mask, True = PAD)")
+    _refuse_bool(attention_mask)
     if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise InputError("attention_mask must hold only 1 (token) and 0 (PAD)")
 
 
+def _refuse_bool(attention_mask: torch.Tensor) -> None:
+    if attention_mask.dtype == torch.bool:  # True means "token" to HF but "PAD" to PyTorch
+        raise InputError("attention_mask is boolean, and the two conventions for it are opposite: give "
+                         "integers, 1 = token and 0 = PAD (mask.long() for HF's True = token, "
+                         "(~mask).long() for PyTorch's key_padding_mask, True = PAD)")
+
+
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, T) 1 = token / 0 = PAD  ->  additive bias (B, 1, 1, T): 0 keep, dtype-min drop."""
+    _refuse_bool(attention_mask)
     keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, T)
     bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
     return bias.masked_fill(~keep, torch.finfo(dtype).min)  # (B, 1, 1, T)
@@ -52,4 +57,5 @@ def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tens
 
 def to_key_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """BERT's (B, T) 1 = token  ->  PyTorch's boolean key_padding_mask, True = PAD (ignore)."""
+    _refuse_bool(attention_mask)
     return attention_mask == 0  # (B, T)

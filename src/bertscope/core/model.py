@@ -23,6 +23,7 @@ from .config import BertConfig
 from .layer import BertLayer, FeedForward, LayerRecord
 from .masks import check_attention_mask, mask_to_bias
 from .outputs import BertOutput
+from .tokenizer import Batch
 
 __all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForward", "check_id_lists", "check_inputs",
            "check_tensor"]
@@ -79,7 +80,7 @@ class BertPooler(nn.Module):
 def check_tensor(x: object, name: str) -> None:
     """InputTypeError (one line) unless ``x`` is None or a torch tensor."""
     if x is not None and not isinstance(x, torch.Tensor):
-        if type(x).__name__ == "Batch":  # bertscope's own encode(): its tensors are the arguments
+        if isinstance(x, Batch):  # bertscope's own encode(): its tensors are the arguments
             hint = "; pass batch.input_ids, batch.attention_mask, batch.token_type_ids"
         elif name in ("input_ids", "attention_mask"):
             hint = "; bert.encode(texts) gives a batch of them"

@@ -202,7 +202,11 @@ def _resolve_target(bert: Bert, method: str, batch: Batch, text_b: str | None,
     if text_b is not None:
         if target is not None:
             raise InputError("give text_b (similarity to a second text) or a target, not both")
-        _encode_one(bert, text_b, "second text (text_b)")  # checked as the text is
+        check_text(text_b, "the second text (text_b)")  # checked as the text is; encoded (and cut) once, below
+        if not text_b.strip():
+            raise InputError("the second text (text_b) is empty")
+        if bert.tokenizer.count_tokens([text_b])[0] <= 2:  # [CLS] [SEP] only
+            raise no_tokens("the second text (text_b)")
         return similarity_target(bert, text_b)
     if isinstance(target, Target):
         return target

@@ -169,6 +169,8 @@ def check_json_lines(file: InputFile, who: str = "embed") -> None:
         record = json.loads(first.decode("utf-8").lstrip("\ufeff"))
     except (UnicodeDecodeError, ValueError):
         record = None
+    except RecursionError:  # nested too deep to read here: that line is a bad_json row, not the file's kind
+        return
     if not isinstance(record, dict):
         raise InputError(f"{path} is not JSON Lines (its first line is not a whole JSON object); {hint} "
                          f"(convert with: jq -c . {path})")
@@ -236,6 +238,8 @@ def check_has_text(plan: InputPlan) -> None:
             why = ""
         except ValueError as e:
             why = f" (line {n}: {getattr(e, 'msg', e)})"
+        except RecursionError:
+            why = f" (line {n}: nested too deep to read)"
         raise InputError(f"{path}: no line is valid JSON{why}; is it JSON Lines, one object per line?")
     reasons = []
     for status, what in (("no_field", "without it"), ("not_text", "where it is not a string"),
@@ -393,8 +397,7 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
         if not resume:
             pid = _running_job(out)
             if pid is not None:  # "pass --resume to finish it" would only meet the lock
-                raise InputError(f"{out} is in use by another running job (pid {pid}); wait for it to "
-                                 "finish, or choose another --out")
+                raise _in_use(out, pid)
             if (out / MANIFEST_FILE).is_file():
                 raise InputError(f"{out} already holds a finished job; pass --resume to check it (and "
                                  "redo what changed), or choose a new --out")
@@ -417,9 +420,19 @@ def _running_job(out: Path) -> str | None:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     except OSError:
-        return os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+        return _pid_in(fd)
     finally:
         os.close(fd)
+
+
+def _pid_in(fd: int) -> str:
+    """The pid the job holding the lock wrote in it ("?" if none yet)."""
+    return os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+
+
+def _in_use(out: Path, pid: str) -> InputError:
+    return InputError(f"{out} is in use by another running job (pid {pid}); wait for it to finish, or "
+                      "choose another --out")
 
 
 class _Lock:
@@ -446,10 +459,9 @@ class _Lock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                pid = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+                pid = _pid_in(fd)
                 os.close(fd)
-                raise InputError(f"{out} is in use by another running job (pid {pid}); wait for it to "
-                                 "finish, or choose another --out") from None
+                raise _in_use(out, pid) from None
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # locked a file that a finished job had just removed: lock the new one
@@ -577,9 +589,13 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir).strip():
         raise InputError(f"the output folder (--out) must be a folder name, got {out_dir!r}")
     out = Path(out_dir)
-    for name, value in (("batch_tokens", batch_tokens), ("shard_rows", shard_rows)):
-        if value is not None and as_whole_number(value) is None:
-            raise InputError(f"{name} must be a whole number, got {value!r}")
+    if batch_tokens is not None:
+        if as_whole_number(batch_tokens) is None:
+            raise InputError(f"batch_tokens must be a whole number, got {batch_tokens!r}")
+        batch_tokens = as_whole_number(batch_tokens)  # a numpy or 0-d tensor int: a plain int, for the JSON
+    if as_whole_number(shard_rows) is None:
+        raise InputError(f"shard_rows must be a whole number, got {shard_rows!r}")
+    shard_rows = as_whole_number(shard_rows)
     if field_name is not None and not isinstance(field_name, str):
         raise InputError(f"field_name (--field) must be a string, got {field_name!r}")
     if fmt not in ("npy", "parquet"):

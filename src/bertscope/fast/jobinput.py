@@ -39,7 +39,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InputError, InputTypeError
-from ..files import split_lines, why_not_a_file
+from ..files import refuse_binary, split_lines, why_not_a_file
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +143,17 @@ def _visible(rel: str) -> bool:
     return not any(part.startswith((".", "_")) for part in Path(rel).parts)
 
 
-def _without_job_folders(names: list[str]) -> list[str]:
+def _without_job_folders(names: list[str], root: Path, spec: str) -> list[str]:
     """``names`` less the files inside an embedding job's OUTPUT folder (one holding
-    :data:`JOB_FILE`): an OUTPUT written inside its own INPUT folder is not read back as input."""
+    :data:`JOB_FILE`) at or under ``root``: an OUTPUT written inside its own INPUT folder is not
+    read back as input. InputError when that leaves nothing."""
+    root = root.resolve()
     is_job: dict[Path, bool] = {}
 
     def in_job(name: str) -> bool:
-        for parent in Path(name).parents:
+        for parent in Path(name).resolve().parents:
+            if parent != root and root not in parent.parents:
+                return False  # above the input's root: not ours to judge
             if parent not in is_job:
                 is_job[parent] = (parent / JOB_FILE).is_file()
             if is_job[parent]:
@@ -157,9 +161,12 @@ def _without_job_folders(names: list[str]) -> list[str]:
         return False
 
     kept = [n for n in names if not in_job(n)]
+    jobs = sorted(str(p) for p, j in is_job.items() if j)
+    if names and not kept:
+        raise InputError(f"{spec} holds only an embedding job's output ({jobs[0]}: embeddings, not text); "
+                         "give the texts it was made from")
     if len(kept) < len(names):
-        log.info("left out %d file(s) of embedding job folders (%s)", len(names) - len(kept),
-                 ", ".join(sorted(str(p) for p, j in is_job.items() if j)))
+        log.info("left out %d file(s) of embedding job folders (%s)", len(names) - len(kept), ", ".join(jobs))
     return kept
 
 
@@ -181,12 +188,14 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
     else:
         p = Path(spec).expanduser()
         if any(c in spec for c in _GLOB_CHARS) and not p.exists():
-            names = _without_job_folders(sorted(n for n in glob.glob(str(p), recursive=True) if os.path.isfile(n)))
+            head = str(p)[:min(str(p).index(c) for c in _GLOB_CHARS if c in str(p))]
+            names = _without_job_folders(sorted(n for n in glob.glob(str(p), recursive=True) if os.path.isfile(n)),
+                                         Path(head) if head.endswith(os.sep) else Path(head).parent, spec)
             if not names:
                 raise InputError(f"no input file matches {spec}")
         elif p.is_dir():
             names = sorted(str(q) for q in p.rglob("*") if q.is_file() and _visible(str(q.relative_to(p))))
-            names = _without_job_folders(names)
+            names = _without_job_folders(names, p, spec)
             if not names:
                 raise InputError(f"the input folder {spec} holds no file")
         elif p.is_file():
@@ -324,21 +333,6 @@ class _ShardCutter:
         self._pieces, self._in, self._hash = [], 0, hashlib.sha256()
 
 
-_SNIFF = 8000  # bytes at the start of a text file searched for NUL, as git judges a file binary
-
-
-def _refuse_binary(name: str, head: bytes) -> None:
-    """InputError if a text or JSON Lines file looks binary: a NUL byte in its first bytes."""
-    k = head.find(b"\x00", 0, _SNIFF)
-    if k < 0:
-        return
-    utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
-    line = head[:k].count(b"\n") + 1
-    raise InputError(f"{name} looks like a binary file, not text (a NUL byte on line {line}, "
-                     f"byte {k}); " + ("it is UTF-16 text: convert it to UTF-8 first" if utf16 else
-                                        "embed reads UTF-8 text, JSON Lines or Parquet"))
-
-
 def _plan_text_file(cut: _ShardCutter, index: int, f, name: str = "") -> None:
     """Feed one text/JSONL file to the cutter, block by block: a shard ends just after a ``\n``.
 
@@ -352,7 +346,7 @@ def _plan_text_file(cut: _ShardCutter, index: int, f, name: str = "") -> None:
         if not block:
             break
         if pos == 0:
-            _refuse_binary(name, block)
+            refuse_binary(name, block)
         nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)  # positions of "\n"
         i, used = 0, 0  # newlines of the block given to the cutter; bytes of the block given
         while len(nl) - i >= cut.need:  # enough newlines to close the open shard

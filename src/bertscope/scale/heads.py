@@ -8,7 +8,8 @@ ratio of those sums, so the result is the local engine's (``head_stats``) up to 
 rounding of the additions' order (about 1e-15 relative).
 
 Lines are read as the local command reads them (:func:`bertscope.files.read_lines`): split at
-any line break, stripped, blank lines skipped, a line that is not UTF-8 skipped with a warning.
+"\n" only, as ``embed`` counts them, stripped, blank lines skipped, lines that are not UTF-8
+text skipped with one warning, a binary file refused.
 Shards end just after a ``\\n``, so cutting the file never changes a line or its number.
 """
 
@@ -21,28 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..files import bad_lines_warning, text_lines
 from ..fast.jobinput import InputFile, InputPlan, plan_input, read_shard_bytes, resolve_inputs
 from ..understand.headstats import HeadStats, HeadSums, head_sums
 from .cluster import EngineOptions, check_address, check_engine_options, map_shards, ray_session, require_ray, unwrap_error
 from .embed import load_worker_model, model_ref
 
 __all__ = ["HeadSumsWorker", "ray_head_stats"]
-
-
-def _shard_lines(data: bytes) -> tuple[list[tuple[int, str]], list[int], int]:
-    """(1-based line number within the shard, text) of its non-blank lines, the numbers of
-    lines that are not UTF-8, and how many lines the shard holds (as ``read_lines`` counts)."""
-    items, bad = [], []
-    chunks = data.splitlines()
-    for n, chunk in enumerate(chunks, start=1):
-        try:
-            text = chunk.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            bad.append(n)
-            continue
-        if text:
-            items.append((n, text))
-    return items, bad, len(chunks)
 
 
 class HeadSumsWorker:
@@ -55,7 +41,7 @@ class HeadSumsWorker:
     def __call__(self, batch: dict) -> dict:
         out_sums, out_bad, out_lines = [], [], []
         for k in batch["shard"]:
-            items, bad, n_lines = _shard_lines(read_shard_bytes(self.plan, self.plan.shards[int(k)]))
+            items, bad, n_lines = text_lines(read_shard_bytes(self.plan, self.plan.shards[int(k)]))
             out_sums.append(pickle.dumps(head_sums(self.bert, items)))
             out_bad.append(pickle.dumps(bad))
             out_lines.append(n_lines)
@@ -74,7 +60,7 @@ def _plan_corpus(corpus: str | os.PathLike, shard_lines: int) -> InputPlan:
 def _first_text(plan: InputPlan) -> bool:
     """Whether any line holds a text (read until the first one), before Ray or the model start."""
     for shard in plan.shards:
-        items, _, _ = _shard_lines(read_shard_bytes(plan, shard, verify=False))
+        items, _, _ = text_lines(read_shard_bytes(plan, shard, verify=False))
         if items:
             return True
     return False
@@ -117,10 +103,12 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
     warnings: list[str] = []
     shown = corpus if "://" in str(corpus) else Path(corpus)  # as read_lines names it
     offset = 0  # lines before this shard
+    bad_all: list[int] = []
     for shard in plan.shards:  # merged in shard order, line numbers made global
         sums, bad, n_lines = results[shard.index]
         sums.truncated = [n + offset for n in sums.truncated]
         total.merge(sums)
-        warnings += [f"{shown}: line {n + offset} is not UTF-8 text; skipped" for n in bad]
+        bad_all += [n + offset for n in bad]
         offset += n_lines
+    warnings += bad_lines_warning(shown, bad_all)
     return total.finish(bert.name, bert.tokenizer.max_length), warnings

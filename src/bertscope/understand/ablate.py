@@ -114,11 +114,15 @@ def _as_heads(heads: object) -> list[tuple[int, int]]:
     return out
 
 
-def _check_heads(bert: Bert, heads: list[tuple[int, int]]) -> None:
+def _check_heads(bert: Bert, heads: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``heads`` with negative layers and heads counted from the end (-1: the last), as
+    :func:`bertscope.errors.as_index` reads them; InputError for a head the model lacks."""
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     for l, h in heads:
-        if not (0 <= l < N and 0 <= h < H):
-            raise InputError(f"head L{l} H{h} does not exist: the model has layers 0..{N - 1} and heads 0..{H - 1}")
+        if not (-N <= l < N and -H <= h < H):
+            raise InputError(f"head L{l} H{h} does not exist: the model has layers 0..{N - 1} and heads 0..{H - 1} "
+                             "(negatives count from the end)")
+    return [(l % N, h % H) for l, h in heads]
 
 
 def _run(bert: Bert, batch, head_mask: torch.Tensor | None, attentions: bool):
@@ -140,11 +144,11 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
         check_text(word, "the word")
     if not text.strip():
         raise InputError("the text is empty")
-    heads = list(dict.fromkeys(_as_heads(heads)))  # each head once, in order
+    heads = _as_heads(heads)
     if not heads:
         raise InputError("name at least one head to silence (heads=[(layer, head)]; in the CLI --layer L "
                          "--head H), or sweep every head (sweep(); --sweep)")
-    _check_heads(bert, heads)
+    heads = list(dict.fromkeys(_check_heads(bert, heads)))  # each head once, in order (-1 and 5 are one)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])
     if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)

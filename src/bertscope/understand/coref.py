@@ -295,7 +295,7 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
         per.append({"schema": s.schema.number, "text": s.schema.text, "pronoun": s.schema.pronoun,
                     "candidates": list(s.schema.candidates), "correct": c,
                     "mas": [round(float(x), 6) for x in m], "mas_pronoun": [round(float(x), 6) for x in mp],
-                    "first": s.first(), "nearest": s.nearest()})
+                    "first": s.first(), "nearest": s.nearest(), "nearest_gaps": s.gaps()})
     S = len(scored)
     K = len(scored[0].schema.candidates)
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731

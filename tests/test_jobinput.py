@@ -152,7 +152,7 @@ def test_every_command_numbers_lines_as_embed_does(tmp_path):
     from bertscope.fast.embedjob import decode_record
     from bertscope.files import read_lines, split_lines
 
-    data = b"one\rstill one\r\ntwo\n\xff\xfe\n\x00bin\n\nlast"
+    data = b"one\rstill one\r\ntwo\n\xff\xfe\n\xe9t\xe9\n\nlast"
     path = tmp_path / "c.txt"
     path.write_bytes(data)
     lines, warns = read_lines(path)
@@ -161,3 +161,10 @@ def test_every_command_numbers_lines_as_embed_does(tmp_path):
     assert [n for n, (_, s) in embed_view if s == "undecodable"] == [3, 4]
     assert warns == [f"{path}: 2 lines are not UTF-8 text (lines 3, 4); skipped"]
     assert len(data.splitlines()) == 7 and len(split_lines(data)) == 6  # what differed: the lone "\r"
+    # NUL bytes: a binary file, refused by both (embed's plan and read_lines), as git judges one
+    path.write_bytes(b"text\n\x00\x01 data\n")
+    with pytest.raises(InputError, match="looks like a binary file, not text \\(a NUL byte on line 2, byte 5\\)"):
+        read_lines(path)
+    with pytest.raises(InputError, match="looks like a binary file"):
+        ji.plan_input(path)
+    assert decode_record(b"\x00\x01 data", "text", None) == ("", "undecodable")  # past the sniff: one bad row

@@ -614,7 +614,11 @@ def test_int8_under_autograd_is_the_exact_fp32_model(bert, int8):
 def test_loading_int8_twice_gives_identical_outputs(bundled_path, int8):
     texts = review_corpus(40, seed=7)
     again = bertscope.load(bundled_path, precision="int8", keep_precision=True)
-    assert again.int8_plan.keep_fp32 == int8.int8_plan.keep_fp32
+    assert again.int8_plan.to_json() == int8.int8_plan.to_json()  # the same calibration: linears, channels
+    # the same kernel choice, read from the cache (a choice measured again can pick another route,
+    # whose fp32 parts sum in another order: then the outputs differ, as fp32's do between routes)
+    routes = lambda c: (c.key, c.gemm, c.batch_tokens, c.slack, c.int8_kernel, c.int8_cast, c.int8_act)  # noqa: E731
+    assert routes(again.fast.choice) == routes(int8.fast.choice), (again.fast.choice, int8.fast.choice)
     assert np.array_equal(again.embed(texts), int8.embed(texts))
 
 

@@ -219,3 +219,15 @@ def test_the_nearest_baseline_scores_a_tie_as_the_heads_do():
     assert scored.gaps() == [2, 2] and scored.nearest() == 0 and scored.nearest_hit() == 0.5
     scored = SchemaScores(near, none, none)
     assert scored.nearest() == 1 and scored.nearest_hit() == 1.0
+
+
+def test_a_cjk_candidate_is_found_without_spaces_around_it():
+    """猫 in 猫が犬を追いかけた was reported "not in the text": the candidate had to stand between
+    word boundaries, which CJK text has none of. Latin candidates still match whole words only."""
+    xml = ("<collection>\n" + _schema_xml("猫が犬を追いかけた。なぜなら", "それ", "は速かったから。", "猫", "犬", "A")
+           + _schema_xml("The cat met Cathy because", "she", "was kind.", "Cat", "Cathy", "B") + "</collection>").encode()
+    schemas, warns = parse_wsc(xml, "t.xml")
+    assert warns == [] and [s.number for s in schemas] == [1, 2]
+    cjk, latin = schemas
+    assert [cjk.text[a:b] for a, b in cjk.candidate_spans] == ["猫", "犬"]
+    assert [latin.text[a:b] for a, b in latin.candidate_spans] == ["cat", "Cathy"]  # not "Cat" of "Cathy"

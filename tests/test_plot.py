@@ -157,3 +157,22 @@ def test_measure_figures_show_explains_maps(bert):
     panels = [a for a in fig.axes if a.images]
     assert len(panels) == rt.attentions.shape[0]  # a panel per layer, no heads
     np.testing.assert_allclose(np.asarray(panels[2].images[0].get_array()), alti[2], atol=1e-6)
+
+
+def test_missing_glyphs_are_one_warning(bert):
+    """A CJK text on a machine without a CJK font gave one matplotlib warning per character (75
+    lines for one plot); now one warning names them (none where a font has them)."""
+    import warnings
+
+    from bertscope.see.figures import figure_bytes
+
+    text = "".join(chr(0x4E00 + 7 * i) for i in range(20))
+    [rt] = analyze(bert, [text])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        png = figure_bytes(head_figure(rt, 0, 0))
+    glyphs = [str(w.message) for w in caught if "glyph" in str(w.message).lower()]
+    assert len(glyphs) <= 1, glyphs
+    if glyphs:
+        assert glyphs[0].startswith("20 character(s) of the text have no glyph"), glyphs
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"

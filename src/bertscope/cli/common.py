@@ -83,6 +83,8 @@ def check_output_dir(value: str, flag: str = "--out") -> Path:
 
     from ..errors import InputError
 
+    if not str(value).strip():  # "" would be the working folder: an unset $DIR in a script
+        raise InputError(f"{flag} is an empty name; give a folder")
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise InputError(f"{flag} {value!r} is a file, not a folder")

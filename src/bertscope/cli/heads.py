@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..understand.headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
     engine = engine_options(args)
-    out = check_output_dir(args.out) if args.out else None
+    out = check_output_dir(args.out) if args.out is not None else None
     if out is not None:
         from ..see.figures import require_matplotlib
 

@@ -132,12 +132,20 @@ def _cut_off(cut_text: str | None, target: str, found: int) -> bool:
     the ``found`` times the part kept does."""
     if cut_text is None:
         return False
-    def bounded(ch: str) -> bool:  # a letter or digit of a script written with spaces: needs a word boundary
-        return (ch.isalnum() or ch == "_") and not unicodedata.name(ch, "").startswith(("CJK", "HIRAGANA",
-                                                                                       "KATAKANA"))
-    pattern = ((r"(?<!\w)" if bounded(target[0]) else "") + re.escape(target)
-               + (r"(?!\w)" if bounded(target[-1]) else ""))
-    return len(re.findall(pattern, _fold(cut_text))) > found
+    return len(re.findall(as_word(re.escape(target), target), _fold(cut_text))) > found
+
+
+def needs_boundary(ch: str) -> bool:
+    """Whether a word ending in ``ch`` must end at a word boundary to be that word: a letter or
+    digit of a script written with spaces ("at" is not a word of "cat"); CJK, kana and
+    punctuation are words wherever they stand (猫 in 猫が)."""
+    return (ch.isalnum() or ch == "_") and not unicodedata.name(ch, "").startswith(("CJK", "HIRAGANA", "KATAKANA"))
+
+
+def as_word(pattern: str, word: str) -> str:
+    """``pattern`` (a regex matching ``word``) held to word boundaries where ``word`` needs them."""
+    return ((r"(?<!\w)" if needs_boundary(word[0]) else "") + pattern
+            + (r"(?!\w)" if needs_boundary(word[-1]) else ""))
 
 
 def _fold(s: str) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -220,10 +222,28 @@ def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | N
 
 
 def figure_bytes(fig, fmt: str = "png", dpi: int = 110) -> bytes:
-    """A figure rendered in memory as the bytes of a png, svg or pdf."""
+    """A figure rendered in memory as the bytes of a png, svg or pdf, its labels kept whole (the
+    box is fitted to what is drawn). Characters the fonts lack are said once, not once each."""
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=dpi)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.1)
+    missing: set[str] = set()
+    for w in caught:
+        m = _NO_GLYPH.match(str(w.message))
+        if m:
+            missing.add(chr(int(m.group(1))))
+        else:
+            warnings.warn(w.message, w.category, stacklevel=2)
+    if missing:
+        shown = "".join(sorted(missing)[:12]) + ("..." if len(missing) > 12 else "")
+        warnings.warn(f"{len(missing)} character(s) of the text have no glyph in matplotlib's fonts ({shown}): "
+                      "they are drawn as boxes; install a font that has them (e.g. fonts-noto-cjk, "
+                      "fonts-noto-color-emoji)", UserWarning, stacklevel=2)
     return buf.getvalue()
+
+
+_NO_GLYPH = re.compile(r"Glyph (\d+) .*missing from")
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 200, *, make_parents: bool = False) -> Path:

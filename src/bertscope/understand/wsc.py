@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..core.words import as_word
 from ..files import read_input_bytes
 
 __all__ = ["BUNDLED_SCHEMAS", "Schema", "parse_wsc", "read_wsc", "schema_spans", "twin_groups"]
@@ -74,7 +75,7 @@ def _locate(text: str, answer: str, pron_start: int) -> tuple[int, int] | None:
     for cand in (answer, _DET.sub("", answer)):
         if not cand:
             continue
-        pat = re.compile(r"(?<!\w)" + re.escape(cand).replace(r"\ ", r"\s+") + r"(?!\w)", re.I)
+        pat = re.compile(as_word(re.escape(cand).replace(r"\ ", r"\s+"), cand), re.I)
         hits = [(m.start(), m.end()) for m in pat.finditer(text)]
         if hits:
             before = [h for h in hits if h[1] <= pron_start]

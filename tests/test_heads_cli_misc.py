@@ -49,10 +49,12 @@ def test_json_outputs_are_strict_json(tmp_path, capsys):
 
 def test_heads_truncation_is_warned_once(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
-    corpus.write_text("The cat sat.\n" + "word " * 600 + "\n")
+    corpus.write_bytes(b"The cat sat.\n" + b"word " * 600 + b"\n\xff not utf-8\n")
     assert main(["heads", str(corpus), "--json"]) == 0
-    err = capsys.readouterr().err
-    assert err.count("truncat") == 1 and "line 2" in err
+    cap = capsys.readouterr()
+    assert cap.err.count("was truncated") == 1 and "line 2" in cap.err
+    warns = json.loads(cap.out)["warnings"]  # the JSON carries both warnings, not the truncation alone
+    assert any("line 3 is not UTF-8 text" in w for w in warns) and any("was truncated" in w for w in warns), warns
 
 
 def test_heads_out_must_be_a_folder(tmp_path, capsys):

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     S = len(res.numbers)
     pct = lambda x: f"{100 * x:5.1f}%"  # noqa: E731
-    print(f"{res.model}: {S} schemas scored" + (f", {len(res.warnings)} skipped" if res.warnings else ""))
+    print(f"{res.model}: {S} schema{'s' * (S != 1)} scored" + (f", {len(res.warnings)} skipped" if res.warnings else ""))
     print()
     print(f"  chance                              {pct(res.chance)}   (95% noise band: +/- {100 * res.noise_95:.1f} points)")
     print(f"  first candidate                     {pct(res.first_accuracy)}")
@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"  best head, held out                 {pct(res.held_out_accuracy)}")
     for f in res.held_out:
-        print(f"      L{f.layer} H{f.head}: chosen on {len(f.chosen_on)} schemas ({pct(f.choice_accuracy)}), "
+        print(f"      L{f.layer} H{f.head}: chosen on {len(f.chosen_on)} schema{'s' * (len(f.chosen_on) != 1)} "
+              f"({pct(f.choice_accuracy)}), "
               f"scored on the other {len(f.scored_on)}: {pct(f.test_accuracy)}")
     l, h, a = res.best_in_sample
     print(f"  best head in sample (optimistic)    {pct(a)}   L{l} H{h}, chosen and scored on the same schemas")

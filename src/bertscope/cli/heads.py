@@ -106,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         with writing(out):
             written += write_folder_atomic(out, lambda stage: _write_maps(stage, hs))
     if args.json:
-        print_json_strict(hs.to_json())
+        res = hs.to_json()
+        res["warnings"] = list(warns) + list(res.get("warnings", []))  # the lines skipped as not text too
+        print_json_strict(res)
         return 0
     N, H = hs.shape
     print(f"{hs.model}: {N} layers x {H} heads over {hs.num_texts} texts ({hs.num_tokens} tokens)")

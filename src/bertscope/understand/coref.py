@@ -245,8 +245,10 @@ class CorefResult:
             "mas": {"candidate_to_pronoun": self.mas_accuracy, "pronoun_to_candidate": self.mas_pronoun_accuracy},
             "held_out": {**held, "folds": [
                 {"layer": f.layer, "head": f.head, "chosen_on": list(f.chosen_on), "scored_on": list(f.scored_on),
-                 "choice_accuracy": f.choice_accuracy, "test_accuracy": f.test_accuracy} for f in self.held_out]},
-            "best_head_in_sample": {"layer": l, "head": h, "accuracy": a, "note": "chosen and scored on the same schemas"},
+                 "choice_accuracy": round(f.choice_accuracy, 6), "test_accuracy": round(f.test_accuracy, 6)}
+                for f in self.held_out]},
+            "best_head_in_sample": {"layer": l, "head": h, "accuracy": round(a, 6),
+                                    "note": "chosen and scored on the same schemas"},
             "head_accuracy": [[round(float(x), 6) for x in row] for row in self.head_accuracy.tolist()],
             "per_schema": self.per_schema,
         }

@@ -333,7 +333,7 @@ def test_an_output_inside_its_input_folder_is_not_read_as_input(tmp_path, capsys
 
 @pytest.mark.parametrize("args,message", [
     (["", "--out", "o.emb"], "the input is an empty name"),  # an unset "$FILE": not the working folder
-    (["in.txt", "--out", ""], "the output folder (--out) must be a folder name"),
+    (["in.txt", "--out", ""], "--out is an empty name; give a folder"),
 ])
 def test_empty_names_are_refused(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

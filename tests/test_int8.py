@@ -611,15 +611,19 @@ def test_int8_under_autograd_is_the_exact_fp32_model(bert, int8):
     assert out.requires_grad and (out.detach() - ref)[real].abs().max() < 1e-5
 
 
-def test_loading_int8_twice_gives_identical_outputs(bundled_path, int8):
+def test_loading_int8_twice_gives_identical_outputs(bundled_path):
+    """Two loads, one after the other, read the same cached kernel choice and calibrate alike:
+    the same bits. (Compared with the module's int8 model, loaded earlier, this failed twice in
+    full runs on a busy machine: a test between had measured the choice again, and its int8_cast
+    route differs from the other where a value rounds past the grid's end, as quant.Scratch.narrow
+    says.)"""
     texts = review_corpus(40, seed=7)
+    first = bertscope.load(bundled_path, precision="int8", keep_precision=True)
     again = bertscope.load(bundled_path, precision="int8", keep_precision=True)
-    assert again.int8_plan.to_json() == int8.int8_plan.to_json()  # the same calibration: linears, channels
-    # the same kernel choice, read from the cache (a choice measured again can pick another route,
-    # whose fp32 parts sum in another order: then the outputs differ, as fp32's do between routes)
+    assert again.int8_plan.to_json() == first.int8_plan.to_json()  # the same calibration: linears, channels
     routes = lambda c: (c.key, c.gemm, c.batch_tokens, c.slack, c.int8_kernel, c.int8_cast, c.int8_act)  # noqa: E731
-    assert routes(again.fast.choice) == routes(int8.fast.choice), (again.fast.choice, int8.fast.choice)
-    assert np.array_equal(again.embed(texts), int8.embed(texts))
+    assert routes(again.fast.choice) == routes(first.fast.choice), (again.fast.choice, first.fast.choice)
+    assert np.array_equal(again.embed(texts), first.embed(texts))
 
 
 def slowed(monkeypatch, cls, seconds: float) -> None:

@@ -336,3 +336,19 @@ def test_what_ray_prints_during_a_session_goes_to_stderr_not_to_the_results(clus
     print("results")
     cap = capsys.readouterr()
     assert cap.out == "results\n" and "A worker died or was killed (a test)" in cap.err
+
+
+def test_gpus_per_worker_on_a_machine_without_them_is_refused_with_or_without_workers():
+    """Without --workers the check returned early and the job waited for a GPU forever, silently."""
+    from bertscope.errors import InputError
+    from bertscope.scale.cluster import _check_resources
+
+    class NoGPU:  # what ray.cluster_resources() says on this kind of machine
+        @staticmethod
+        def cluster_resources():
+            return {"CPU": 2.0}
+
+    for workers in (None, 1):
+        with pytest.raises(InputError, match="--gpus-per-worker 1: this machine has 0 GPU"):
+            _check_resources(NoGPU, EngineOptions(workers=workers, gpus_per_worker=1.0))
+    _check_resources(NoGPU, EngineOptions(workers=None))  # CPU workers: fine

@@ -197,10 +197,10 @@ def _check_resources(ray, opts: EngineOptions) -> None:
     (an autoscaling cluster may add nodes)."""
     res = ray.cluster_resources()
     cpus, gpus = res.get("CPU", 0.0), res.get("GPU", 0.0)
+    if opts.gpus_per_worker > gpus and opts.address is None:  # with or without --workers: it would wait forever
+        raise InputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: this machine has {gpus:g} GPU(s) for Ray")
     if opts.workers is None:
         return
-    if opts.gpus_per_worker > gpus and opts.address is None:
-        raise InputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: this machine has {gpus:g} GPU(s) for Ray")
     if opts.workers * opts.cpus_per_worker > cpus or opts.workers * opts.gpus_per_worker > gpus:
         log.warning("the cluster has %g CPU(s) and %g GPU(s); %d worker(s) want %g and %g: some wait "
                     "until the cluster grows", cpus, gpus, opts.workers, opts.workers * opts.cpus_per_worker,

@@ -40,15 +40,11 @@ class AttendResult:
         return (f"AttendResult(token={self.token!r} (word {self.index} of {W}), weights: {N} layers x {H} heads "
                 f"x {W} words{', truncated' if self.truncated else ''}; .top_words(layer, head), .heads_for(word))")
 
-    def _check(self, name: str, value: object, size: int) -> int:
-        """``value`` as an int (a 0-d integer tensor too), if it indexes ``size`` things."""
-        return as_index(name, value, size)
-
 
     def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
         """The ``k`` words that ``token`` attends to most in ``layer``, ``head``, with their weights."""
         N, H, _ = self.weights.shape
-        layer, head = self._check("layer", layer, N), self._check("head", head, H)
+        layer, head = as_index("layer", layer, N), as_index("head", head, H)
         row = self.weights[layer, head]
         vals, idx = row.topk(min(as_count(k), row.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
@@ -59,7 +55,7 @@ class AttendResult:
         ``token``)."""
         if isinstance(target, str):
             target = find_word(self.words, target, 1)
-        target = self._check("target (an index into words)", target, len(self.words))
+        target = as_index("target (an index into words)", target, len(self.words))
         w = self.weights[:, :, target]  # (N, H)
         H = w.shape[1]
         flat = w.flatten()

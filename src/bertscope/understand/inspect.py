@@ -40,7 +40,6 @@ class AttendResult:
         return (f"AttendResult(token={self.token!r} (word {self.index} of {W}), weights: {N} layers x {H} heads "
                 f"x {W} words{', truncated' if self.truncated else ''}; .top_words(layer, head), .heads_for(word))")
 
-
     def top_words(self, layer: int, head: int, k: int = 3) -> list[tuple[str, float]]:
         """The ``k`` words that ``token`` attends to most in ``layer``, ``head``, with their weights."""
         N, H, _ = self.weights.shape

@@ -282,6 +282,38 @@ def test_bad_engine_input_is_one_line(cluster, tmp_path, capsys, command, args, 
     assert not (tmp_path / "o").exists()
 
 
+def test_ray_that_fails_to_start_leaves_output_as_it_was(tmp_path, capsys, monkeypatch):
+    """Ray refusing to start (a cluster address that answers but is not Ray takes 20 s to fail, so
+    the refusal is stood in for here) undoes the new job: the same command can simply be run again,
+    without --resume. A job that already holds work is kept."""
+    import bertscope.scale.embed as scale_embed
+    from bertscope.errors import InputError
+
+    @contextlib.contextmanager
+    def no_ray(opts):
+        raise InputError("cannot start or join Ray at 10.0.0.1:6379: Failed to connect")
+        yield
+
+    monkeypatch.setattr(scale_embed, "ray_session", no_ray)
+    inp = tmp_path / "in.txt"
+    inp.write_text("one text\nanother\n")
+    new = tmp_path / "made" / "o"
+    code, _, err = _cli(["embed", str(inp), "--out", str(new), "--engine", "ray"], capsys)
+    assert code == 2 and "cannot start or join Ray" in err
+    assert not (tmp_path / "made").exists()  # both folders it made, gone
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert _cli(["embed", str(inp), "--out", str(kept), "--engine", "ray"], capsys)[0] == 2
+    assert kept.is_dir() and not any(kept.iterdir())  # the folder that was there stays, empty
+    half = tmp_path / "half"  # a job stopped before its end (its manifest not written), then Ray fails
+    assert _cli(["embed", str(inp), "--out", str(half), "--shard-rows", "1", "--quiet"], capsys)[0] == 0
+    (half / "_manifest.json").unlink()
+    before = sorted(p.relative_to(half) for p in half.rglob("*"))
+    assert _cli(["embed", str(inp), "--out", str(half), "--engine", "ray", "--resume"], capsys)[0] == 2
+    assert sorted(p.relative_to(half) for p in half.rglob("*") if p.name != ".lock") == \
+        [p for p in before if p.name != ".lock"]
+
+
 def test_glob_matching_nothing_is_one_line(cluster, tmp_path, capsys):
     code, _, err = _cli(["embed", str(tmp_path / "nothing-*.jsonl"), "--out", str(tmp_path / "o"),
                          "--engine", "ray"], capsys)

@@ -511,6 +511,8 @@ class EmbedJob:
     complete: bool
     lock: _Lock | None = None
     repaired: dict[int, str] = field(default_factory=dict)
+    new: bool = False  # this run wrote _job.json: no job was there before
+    made_folders: tuple[Path, ...] = ()  # the folders preparing it made, innermost first
 
     @property
     def done_rows(self) -> int:
@@ -521,6 +523,31 @@ class EmbedJob:
         if self.lock is not None:
             self.lock.close(remove=finished)
             self.lock = None
+
+    def undo(self) -> bool:
+        """Release the lock and, if this run started the job and nothing has been computed for it
+        yet (its staging folder holds nothing), remove what preparing it made, so that OUTPUT is
+        as it was found. For an engine that fails to start: a job left behind would make the next
+        try ask for --resume. True if undone; otherwise the job is only closed, kept to resume."""
+        staging = self.out / STAGING
+        try:
+            if not self.new or (staging.is_dir() and any(staging.iterdir())):
+                self.close()
+                return False
+            for name in (RUNS_FILE, JOB_FILE):
+                (self.out / name).unlink(missing_ok=True)
+            if staging.is_dir():
+                staging.rmdir()
+        except OSError:
+            self.close()
+            return False
+        self.close(finished=True)  # the lock file too, removed while still held
+        for folder in self.made_folders:  # innermost first; only while empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        return True
 
 
 def _remove_temporaries(folder: Path) -> None:
@@ -645,10 +672,12 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
             raise
     lock = _Lock(out)
     try:
-        return _open_job(bert, plan, out, fmt, batch_tokens, resume, engine, lock)
+        job = _open_job(bert, plan, out, fmt, batch_tokens, resume, engine, lock)
     except BaseException:
         _release(lock, out)
         raise
+    job.made_folders = tuple(new)
+    return job
 
 
 def _finished_job(describe: Callable[[], dict], plan: InputPlan, out: Path, fmt: str,
@@ -790,7 +819,7 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
     pending = [s for s in plan.shards if s.index not in done]
     return EmbedJob(plan=plan, out=out, fmt=fmt, batch_tokens=batch_tokens, job=job, run=run,
                     engine=engine, pending=pending, done=done, redone=redone, complete=complete,
-                    lock=lock, repaired=repaired)
+                    lock=lock, repaired=repaired, new=not has_job)
 
 
 def _why_not_resumable(before: dict, job: dict) -> str:

@@ -146,8 +146,8 @@ def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.Pa
                     if inner is not e:
                         raise inner from None
                     raise
-    except BaseException:
-        job.close()
+    except BaseException:  # Ray did not start, say: a new job with nothing computed is undone
+        job.undo()
         raise
     return finish_embed_job(job, records)
 

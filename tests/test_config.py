@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 import bertscope
 from bertscope import BertConfig, ConfigError
-from bertscope.core.params import count_params
+from bertscope.core.params import BUILT_LAYERS, count_config, count_params
 
 
 def test_presets_and_head_size():
@@ -62,6 +63,44 @@ def test_parameter_counts_equal_hf(preset):
                   for mod in (layer.attention.self, layer.attention.output.dense) for p in mod.parameters())
     assert pc.attention_total == hf_attn
     assert pc.per_layer_total * cfg.num_hidden_layers == pc.attention_total
+
+
+def test_a_model_deeper_than_built_layers_is_counted_as_hf_counts_it():
+    """count_config builds at most BUILT_LAYERS layers; past that it counts from two, and must
+    still give what HF's BertModel, built whole, has."""
+    import transformers
+
+    N = BUILT_LAYERS + 3
+    cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=N, num_attention_heads=4,
+                     intermediate_size=48, max_position_embeddings=16)
+    with torch.device("meta"):
+        hf = transformers.BertModel(transformers.BertConfig(
+            vocab_size=50, hidden_size=32, num_hidden_layers=N, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=16))
+    pc = count_config(cfg)
+    assert pc.config.num_hidden_layers == N
+    assert pc.model_total == sum(p.numel() for p in hf.parameters())
+    assert pc.attention_total == sum(p.numel() for layer in hf.encoder.layer
+                                     for mod in (layer.attention.self, layer.attention.output.dense)
+                                     for p in mod.parameters())
+    shallow = count_config(dataclasses.replace(cfg, num_hidden_layers=BUILT_LAYERS))  # built whole
+    assert (pc.per_matrix, pc.per_layer_total) == (shallow.per_matrix, shallow.per_layer_total)
+
+
+def test_params_of_a_config_with_a_million_layers_is_counted_not_built(tmp_path, capsys):
+    """A config.json may say anything: 10**6 layers used to build meta modules until memory ran out."""
+    from bertscope.cli.main import main
+
+    config = json.loads((bertscope.bundled_model_path() / "config.json").read_text())
+    config["num_hidden_layers"] = 10**6
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["params", "--model", str(folder), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    cfg = BertConfig.from_json(folder / "config.json")
+    assert got["attention_total"] == 10**6 * got["per_layer_total"] == 10**6 * 4 * (384 * 384 + 384)
+    assert got["model_total"] == cfg.num_parameters  # the config's own formula (the HF check is above)
 
 
 def test_seed_s10_numbers_for_bert_base():

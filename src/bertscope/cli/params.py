@@ -32,14 +32,11 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from pathlib import Path
 
     from ..core.checkpoint import bundled_model_path, check_folder
     from ..core.config import BertConfig, ConfigError
-    from ..core.model import BertModel
-    from ..core.params import count_params
+    from ..core.params import count_config
     from ..errors import BertscopeError
 
     try:
@@ -51,9 +48,7 @@ def run(args: argparse.Namespace) -> int:
             config, source = BertConfig.from_json(folder / "config.json"), str(folder)
     except ConfigError as e:
         raise BertscopeError(str(e)) from None
-    with torch.device("meta"):  # shapes only: counts without allocating the weights
-        model = BertModel(config)
-    pc = count_params(model)
+    pc = count_config(config)  # built on the meta device: counts without allocating the weights
     if args.json:
         print_json({"source": source, **pc.to_json()})
         return 0

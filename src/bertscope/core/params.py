@@ -10,7 +10,9 @@ from ..errors import InputTypeError
 from .config import BertConfig
 from .model import BertModel
 
-__all__ = ["ParamCount", "count_params"]
+__all__ = ["BUILT_LAYERS", "ParamCount", "count_config", "count_params"]
+
+BUILT_LAYERS = 64  # count_config builds at most this many layers; deeper models are counted from two
 
 
 @dataclass(frozen=True)
@@ -60,3 +62,22 @@ def count_params(model: nn.Module) -> ParamCount:
                           for layer in model.layers)  # type: ignore[union-attr]
     model_total = sum(p.numel() for p in model.parameters())
     return ParamCount(config, per_matrix, per_layer_weights, per_layer_total, attention_total, model_total)
+
+
+def count_config(config: BertConfig) -> ParamCount:
+    """:func:`count_params` of the model ``config`` describes, built on the meta device (shapes
+    only: no weights allocated). Up to :data:`BUILT_LAYERS` layers the whole model is built; a
+    deeper one (a config may say a million) would fill memory with modules, so it is built with
+    one and with two layers, and every layer counts as the second did (they are built alike)."""
+    import dataclasses
+
+    import torch
+
+    N = config.num_hidden_layers
+    with torch.device("meta"):
+        if N <= BUILT_LAYERS:
+            return count_params(BertModel(config))
+        one, two = (count_params(BertModel(dataclasses.replace(config, num_hidden_layers=n))) for n in (1, 2))
+    layer = two.model_total - one.model_total  # every parameter of one layer
+    return dataclasses.replace(two, config=config, attention_total=N * two.per_layer_total,
+                               model_total=one.model_total + (N - 1) * layer)

@@ -127,9 +127,11 @@ def test_plot_measure_cli_and_its_errors(tmp_path, capsys):
     assert main(["plot", IT_ANIMAL, "--measure", "norm", "--layer", "3", "--head", "1", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
-    for args, why in ((["--measure", "nope"], "unknown measure 'nope'"),
+    one_of = "--measure takes one of attention, norm, norm-residual, value-zeroing, alti, rollout; got"
+    for args, why in ((["--measure", "nope"], f"{one_of} 'nope'"),
                       (["--measure", "alti", "--head", "1"], "one map per layer"),
-                      (["--measure", "norm,alti"], "one measure")):
+                      (["--measure", "norm,alti"], f"{one_of} 'norm,alti'"),
+                      (["--measure", "all"], f"{one_of} 'all'")):  # the list offers no "all" here
         assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, (args, err)

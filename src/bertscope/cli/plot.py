@@ -20,7 +20,9 @@ one scale with one colour bar; --per-panel scales each panel to its own maximum 
 weights (bertscope explain's map methods): norm (per head), norm-residual, value-zeroing, alti
 or rollout (one map per layer: no --head; with --grid one panel per layer). value-zeroing is
 refused above 128 tokens.
---span START:END plots only a window of tokens of a long text (positions from 0, END excluded).
+--span START:END plots only a window of a long text. Its positions count sub-tokens, [CLS]
+included, from 0, END excluded (as --tokens draws them, and as bertscope view numbers them); a
+word with one sub-token inside the window is drawn whole.
 
 examples:
   bertscope plot "The animal didn't cross the street because it was too tired" --layer 3 --head 1 --out it.png
@@ -74,12 +76,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--per-panel goes with --grid (one head is one panel)")
     if args.span is not None:
         parse_span(args.span, None)  # the form now; the range once the text is tokenized
-    from ..explain import map_measures, method_kind, parse_measures
+    from ..explain import MAP_METHODS, map_measures, method_kind
 
-    names = parse_measures([args.measure])
-    if len(names) != 1 or "," in args.measure:
-        raise InputError(f"--measure takes one measure, got {args.measure!r}")
-    measure = names[0]
+    if args.measure not in MAP_METHODS:  # one figure, one measure: not a list, not "all"
+        raise InputError(f"--measure takes one of {', '.join(MAP_METHODS)}; got {args.measure!r}")
+    measure = args.measure
     per_layer = method_kind(measure) == "layer"
     if per_layer and args.head is not None:
         raise InputError(f"{measure} gives one map per layer, not per head; leave out --head")

@@ -611,6 +611,14 @@ def test_attend_result_names_an_index_out_of_range(bert):
     with pytest.raises(InputError, match="occurrence must be a whole number"):
         bertscope.attend(bert, "The cat sat on the mat", "cat", occurrence="1")
     assert bertscope.attend(bert, "the cat and the dog", "the", occurrence=np.int64(2)).index == 4
+    res = bertscope.attend(bert, "the cat and the dog", "dog")
+    the = [i for i, w in enumerate(res.words) if w == "the"]
+    assert len(the) == 2 and res.heads_for("the") == res.heads_for(the[0])
+    assert res.heads_for("the", occurrence=2) == res.heads_for(the[1]) != res.heads_for(the[0])
+    with pytest.raises(InputError, match="occurrence goes with a word"):
+        res.heads_for(2, occurrence=2)
+    with pytest.raises(InputError, match=r"got tensor\(\[2\]\)"):  # torch would index with it: not a whole number
+        res.heads_for(torch.tensor([2]))
 
 
 @pytest.mark.parametrize("command", ["attend", "trace", "ablate"])

@@ -33,6 +33,8 @@ def as_whole_number(value: object) -> int | None:
     tensor; not a bool, a float or a string), else None: the callers word their own errors."""
     if isinstance(value, bool):
         return None
+    if getattr(value, "ndim", 0) != 0:  # torch gives a 1-element tensor of any shape an index
+        return None
     try:
         return operator.index(value)
     except TypeError:

@@ -48,12 +48,14 @@ class AttendResult:
         vals, idx = row.topk(min(as_count(k), row.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
-    def heads_for(self, target: int | str, k: int | None = None) -> list[tuple[int, int, float]]:
+    def heads_for(self, target: int | str, k: int | None = None, occurrence: int = 1) -> list[tuple[int, int, float]]:
         """(layer, head, weight) sorted by the weight from the token to word ``target``: an index
-        into ``words``, or the word itself (its first occurrence, matched as ``attend`` matches
-        ``token``)."""
+        into ``words``, or the word itself (matched as ``attend`` matches ``token``; its
+        ``occurrence``-th appearance, from 1)."""
         if isinstance(target, str):
-            target = find_word(self.words, target, 1)
+            target = find_word(self.words, target, occurrence)
+        elif occurrence != 1:
+            raise InputError("occurrence goes with a word; an index already names one word")
         target = as_index("target (an index into words)", target, len(self.words))
         w = self.weights[:, :, target]  # (N, H)
         H = w.shape[1]

@@ -150,6 +150,30 @@ def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp
     assert code == 0 and "(10 already done)" in stdout, err
 
 
+def test_sigterm_stops_a_ray_job_with_one_line_and_it_resumes(cluster, tmp_path, capsys):
+    """Ray's core worker installs a crash handler for SIGTERM (a stack dump, then death by the
+    signal) over the CLI's; and once stopped, Ray's driver printed a "(raylet) Task ... killed by
+    ray.kill" line per actor. Now: the CLI's one line, exit 143, and --resume finishes the job."""
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(_sentences(400, seed=5)) + "\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **{KILL_HOOK_ENV: "2:TERM"})
+    stopped = subprocess.run([sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(out), "--shard-rows",
+                              "40", "--quiet", "--engine", "ray", "--address", cluster, "--workers", "2"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr == "bertscope: terminated; rerun the same command with --resume to finish\n"
+    assert stopped.stdout == ""
+    deadline = time.monotonic() + 60  # Ray ends the stopped driver's actors: wait until their CPUs are back
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    code, stdout, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "40", "--quiet",
+                              "--engine", "ray", "--workers", "2", "--resume"], capsys)
+    assert code == 0, err
+    assert read_embeddings(out)[0].shape == (400, 384)
+
+
 def test_a_worker_killed_mid_shard_is_retried_and_every_row_is_written_once(cluster, tmp_path, bert, monkeypatch):
     inp = tmp_path / "in.txt"
     texts = _sentences(240, seed=5)

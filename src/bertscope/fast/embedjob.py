@@ -106,7 +106,8 @@ STATUSES = ("ok", "truncated", "empty", "undecodable", "bad_json", "no_field", "
 _PROBLEMS = STATUSES[1:]
 _FAILED = ("undecodable", "bad_json", "no_field", "not_text")  # lines that hold no text at all
 RUNS_FILE, MANIFEST_FILE, LOCK_FILE, STAGING = "_runs.json", "_manifest.json", ".lock", "_staging"
-# Test hook: SIGKILL this process after N shards (local engine: while the next one is half written).
+# Test hook: SIGKILL this process after N shards (local engine: while the next one is half written);
+# the Ray engine also takes "N:TERM", for SIGTERM.
 KILL_HOOK_ENV = "BERTSCOPE_EMBED_KILL_AFTER_SHARDS"
 _CHUNK = 2048  # texts sorted and embedded together inside a shard
 

@@ -13,6 +13,7 @@ for actor pools), so a lost worker costs only the shards it held.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import socket
@@ -138,13 +139,16 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     While the block runs, what Ray prints to stdout goes to stderr: its driver prints messages
     such as "(raylet) A worker died or was killed ..." to sys.stdout, which would corrupt a
     command's results there (``heads --engine ray --json`` in a CI run did). bertscope itself
-    prints nothing inside the block.
+    prints nothing inside the block. Once the block is stopped (Ctrl-C, SIGTERM) they go only
+    to the debug log: Ray prints one per actor it stops. SIGTERM keeps the process's own handler
+    (Ray's replaces it with a crash dump).
     """
     ray = require_ray()
     check_address(opts.address)
+    lines = _RayLines()
     if ray.is_initialized():
         _quiet_ray(ray)
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(lines), lines.quiet_when_stopped():
             yield ray
         return
     if not log.isEnabledFor(logging.DEBUG):
@@ -155,20 +159,75 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
         need = (opts.workers or 1) * opts.cpus_per_worker
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(need + 0.999))
     try:
-        with _quiet_fd2(not log.isEnabledFor(logging.DEBUG)):
+        with _quiet_fd2(not log.isEnabledFor(logging.DEBUG)), _keep_sigterm():
             ray.init(address=opts.address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"at {opts.address}" if opts.address else "on this machine"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"cannot start or join Ray {where}: {first}") from None
-    try:
-        _quiet_ray(ray)
-        _check_resources(ray, opts)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield ray
-    finally:
-        with contextlib.redirect_stdout(sys.stderr):  # its last messages too
+    with contextlib.redirect_stdout(lines):  # until Ray is shut down: its last messages too
+        try:
+            _quiet_ray(ray)
+            _check_resources(ray, opts)
+            with lines.quiet_when_stopped():
+                yield ray
+        finally:
             ray.shutdown()
+
+
+KILLED_BY_US = "killed by `ray.kill`"  # in Ray's note on an actor that its job's end (or a stop) killed
+
+
+class _RayLines(io.TextIOBase):
+    """Where what Ray's driver prints to stdout goes in a session: stderr, or (``quiet``, once the
+    command is being stopped) only the debug log. Stopping kills Ray's actors, and its driver
+    then prints a note per actor ("(raylet) Task ... failed ... killed by `ray.kill`"): those
+    notes go only to the debug log at any time (they can come before the stop reaches here)."""
+
+    def __init__(self) -> None:
+        self.quiet = False
+        self._pending = ""
+
+    @contextlib.contextmanager
+    def quiet_when_stopped(self) -> Iterator[None]:
+        """Quiet from a KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM) on, unless debugging."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.quiet = not log.isEnabledFor(logging.DEBUG)
+            raise
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._pending += text  # whole lines are judged: print() writes a line's end on its own
+        *done, self._pending = self._pending.split("\n")
+        for line in done:
+            if self.quiet or KILLED_BY_US in line:
+                log.debug("ray: %s", line)
+            else:
+                sys.stderr.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _keep_sigterm() -> Iterator[None]:
+    """The process's own SIGTERM handler, put back after the block: Ray's core worker installs a
+    crash handler for SIGTERM that prints a stack dump and kills the process at once, so the
+    CLI's handler (stop as Ctrl-C does, keep what was written, say so) would never run."""
+    import signal
+    import threading
+
+    handler = signal.getsignal(signal.SIGTERM)  # Python's record: Ray replaces it underneath
+    try:
+        yield
+    finally:
+        if handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
 
 
 @contextlib.contextmanager

@@ -139,8 +139,9 @@ def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.Pa
                         records[rec["shard"]] = rec
                         if progress is not None:
                             progress(rec["rows"])
-                        if kill_after is not None and len(records) >= int(kill_after):
-                            os.kill(os.getpid(), signal.SIGKILL)  # test hook: the driver dies
+                        if kill_after is not None and len(records) == int(kill_after.partition(":")[0]):
+                            term = kill_after.endswith(":TERM")  # test hook: the driver dies, or is told to stop
+                            os.kill(os.getpid(), signal.SIGTERM if term else signal.SIGKILL)
                 except Exception as e:
                     inner = unwrap_error(e)
                     if inner is not e:

@@ -68,6 +68,11 @@ def test_params_table(capsys, bundled_path):
     (["attend", IT_ANIMAL, "--token", ""], "--token word is empty"),
     (["attend", IT_ANIMAL, "--token", "it", "--model", "/nonexistent/model"], "does not exist"),
     (["params", "--preset", "bert-huge"], "unknown preset"),
+    (["view", IT_ANIMAL, "--measure", "", "--out", "m.html"], "--measure names no measure"),  # it drew none
+    (["view", IT_ANIMAL, "--measure", ",", "--out", "m.html"], "--measure names no measure"),
+    (["view", IT_ANIMAL, "--out", "a" * 300 + ".html"], "--out: File name too long: 'aaa"),  # was exit 1, OSError
+    (["plot", IT_ANIMAL, "--out", "a" * 300 + ".png"], "--out: File name too long"),
+    (["embed", __file__, "--out", "a" * 300], "--out: File name too long"),
 ])
 def test_bad_input_one_line_error(args, fragment, capsys):
     assert main(args) == 2

@@ -28,14 +28,14 @@ def server():
 
 
 def request(base: str, method: str, path: str, body=None, raw: bytes | None = None, timeout=60,
-            host: str | None = None):
+            host: str | None = None, content_type: str = "application/json"):
     """One HTTP request with the path sent exactly as given (no client-side normalisation);
     ``host``: the Host header to send instead of the server's address."""
     u = urllib.parse.urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     try:
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": content_type}
         if host is not None:
             headers["Host"] = host
         conn.request(method, path, body=data, headers=headers)
@@ -75,6 +75,39 @@ def test_oversize_text_gets_413(server):
     assert status == 413
     status, _ = request(server, "POST", "/api/analyze", raw=b'{"text": "' + b"x" * 100_000 + b'"}')
     assert status == 413
+
+
+def test_texts_within_the_limit_pass_however_json_escapes_them(server):
+    """json.dumps (and requests' json=) escapes every non-ASCII character: 6 bytes each, 12 for
+    one outside the BMP. The body limit was 8 bytes per character, so these got 413."""
+    assert request(server, "POST", "/api/analyze", {"text": "\U0001F600" * 1700})[0] == 200
+    status, body = request(server, "POST", "/api/analyze", {"text": "\u00e9" * 1800, "text_b": "\u00e8" * 1800})
+    assert status == 200 and len(body["texts"]) == 2
+    assert request(server, "POST", "/api/analyze", {"text": "\U0001F600" * 2001})[0] == 413  # the limit holds
+
+
+@pytest.mark.parametrize("method, path, kwargs, status, detail", [
+    ("POST", "/api/analyze", {"raw": b""}, 422, 'the request has no body: send a JSON object such as {"text": "..."}'),
+    ("POST", "/api/analyze", {"raw": b'{"text": "hi"}', "content_type": "application/x-www-form-urlencoded"}, 415,
+     "send the request body as JSON, with Content-Type: application/json (it was application/x-www-form-urlencoded)"),
+    ("POST", "/api/attention", {"body": {"text": "hi", "layer": 0, "kind": "measure"}}, 400,
+     'kind "measure" needs "measure": one of norm, norm-residual, value-zeroing, alti, rollout'),
+    ("POST", "/api/attention", {"body": {"text": "hi", "layer": 0, "heads": [0], "measure": "norm"}}, 400,
+     '"measure" goes with kind "measure", not "attn"'),
+    ("POST", "/api/attention", {"raw": b'{"text": "hi", "layer": ' + b"1" * 5001 + b"}"}, 422,
+     "the request body is not valid JSON (a number with too many digits)"),
+    ("POST", "/api/qk", {"raw": b"[" * 5000 + b"]" * 5000}, 422, "the request body is not valid JSON (nested too deeply)"),
+])
+def test_requests_the_api_cannot_read_say_why(server, method, path, kwargs, status, detail):
+    """Before: "Field required", "Input should be a valid dictionary", "There was an error parsing
+    the body" (HTTP 400), "unknown measure None", and a measure silently ignored."""
+    assert request(server, method, path, **kwargs) == (status, {"detail": detail})
+
+
+def test_head_is_answered_where_get_is_and_post_elsewhere_is_405(server):
+    for path in ("/", "/api/health", "/assets/bertscope.js"):
+        assert request(server, "HEAD", path)[0] == 200, path  # was 405
+    assert request(server, "POST", "/", raw=b"")[0] == 405  # not "the request has no body"
 
 
 def test_bad_requests_do_not_take_it_down(server):
@@ -209,6 +242,23 @@ def test_port_in_use_and_bad_host_are_one_line_errors(capsys):
     cap = capsys.readouterr()
     assert cap.err.startswith("bertscope: error: cannot listen on 999.1.1.1:0 (") and cap.err.count("\n") == 1
     assert "serving" not in cap.err + cap.out
+    for args, line in (
+        (["--host", ""], "--host is empty; give an address: 127.0.0.1 (this machine only, the default) or 0.0.0.0 "
+                         "(every interface)"),  # it warned of every interface, then failed to resolve ""
+        (["--host", "http://127.0.0.1"], "--host takes an address or host name (127.0.0.1, ::1, 0.0.0.0), not a URL: "
+                                         "'http://127.0.0.1'"),
+        (["--allow-host", ""], "--allow-host takes a host name such as bert.example.org, got ''"),
+    ):
+        assert main(["serve", *args, "--port", "0"]) == 2
+        assert capsys.readouterr().err == f"bertscope: error: {line}\n"
+
+
+def test_host_is_taken_as_the_banner_prints_it():
+    """"[::1]" (the banner's form) and " 127.0.0.1" were refused as names that do not resolve."""
+    from bertscope.cli.serve import _check_host
+
+    assert _check_host("[::1]") == "::1" and _check_host(" 127.0.0.1 ") == "127.0.0.1"
+    assert _check_host("0.0.0.0") == "0.0.0.0" and _check_host("localhost") == "localhost"
 
 
 # ---------------------------------------------------------------------------- DNS rebinding, bad text

@@ -62,6 +62,7 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     path = Path(value)
     if suffixes and path.suffix.lower() not in suffixes:
         raise InputError(f"{flag} must end in {' or '.join(suffixes)}, got {value!r}")
+    _check_name(path, flag)
     if path.is_dir():
         raise InputError(f"{flag} {value!r} is a folder; give a file name")
     folder = path.parent if str(path.parent) else Path(".")
@@ -76,6 +77,22 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     return check_writable(path, flag)  # as root, permission bits say yes even in /proc
 
 
+def _check_name(path: Path, flag: str) -> None:
+    """InputError (one line) for a path the system cannot even look up: a name too long, a loop
+    of links (Path.exists() and is_dir() raise those)."""
+    import os
+
+    from ..errors import InputError
+
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        shown = str(path) if len(str(path)) <= 80 else str(path)[:80] + "..."
+        raise InputError(f"{flag}: {e.strerror or e}: {shown!r}") from None
+
+
 def check_output_dir(value: str, flag: str = "--out") -> Path:
     """Check an output FOLDER path before any work is done: not a file, and creatable or writable.
     Raises InputError (one line)."""
@@ -86,6 +103,7 @@ def check_output_dir(value: str, flag: str = "--out") -> Path:
     if not str(value).strip():  # "" would be the working folder: an unset $DIR in a script
         raise InputError(f"{flag} is an empty name; give a folder")
     path = Path(value)
+    _check_name(path, flag)
     if path.exists() and not path.is_dir():
         raise InputError(f"{flag} {value!r} is a file, not a folder")
     existing = path

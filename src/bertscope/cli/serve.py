@@ -7,8 +7,9 @@ import argparse
 from .common import add_model_arg, load_model
 
 HELP = """\
-Serve the attention explorer on this machine: a text box and the same head, model and matrix
-views as `bertscope view`, computed on demand (only the layer and heads you look at travel).
+Serve the attention explorer on this machine: a text box and the same head, model, matrix and
+query-key views as `bertscope view`, computed on demand (only the layer and heads you look at
+travel). The page's JSON API: GET /api/health; POST /api/analyze, /api/attention, /api/qk.
 Binds to 127.0.0.1 unless --host says otherwise; an address in use or not this machine's is a
 one-line error. Texts longer than --max-chars get HTTP 413. The last analyses are kept in memory
 (at most 16, and at most 256 MiB of attention arrays).
@@ -58,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-chars must be at least 1")
     from ..explain import MAP_METHODS, map_measures, measure_info, parse_measures
 
+    args.host = _check_host(args.host)
+    for name in args.allow_host:
+        if not name.strip() or "/" in name or any(c.isspace() for c in name):
+            raise InputError(f"--allow-host takes a host name such as bert.example.org, got {name!r}")
     names = [m for m in (parse_measures(args.measure) if args.measure is not None else MAP_METHODS) if m != "attention"]
     require_serve_extra()  # before anything is bound, loaded or printed
     if is_all_interfaces(args.host):
@@ -77,3 +82,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
+
+
+def _check_host(host: str) -> str:
+    """--host as bind() takes it: spaces and IPv6 brackets off ("[::1]", as the banner prints it,
+    is ::1); empty or a URL refused, in one line."""
+    from ..errors import InputError
+
+    h = host.strip()
+    if "://" in h or "/" in h:
+        raise InputError(f"--host takes an address or host name (127.0.0.1, ::1, 0.0.0.0), not a URL: {host!r}")
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    if not h:
+        raise InputError("--host is empty; give an address: 127.0.0.1 (this machine only, the default) or "
+                         "0.0.0.0 (every interface)")
+    return h

@@ -305,6 +305,8 @@ def parse_measures(values: list[str] | None) -> list[str]:
                 raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)} (or all)")
             else:
                 names.append(name)
+    if values and not names:  # --measure "" or "," : a flag given with nothing in it
+        raise InputError(f"--measure names no measure; give one or more of: {', '.join(MAP_METHODS)} (or all)")
     return [m for m in MAP_METHODS if m in names]
 
 

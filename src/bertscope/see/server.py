@@ -30,7 +30,7 @@ web page elsewhere cannot reach the server through DNS rebinding (a hostname of 
 that resolves to 127.0.0.1).
 
 Texts over ``max_chars`` characters get HTTP 413, and so does a request body over
-8 x max_chars + 4096 bytes: the bytes actually received are counted (a chunked body without a
+24 x max_chars + 4096 bytes (two texts, every character JSON-escaped): the bytes actually received are counted (a chunked body without a
 Content-Length included), and reading stops at the limit. The model runs under a lock (one
 forward at a time; PyTorch already uses every core for one), and the last few analyses are
 cached: at most ``CACHE_ENTRIES`` (16) of them and at most ``CACHE_BYTES`` (256 MiB) of attention
@@ -205,8 +205,10 @@ class Analyzer:
 
 
 def body_limit(max_chars: int) -> int:
-    """Largest request body accepted, in bytes: two texts of max_chars (UTF-8, JSON-escaped) and the rest."""
-    return 8 * max_chars + 4096
+    """Largest request body accepted, in bytes: two texts of max_chars and the rest. A character
+    takes at most 12 bytes as JSON may escape it: one outside the BMP is two \\uXXXX escapes
+    (Python's json.dumps escapes every non-ASCII character)."""
+    return 2 * 12 * max_chars + 4096
 
 
 class _BodyLimit:
@@ -250,12 +252,42 @@ class _BodyLimit:
             await self._refuse(send, 422, f"the request is not UTF-8 text (byte 0x{body[e.start]:02x} at "
                                              f"position {e.start}): texts must be valid Unicode, sent as UTF-8")
             return
+        why = _not_json(scope, bytes(body))
+        if why is not None:
+            await self._refuse(send, *why)
+            return
         pending = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
         async def replay():
             return pending.pop() if pending else await receive()
 
         await self.app(scope, replay, send)
+
+
+POST_ROUTES = frozenset({"/api/analyze", "/api/attention", "/api/qk"})
+
+
+def _not_json(scope, body: bytes) -> tuple[int, str] | None:
+    """(status, why) for a POST whose body the API cannot read as JSON, else None. Said here, in
+    one line: FastAPI would answer a body that is JSON but not labelled so with "Input should be
+    a valid dictionary", and one nested too deep (or a number too long) with "There was an error
+    parsing the body" (HTTP 400)."""
+    if scope.get("method") != "POST" or scope.get("path") not in POST_ROUTES:  # 404 or 405 from the router
+        return None
+    if not body.strip():
+        return 422, 'the request has no body: send a JSON object such as {"text": "..."}'
+    kind = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
+    if kind != b"application/json":
+        shown = kind.decode("latin-1") or "none"
+        return 415, f"send the request body as JSON, with Content-Type: application/json (it was {shown})"
+    try:
+        json.loads(body)
+    except RecursionError:
+        return 422, "the request body is not valid JSON (nested too deeply)"
+    except ValueError as e:
+        why = "a number with too many digits" if "digits" in str(e) else str(e)  # Python's limit, 4300
+        return 422, f"the request body is not valid JSON ({why})"
+    return None
 
 
 def _asset_files() -> dict[str, Path]:
@@ -350,22 +382,22 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
                 raise HTTPException(400, f"the {what} is empty")
         return texts, pair
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", response_class=HTMLResponse, methods=["GET", "HEAD"])
     def index() -> HTMLResponse:
         return HTMLResponse(render_page(None, mode="server"))
 
-    @app.get("/assets/{name:path}")
+    @app.api_route("/assets/{name:path}", methods=["GET", "HEAD"])
     def asset(name: str) -> Response:
         path = assets.get(name)  # exact names only: "../x", "a/b" and "%2e%2e%2f" are not keys
         if path is None:
             raise HTTPException(404, "no such asset")
         return Response(path.read_bytes(), media_type=_CONTENT_TYPES.get(path.suffix, "application/octet-stream"))
 
-    @app.get("/favicon.ico")
+    @app.api_route("/favicon.ico", methods=["GET", "HEAD"])
     def favicon() -> Response:
         return Response(status_code=204)
 
-    @app.get("/api/health")
+    @app.api_route("/api/health", methods=["GET", "HEAD"])
     def health() -> dict[str, Any]:
         return {"status": "ok", "model": name, "layers": N, "heads": H, "max_chars": max_chars}
 
@@ -400,6 +432,11 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         bad = [h for h in q.heads if not 0 <= h < H]
         if bad:
             raise HTTPException(400, f"heads must be 0..{H - 1}, got {bad[0]}")
+        if q.kind == "measure" and q.measure is None:
+            raise HTTPException(400, 'kind "measure" needs "measure": one of '
+                                     + (", ".join(offered) or "none (this server offers no measures)"))
+        if q.kind != "measure" and q.measure is not None:
+            raise HTTPException(400, f'"measure" goes with kind "measure", not "{q.kind}"')
         result = analyzer(texts, pair)
         out = []
         if q.kind == "measure":

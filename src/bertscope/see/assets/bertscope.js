@@ -221,9 +221,14 @@
   }
 
   async function postJSON(url, body) {
-    const r = await fetch(url, {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    });
+    let r;
+    try {
+      r = await fetch(url, {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      });
+    } catch (err) {  // no answer at all: the browser says only "Failed to fetch"
+      throw new Error(`the server at ${location.host} did not answer: is bertscope serve still running?`);
+    }
     const out = await r.json().catch(() => ({}));
     if (!r.ok) {
       const d = out.detail;

@@ -244,7 +244,11 @@ def test_served_app(browser, bert, hf_model):
         page.press("#bs-text", "Control+Enter")
         page.wait_for_selector("#bs-head-view .bs-tok.bs-left:text-is('Another')", timeout=60_000)
         assert not errors, errors
-        page.close()
+    page.fill("#bs-text", "The server has stopped.")  # the browser's own words were only "Failed to fetch"
+    page.click("#bs-submit")
+    page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
+    assert "did not answer: is bertscope serve still running?" in page.inner_text("#bs-error")
+    page.close()
 
 
 def test_notebook_frame_renders(browser, bert):

@@ -254,7 +254,12 @@ def test_heads_on_ray_equals_the_local_engine(cluster, tmp_path, bert, capsys):
         local = head_stats(bert, items)
     finally:
         torch.set_num_threads(threads)
-    hs, warns = ray_head_stats(corpus, engine=EngineOptions(workers=2), shard_lines=4)
+    seen: list[tuple[int, int]] = []
+    hs, warns = ray_head_stats(corpus, engine=EngineOptions(workers=2), shard_lines=4,
+                               progress=lambda done, total: seen.append((done, total)))
+    n_lines = raw.count(b"\n")
+    assert len(seen) == -(-n_lines // 4) and seen[-1] == (n_lines, n_lines)  # one call per shard; all lines at the end
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert warns == read_warns and len(warns) == 1  # the non-UTF-8 lines, with their numbers, once
     assert "2 lines are not UTF-8 text (lines 15, 16)" in warns[0]
     assert hs.num_texts == local.num_texts == 14 and hs.num_tokens == local.num_tokens

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if engine is not None:
         from ..scale.heads import ray_head_stats
 
-        hs, warns = ray_head_stats(args.corpus, args.model, engine=engine)
+        with bar(args, "heads", "line") as progress:
+            hs, warns = ray_head_stats(args.corpus, args.model, engine=engine, progress=progress)
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)
     else:

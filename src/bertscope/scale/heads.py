@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +68,10 @@ def _first_text(plan: InputPlan) -> bool:
 
 
 def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptions | None = None,
-                   shard_lines: int = 200) -> tuple[HeadStats, list[str]]:
+                   shard_lines: int = 200,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[HeadStats, list[str]]:
     """Per-head statistics of a corpus file, computed by ``engine.workers`` Ray actors.
+    ``progress(done, total)``: lines of the file done, after each shard comes back.
 
     Returns (the :class:`HeadStats`, the warnings about skipped lines that are not UTF-8, as
     ``read_lines`` words them). ``model``: a folder, None for the bundled model, or a loaded
@@ -94,6 +97,8 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
         try:
             for row in map_shards(ray, [s.index for s in plan.shards], HeadSumsWorker, ctor, opts):
                 results[int(row["shard"])] = (pickle.loads(row["sums"]), pickle.loads(row["bad"]), int(row["lines"]))
+                if progress is not None:
+                    progress(sum(r[2] for r in results.values()), plan.rows)
         except Exception as e:
             inner = unwrap_error(e)
             if inner is not e:

@@ -19,7 +19,8 @@ rules: see docs/EXPERIMENTS.md, or
 
 With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs matplotlib:
 pip install 'bertscope[plot]'; checked before any work), the class map, and heads.json.
-A progress bar on stderr counts the texts (when stderr is a terminal; --quiet hides it).
+A progress bar on stderr counts the texts (the lines, with --engine ray), when stderr is a terminal;
+--quiet hides it, --progress forces it.
 
 With --engine ray the corpus is cut into shards of lines, Ray actors (each holding the model)
 sum each shard's statistics, and the sums are merged: the same result as the local engine

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from bertscope.errors import InputError
 from bertscope.see.figures import grid_figure, head_figure, units
 from bertscope.see.report import analyze
 
@@ -155,6 +157,12 @@ def test_measure_figures_show_explains_maps(bert):
     np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), norm[3, 1], atol=1e-5)
     assert fig.axes[1].get_ylabel() == "norm"  # the colour bar names what it measures
     assert head_figure(rt, 3, 1).axes[1].get_ylabel() == "attention weight"
+    last = head_figure(rt, -1, -1).axes[0]  # counted from the end, as everywhere else in the API
+    np.testing.assert_array_equal(np.asarray(last.images[0].get_array()),
+                                  np.asarray(head_figure(rt, 5, 11).axes[0].images[0].get_array()))
+    assert last.get_title().startswith("layer 5, head 11")
+    with pytest.raises(InputError, match=r"^layer \(--layer\) must be a whole number from 0 to 5"):
+        head_figure(rt, 1.5, 0)  # was an IndexError from numpy
     fig = grid_figure(rt, measure="alti")
     panels = [a for a in fig.axes if a.images]
     assert len(panels) == rt.attentions.shape[0]  # a panel per layer, no heads

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, as_index
 from ..core.words import word_attention
 from ..files import write_bytes_atomic
 from .report import ReportText
@@ -136,12 +136,9 @@ def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = T
         raise InputError(f"{measure} gives one map per layer, not per head; leave out --head")
     head = 0 if head is None else head
     N, H = att.shape[:2]
-    if not 0 <= layer < N:
-        raise InputError(f"--layer must be 0..{N - 1}, got {layer}")
-    if not 0 <= head < H:
-        raise InputError(f"--head must be 0..{H - 1}, got {head}")
+    layer, head = as_index("layer (--layer)", layer, N), as_index("head (--head)", head, H)
     if vmax is not None and not vmax > 0:
-        raise InputError(f"--vmax must be above 0, got {vmax}")
+        raise InputError(f"vmax (--vmax) must be above 0, got {vmax}")
     M = att[layer, head]  # (U, U)
     U = len(labels)
     top = float(vmax) if vmax is not None else max(float(M.max()), 1e-9)
@@ -186,7 +183,7 @@ def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | N
         att = att[:, 0][None]  # (N, 1, U, U) -> (1, N, U, U): one row, a panel per layer
     N, H = att.shape[:2]
     if vmax is not None and not vmax > 0:
-        raise InputError(f"--vmax must be above 0, got {vmax}")
+        raise InputError(f"vmax (--vmax) must be above 0, got {vmax}")
     common = float(vmax) if vmax is not None else max(float(att.max()), 1e-9)
     fig = Figure(figsize=(1.15 * H + 1.6, 1.15 * N + 0.8), layout="constrained")
     axes = fig.subplots(N, H, squeeze=False)

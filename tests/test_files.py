@@ -53,6 +53,41 @@ def test_an_output_keeps_the_mode_of_the_file_it_replaces_and_a_new_one_follows_
     assert (folder / "a.json").read_text() == "A2" and oct((folder / "a.json").stat().st_mode & 0o777) == oct(0o600)
 
 
+def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, monkeypatch):
+    """The rename replaced whatever the name was: a symbolic link became a file (its target kept
+    the old bytes), a named pipe became a file (its reader got nothing), and as root `--out
+    /dev/full` replaced the device with a file."""
+    import stat
+    import threading
+
+    target = tmp_path / "target.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    write_text_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+    pipe = tmp_path / "pipe.txt"
+    os.mkfifo(pipe)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()))
+    reader.start()
+    write_text_atomic(pipe, "through the pipe")
+    reader.join(timeout=30)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(pipe).st_mode)
+
+    def no_rename(src, dst):  # were the fix undone, this test must not replace a device itself
+        raise AssertionError(f"renamed over {dst}")
+
+    monkeypatch.setattr("bertscope.files.os.replace", no_rename)
+    write_text_atomic(os.devnull, "discarded")  # an ordinary use: --out /dev/null
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    if os.path.exists("/dev/full"):  # a device that refuses: its error, and it is still the device
+        with pytest.raises(OSError, match="No space left"):
+            write_text_atomic("/dev/full", "x" * 100_000)
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
 def test_an_unwritable_folder_names_the_file_asked_for_not_the_temporary():
     with pytest.raises(OSError) as e:  # Linux's /proc refuses new files, even to root
         write_text_atomic("/proc/bertscope-out.json", "{}")

@@ -34,8 +34,23 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     interrupt) the temporary is removed and ``path`` is untouched. ``fsync`` flushes the bytes
     to disk before the rename (for files a resumed job will trust). ``before_rename`` runs
     between the two (a test hook). With ``make_parents=False`` a missing folder is an InputError.
+
+    A symbolic link is written through: the file it points to gets the new bytes, and the link
+    stays. What is not a regular file (/dev/null, a named pipe, a terminal) is written to
+    directly, as ``open(path, "wb")`` would: a rename would replace the device or the pipe with a
+    file (as root, even /dev/null).
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        with open(path, "wb") as f:
+            write(f)
+        return path
     folder = path.parent if str(path.parent) else Path(".")
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder} is a file, not a folder to write {path.name} in")

@@ -72,6 +72,19 @@ def test_compare_json(capsys, bert):
         assert abs(r["value"] - shares[r["index"]]) < 1e-5, r
     data = run_json(capsys, "--compare", "--token", "it", "--similar-to", SIMILAR)
     assert set(data["methods"]) == set(METHODS) and data["target"].startswith("cosine similarity")
+    assert data["left_out"] == {}
+
+
+def test_compare_on_a_text_over_value_zeroings_limit_leaves_it_out_with_a_note(capsys):
+    """It computed every other column, then refused the whole command at value-zeroing."""
+    long_text = "word " * 140 + "cat"
+    assert main(["explain", long_text, "--compare", "--token", "cat", "--top", "2", "--json"]) == 0
+    cap = capsys.readouterr()
+    data = json.loads(cap.out)
+    assert "value-zeroing" not in data["methods"] and "alti" in data["methods"]
+    assert data["left_out"]["value-zeroing"].endswith("this text has 143")
+    assert cap.err == ("bertscope: note: value-zeroing left out: limited to 128 tokens (it reruns every layer "
+                       "once per token); this text has 143\n")
 
 
 def test_text_outputs(capsys):

@@ -596,7 +596,12 @@ def test_an_unclosed_quote_is_refused_not_merged(tmp_path, trained, capsys):
     got = [(r.line, r.text, r.label) for r in read_records(ok, label_field="label")]
     assert [g[0] for g in got] == [2, 3, 5, 6, 7]
     assert [g[2] for g in got] == ["pos", "neg", "pos", "neg", '12" pizza']
-    assert got[0][1] == 'he said "hi"' and got[1][1] == "two\nlines" and "she said." in got[2][1]
+    assert got[0][1] == 'he said "hi"' and got[1][1] == "two\nlines"
+    assert got[2][1] == '"Hello," she said.'  # TSV: read as written (the lenient reader dropped the quotes)
+    great = tmp_path / "great.csv"  # CSV cannot be split reliably there: refused, with its line
+    great.write_text('text,label\nfine,pos\n"Great" movie,pos\n', encoding="utf-8")
+    _refused(capsys, ["finetune", str(great), "--out", str(tmp_path / "o")],
+             "great.csv: line 3: a field starts with a quote (\") and goes on after it closes")
 
 
 def test_one_number_written_two_ways_is_refused_as_two_labels(tmp_path, tiny, capsys):
@@ -642,3 +647,58 @@ def test_predict_warns_when_a_pair_model_is_given_single_texts(tmp_path, tiny, c
     assert "was fine-tuned on text pairs (its metrics.json: --text-pair-field pair)" in capsys.readouterr().err
     assert main(["predict", str(out), str(train), "--text-pair-field", "pair", "--quiet"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_label_with_a_tab_or_a_line_break_is_refused(tmp_path, tiny, capsys):
+    """predict writes labels as TSV cells: such a label broke its table's header."""
+    for label in ("very\tgood", "very\nbad"):
+        rows = sentiment_rows(10, seed=0)
+        rows[3]["label"] = label
+        _refused(capsys, ["finetune", str(write_jsonl(tmp_path / "t.jsonl", rows)), "--model", str(tiny),
+                          "--out", str(tmp_path / "o")], "line 4: the label field 'label' holds a tab or a line break")
+
+
+def test_a_run_of_one_step_trains(tmp_path, tiny):
+    """With the default warm-up, a one-step run (a few examples, one epoch) had learning rate 0
+    at its only step: it wrote the base model back, whatever --lr said."""
+    out = tmp_path / "one"
+    train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(6, seed=0))
+    assert main(["finetune", str(train), "--model", str(tiny), "--out", str(out), "--epochs", "1",
+                 "--max-length", "16", "--quiet"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["total_steps"] == 1
+    base, tuned = bertscope.load(tiny), bertscope.load(out)
+    moved = [name for (name, a), (_, b) in zip(base.model.named_parameters(), tuned.model.named_parameters())
+             if not torch.equal(a, b)]
+    assert moved  # the encoder's weights changed
+
+
+def test_a_pair_needs_three_positions_and_epochs_have_a_ceiling(tmp_path, tiny, trained, capsys):
+    """Under 3 ([CLS] A [SEP] B [SEP]) the tokenizer left a pair uncut: finetune crashed with an
+    IndexError, predict refused the file. 10**9 epochs planned batches until memory ran out."""
+    rows = [dict(r, pair="and so it was") for r in sentiment_rows(8, seed=3)]
+    train = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    _refused(capsys, ["finetune", str(train), "--text-pair-field", "pair", "--model", str(tiny), "--out",
+                      str(tmp_path / "o"), "--max-length", "2"], "--max-length must be a whole number >= 3, got 2")
+    model, _ = trained
+    _refused(capsys, ["predict", str(model), str(train), "--text-pair-field", "pair", "--max-length", "2"],
+             "--max-length must be 3..512 for text pairs, got 2")
+    with pytest.raises(bertscope.InputError, match=r"from 3 \(\[CLS\] and two \[SEP\] for a pair\)"):
+        bertscope.load(tiny).tokenizer.encode_segments(["a b c"], ["d e f"], max_length=2)
+    _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(tmp_path / "o"),
+                      "--epochs", "1000000000"], "--epochs must be at most 10,000")
+
+
+def test_predict_on_a_fine_tune_that_did_not_finish_says_so(tmp_path, tiny, capsys):
+    out = tmp_path / "run"
+    train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(20, seed=0))
+    from bertscope.train.loop import KILL_HOOK_ENV
+
+    env = dict(os.environ, **{KILL_HOOK_ENV: "1"})
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    killed = subprocess.run([sys.executable, "-m", "bertscope", "finetune", str(train), "--model", str(tiny),
+                             "--out", str(out), "--epochs", "1", "--batch-size", "4", "--save-every", "1",
+                             "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode != 0 and (out / "training_state.pt").is_file()
+    _refused(capsys, ["predict", str(out), str(train)],
+             "holds a fine-tuning run that did not finish (training_state.pt, no model yet); finish it with the "
+             "same bertscope finetune command and --resume")

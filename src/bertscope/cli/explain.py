@@ -4,6 +4,7 @@ account for value norms, residuals and LayerNorm."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import add_model_arg, load_model, print_json
 
@@ -28,7 +29,8 @@ Word level: what a word receives from another sums over that word's sub-tokens, 
 takes averages over its own; gradient attributions sum over sub-tokens. Layers and heads are
 numbered from 0; --layer defaults to the last layer (for alti and rollout: the whole model),
 and per-head methods average their heads unless --head is given. In --compare, norm is shown
-as each head's share of its row, averaged over the heads, so that columns compare.
+as each head's share of its row, averaged over the heads, so that columns compare; a text over
+128 tokens leaves out value-zeroing (it reruns every layer once per token), with a note.
 
 examples:
   bertscope explain "The animal didn't cross the street because it was too tired" --method alti --token it
@@ -215,11 +217,18 @@ def _value(v: float) -> str:
 def _compare(bert, args) -> int:
     import numpy as np
 
-    from ..explain import METHOD_INFO, METHODS, explain, method_kind
+    from ..explain import METHOD_INFO, METHODS, VALUE_ZEROING_MAX_TOKENS, explain, method_kind
 
     layer = bert.config.num_hidden_layers - 1 if args.layer is None else args.layer
     explains_output = args.similar_to is not None or bert.is_classifier
     methods = [m for m in METHODS if method_kind(m) != "input" or explains_output]
+    left_out: dict[str, str] = {}
+    T = min(bert.tokenizer.count_tokens([args.text])[0], bert.tokenizer.max_length)  # as explain() cuts it
+    if T > VALUE_ZEROING_MAX_TOKENS:  # it would be refused after the other columns' work
+        methods.remove("value-zeroing")
+        left_out["value-zeroing"] = (f"limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer once "
+                                     f"per token); this text has {T}")
+        print(f"bertscope: note: value-zeroing left out: {left_out['value-zeroing']}", file=sys.stderr)
     columns: dict[str, list[tuple[int, str, float]]] = {}
     index = None
     first = None
@@ -246,7 +255,8 @@ def _compare(bert, args) -> int:
         print_json({"token": word, "token_index": index, "words": first.words, "layer": layer,
                     "target": target, "truncated": first.truncated,
                     "methods": {m: {"kind": method_kind(m), "source": METHOD_INFO[m][0],
-                                    "ranked": _ranked_json(r)} for m, r in columns.items()}})
+                                    "ranked": _ranked_json(r)} for m, r in columns.items()},
+                    "left_out": left_out})
         return 0
     print(f'What "{word}" (word {index}) takes, layer {layer}: per-head methods averaged over heads, '
           "norm as each head's share of its row" + (" (text truncated)" if first.truncated else ""))

@@ -172,8 +172,10 @@ def run(args: argparse.Namespace) -> int:
     if not bert.is_classifier:
         raise InputError(f"{args.model_dir} is not a classifier (its config.json does not name "
                          "BertForSequenceClassification); fine-tune one with: bertscope finetune")
-    if args.max_length is not None and not 2 <= args.max_length <= bert.config.max_position_embeddings:
-        raise InputError(f"--max-length must be 2..{bert.config.max_position_embeddings}, got {args.max_length}")
+    low = 3 if args.text_pair_field is not None else 2  # [CLS] A [SEP] B [SEP]: 3 special tokens
+    if args.max_length is not None and not low <= args.max_length <= bert.config.max_position_embeddings:
+        raise InputError(f"--max-length must be {low}..{bert.config.max_position_embeddings}"
+                         f"{' for text pairs' if low == 3 else ''}, got {args.max_length}")
     trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
     if trained_pair is not None and args.text_pair_field is None:
         print(f"bertscope: warning: {args.model_dir} was fine-tuned on text pairs (its metrics.json: "

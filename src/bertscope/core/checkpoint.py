@@ -52,6 +52,9 @@ def bundled_model_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
+FINETUNE_STATE_FILE = "training_state.pt"  # what `bertscope finetune` keeps in --out until it finishes
+
+
 def check_folder(folder: Path) -> None:
     """Raise CheckpointError unless ``folder`` is a folder holding config.json."""
     if not folder.exists():
@@ -61,6 +64,9 @@ def check_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a folder; pass a checkpoint folder with config.json")
     if not (folder / "config.json").is_file():
+        if (folder / FINETUNE_STATE_FILE).is_file():
+            raise CheckpointError(f"{folder} holds a fine-tuning run that did not finish ({FINETUNE_STATE_FILE}, "
+                                  "no model yet); finish it with the same bertscope finetune command and --resume")
         raise CheckpointError(
             f"{folder} is not a BERT checkpoint: it has no config.json "
             "(expected config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or vocab.txt)"

@@ -169,7 +169,7 @@ class BertTokenizer:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise InputError(f"texts and pairs must have the same length ({len(texts)} and {len(pairs)})")
-        limit = self._limit(max_length)
+        limit = self._limit(max_length, pairs is not None)
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:
@@ -191,13 +191,15 @@ class BertTokenizer:
             )
         return self._pad(encs, truncated)
 
-    def _limit(self, max_length: int | None) -> int:
-        """The length to cut texts to: ``max_length`` (checked), or the model's positions."""
+    def _limit(self, max_length: int | None, pairs: bool = False) -> int:
+        """The length to cut texts to: ``max_length`` (checked), or the model's positions. A pair
+        needs 3 at least: under that the tokenizer leaves it uncut."""
         if max_length is None:
             return self.max_length
+        low, why = (3, "[CLS] and two [SEP] for a pair") if pairs else (2, "[CLS] and [SEP]")
         if (isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral)
-                or not 2 <= max_length <= self.max_length):
-            raise InputError(f"max_length must be a whole number from 2 ([CLS] and [SEP]) to "
+                or not low <= max_length <= self.max_length):
+            raise InputError(f"max_length must be a whole number from {low} ({why}) to "
                              f"{self.max_length} (the model's positions), got {max_length!r}")
         return int(max_length)
 
@@ -245,7 +247,7 @@ class BertTokenizer:
             raise TypeError("encode_segments takes a list of texts, not one string")
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError("texts and pairs must have the same length")
-        limit = self._limit(max_length)
+        limit = self._limit(max_length, pairs is not None)
         with self._lock:
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:

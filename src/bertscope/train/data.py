@@ -86,6 +86,8 @@ def _label_value(value: object) -> tuple[str | None, str | None]:
     name = str(value).strip()
     if not name:
         return None, "is empty"
+    if any(c in name for c in "\t\r\n"):  # predict writes labels as TSV cells
+        return None, f"holds a tab or a line break ({json.dumps(name)[:40]}); a label is one line without tabs"
     return name, None
 
 
@@ -160,7 +162,7 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
         closes, is refused rather than merged into one text. An unclosed quote that happens to
         close, lines later, right before a delimiter is valid CSV and cannot be told apart."""
         if last == first and not is_last:
-            return
+            return  # one line: read by one_line()
         if not lines:
             lines.extend(io.StringIO(text, newline="").readlines())
         raw = "".join(lines[first - 1:last])
@@ -173,6 +175,27 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
                                  f"a {kind} field ends (its quote never closes, or text follows it){span}; "
                                  "close the quote, or double a quote inside a quoted field (\"\")") from None
 
+    def one_line(n: int, row: list[str]) -> list[str]:
+        """A one-line record, read again strictly. A field that opens with a quote and goes on
+        after it closes ("Great" movie, really) is malformed: the lenient reader dropped its
+        quotes. In TSV, where quotes are only text by convention, the line is read as written,
+        quotes kept; in CSV it cannot be split reliably, and is refused."""
+        raw = lines[n - 1]
+        try:
+            list(csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, strict=True))
+        except csv.Error as e:
+            if "unexpected end of data" in str(e):
+                return row  # a quote never closed on the file's last line: check_quotes says so
+            if delimiter == "\t":
+                return raw.rstrip("\r\n").split("\t")
+            raise InputError(f"{path}: line {n}: a field starts with a quote (\") and goes on after it "
+                             "closes; quote the whole field and double the quotes inside it "
+                             "(\"\"\"Great\"\" movie\"), or use JSON Lines") from None
+        return row
+
+    quoted = '"' in text
+    if quoted:  # the lines are read again where a quote is
+        lines.extend(io.StringIO(text, newline="").readlines())
     start = 1  # the line the record being read begins on
     try:
         header = next(reader, None)
@@ -195,6 +218,8 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
             if pending is not None:
                 check_quotes(*pending, is_last=False)
             pending = (n, reader.line_num)
+            if quoted and n == reader.line_num and '"' in lines[n - 1]:
+                row = one_line(n, row)
             if not any(cell.strip() for cell in row):
                 if keep_blank:
                     yield Record(n, "", None, "empty", blank=True)

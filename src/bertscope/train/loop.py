@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..bert import Bert, load
-from ..core.checkpoint import bundled_model_path, read_config
+from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
 from ..errors import CheckpointError, InputError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
@@ -55,12 +55,13 @@ __all__ = ["FinetuneConfig", "FinetuneResult", "KILL_HOOK_ENV", "METRICS_FILE", 
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "training_state.pt"
+STATE_FILE = FINETUNE_STATE_FILE
 METRICS_FILE = "metrics.json"
 STATE_FORMAT = 1
 # Test hook: SIGKILL this process right after the checkpoint of this global step is written.
 KILL_HOOK_ENV = "BERTSCOPE_TRAIN_KILL_AFTER_STEP"
 # Settings a resumed run must share with the interrupted one (the rest, e.g. save_every, may change).
+MAX_EPOCHS = 10_000
 _RESUME_KEYS = ("train", "dev", "model", "text_field", "pair_field", "label_field", "max_length", "epochs",
                 "lr", "batch_tokens", "batch_size", "warmup", "weight_decay", "seed", "packed")
 
@@ -98,7 +99,9 @@ class FinetuneConfig:
                 raise InputError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {v!r}")
 
         whole("epochs", 1)
-        whole("max_length", 2)
+        if self.epochs > MAX_EPOCHS:  # every epoch's batches are planned up front, for the schedule
+            raise InputError(f"--epochs must be at most {MAX_EPOCHS:,} (fine-tuning takes a few), got {self.epochs:,}")
+        whole("max_length", 3 if self.pair_field else 2)  # [CLS] A [SEP] B [SEP]: 3 special tokens
         whole("save_every", 0)
         check_seed(self.seed)
         if self.batch_tokens is not None:
@@ -346,7 +349,9 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
                  for e in range(cfg.epochs)]
         total = sum(len(p) for p in plans)
         optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
-        scheduler = linear_schedule(optimizer, math.ceil(cfg.warmup * total), total)
+        # at most total - 1 warm-up steps: the first step's rate is 0, so with a single step in all
+        # (a few examples, one epoch) warm-up would leave the model exactly as it was
+        scheduler = linear_schedule(optimizer, min(math.ceil(cfg.warmup * total), total - 1), total)
 
         epoch, batch, step = 0, 0, 0
         history: list[dict] = []

@@ -64,6 +64,23 @@ def test_embed_rows_in_order_with_bad_lines_reported(tmp_path, bert, capsys):
     assert not list(out.glob(".*.tmp"))
 
 
+def test_parquet_input_without_pyarrow_names_the_install(tmp_path, capsys, monkeypatch):
+    """It was "ModuleNotFoundError: No module named 'pyarrow'", exit 1, from a file, a folder or a glob."""
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["one", "two"]}), tmp_path / "in.parquet")
+    for name in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import pyarrow` now fails, as without the extra
+    for spec in (tmp_path / "in.parquet", tmp_path, tmp_path / "*.parquet"):
+        code, _, err = _run_cli(["embed", str(spec), "--out", str(tmp_path / "o.emb")], capsys)
+        assert code == 2 and err == (f"bertscope: error: reading Parquet input ({tmp_path / 'in.parquet'}) needs "
+                                     "pyarrow: pip install 'bertscope[parquet]'\n"), err
+    assert not (tmp_path / "o.emb").exists()
+
+
 def test_embed_parquet_reads_back_equal_to_npy(tmp_path, capsys):
     import pyarrow.parquet as pq  # a test dependency: missing, it fails (see conftest)
     inp = _write_input(tmp_path / "in.txt")

@@ -93,7 +93,8 @@ import numpy as np
 from ..errors import InputError, InputTypeError, as_whole_number
 from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .heap import release_free_memory
-from .jobinput import JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, resolve_inputs
+from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
+                       resolve_inputs)
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
            "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "check_json_lines", "compute_shard", "decode_record",
@@ -629,11 +630,7 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     if fmt not in ("npy", "parquet"):
         raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
     if fmt == "parquet":
-        try:
-            import pyarrow  # noqa: F401
-            import pyarrow.parquet  # noqa: F401
-        except ImportError:
-            raise InputError("--format parquet needs pyarrow: pip install 'bertscope[parquet]'") from None
+        require_pyarrow("--format parquet")
     if batch_tokens is not None and batch_tokens < 1:
         raise InputError(f"--batch-tokens must be at least 1, not {batch_tokens}")
     if shard_rows < 1:

@@ -44,7 +44,7 @@ from ..files import refuse_binary, split_lines, why_not_a_file
 log = logging.getLogger(__name__)
 
 __all__ = ["JOB_FILE", "InputFile", "InputPlan", "Piece", "Shard", "iter_records", "plan_input", "read_shard",
-           "read_shard_bytes", "resolve_inputs"]
+           "read_shard_bytes", "require_pyarrow", "resolve_inputs"]
 
 _BLOCK = 8 << 20  # bytes read at a time while planning a text file
 JOB_FILE = "_job.json"  # what marks an embedding job's OUTPUT folder (bertscope.fast.embedjob)
@@ -212,6 +212,8 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
                              "that --field would read as JSON Lines too; name the files with a glob "
                              "such as 'FOLDER/**/*.jsonl'")
     kinds = sorted({f.kind for f in files})
+    if "parquet" in kinds:
+        require_pyarrow(f"reading Parquet input ({next(f.name for f in files if f.kind == 'parquet')})")
     if len(kinds) > 1:
         first = {k: next(f.name for f in files if f.kind == k) for k in kinds}
         raise InputError(f"{spec} mixes kinds of input ({', '.join(f'{k}: {first[k]}' for k in kinds)}); "
@@ -389,7 +391,17 @@ def _hash_values(values: list[bytes | None]) -> bytes:
     return b"".join(parts)
 
 
+def require_pyarrow(what: str) -> None:
+    """InputError (one line, with the pip command) unless pyarrow is installed."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise InputError(f"{what} needs pyarrow: pip install 'bertscope[parquet]'") from None
+
+
 def _open_parquet(file: InputFile):
+    require_pyarrow(f"reading {file.name}")
     import pyarrow.parquet as pq
 
     try:

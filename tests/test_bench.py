@@ -12,7 +12,7 @@ import pytest
 from bertscope.cli.main import main
 
 
-def test_bench_quick_json(tmp_path, capsys, monkeypatch):
+def test_bench_quick_json(tmp_path, capsys, monkeypatch, caplog):
     monkeypatch.delenv("BERTSCOPE_HEAP", raising=False)  # the default: the heap kept (glibc, as on Linux)
     monkeypatch.delenv("BERTSCOPE_BUSY_SHARE", raising=False)
     # another job took 60% of the CPUs during the run (as /proc/stat would say): the tables say so
@@ -68,6 +68,10 @@ def test_bench_quick_json(tmp_path, capsys, monkeypatch):
     assert r["workloads"]["mixed"]["texts"] == 3
     assert f"bertscope: warning: {corpus}: line 2 is not UTF-8 text; skipped" in err
     assert "Loading weights" not in err and "it/s" not in err  # no transformers progress bars
+    # a competitor skipped in both workloads is noted once (it was once per workload, plus warnings)
+    assert err.count("bertscope: note: skipped bertscope int8 compiled: left out of --quick runs") == 1
+    # ONNX Runtime's advice, logged on the root logger while quantizing, is not bertscope's warning
+    assert not [r for r in caplog.records if "pre-processing before quantization" in r.getMessage()]
     s = r["scaling"]
     assert len(s["attention"]["time_s"]) == len(s["lengths"]) == len(s["model"]["time_s"])
     assert "time_exponent" in s["attention"] and "time_exponent" in s["model"]
@@ -302,7 +306,7 @@ def test_competitor_setup_silences_and_restores_progress_bars():
     assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == env_before
 
 
-def test_bench_skips_a_missing_competitor(monkeypatch, tmp_path):
+def test_bench_skips_a_missing_competitor(monkeypatch, tmp_path, caplog):
     from bertscope.bench.systems import build_systems
     import bertscope
 
@@ -310,7 +314,9 @@ def test_bench_skips_a_missing_competitor(monkeypatch, tmp_path):
     bert = bertscope.load()
     systems, skipped = build_systems(bert.path, bert, tmp_path, 1, only=["onnxruntime"])
     assert list(systems) == ["bertscope"]
-    assert "not installed" in skipped["onnxruntime"]
+    assert skipped["onnxruntime"] == ("not installed (onnxruntime; pip install 'bertscope[bench]' installs every "
+                                      "competitor)")
+    assert not [r for r in caplog.records if r.levelno >= 30]  # the caller reports it, once
 
 
 def test_library_does_not_import_competitors():

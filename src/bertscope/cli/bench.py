@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
     for note in res.get("warnings", []):
         if note.startswith("other processes took"):
             print(f"bertscope: warning: {note}", file=sys.stderr)
-    for w in res["workloads"].values():
-        for name, why in w["skipped"].items():
-            print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)
+    skipped = {(name, why): None for w in res["workloads"].values() for name, why in w["skipped"].items()}
+    for name, why in skipped:  # once, though every workload skips it
+        print(f"bertscope: note: skipped {name}: {why}", file=sys.stderr)
     if args.json:  # the results first: a failure to write the plot must not lose them
         res, non_finite = null_non_finite(res)  # strict JSON: a NaN measurement becomes null
         if non_finite:

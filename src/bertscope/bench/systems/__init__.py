@@ -119,11 +119,10 @@ def build_systems(folder: Path, bert, workdir: Path, threads: int, device: str =
         except ImportError as e:
             if name == "bertscope":
                 raise
-            skipped[name] = f"not installed ({e.name or e})"
-            log.warning("%s is not installed; skipping it", name)
+            skipped[name] = f"not installed ({e.name or e}; pip install 'bertscope[bench]' installs every competitor)"
         except Exception as e:  # a competitor that fails to build is reported, not fatal
             if name == "bertscope":
                 raise
             skipped[name] = f"failed to build: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            log.warning("%s failed to build: %s", name, e)
+            log.debug("%s failed to build", name, exc_info=True)  # the caller reports skipped
     return systems, skipped

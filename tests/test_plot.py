@@ -186,3 +186,17 @@ def test_missing_glyphs_are_one_warning(bert):
     if glyphs:
         assert glyphs[0].startswith("20 character(s) of the text have no glyph"), glyphs
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_old_matplotlib_is_named_before_any_work(monkeypatch, capsys, tmp_path):
+    """matplotlib 3.6 with NumPy 2 passed the check, ran the model, then failed in a traceback and
+    the line "plotting needs matplotlib" (which was installed)."""
+    from bertscope.cli.main import main
+    from bertscope.see import figures
+
+    assert figures._installed_version("matplotlib") >= figures.MIN_MATPLOTLIB  # the real one passes
+    monkeypatch.setattr(figures, "_installed_version", lambda name: (3, 6))
+    monkeypatch.setattr("bertscope.cli.plot.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["plot", IT_ANIMAL, "--out", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err == ("bertscope: error: plotting needs matplotlib 3.7 or newer, and 3.6 is "
+                                       "installed: pip install --upgrade 'bertscope[plot]'\n")

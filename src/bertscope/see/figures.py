@@ -56,11 +56,32 @@ def has_matplotlib() -> bool:
         return False
 
 
+MIN_MATPLOTLIB = (3, 7)  # as pyproject's plot extra says
+
+
 def require_matplotlib(what: str = "plotting") -> None:
-    """InputError (one line, with the pip hint) unless matplotlib is installed: call it before
-    any long work whose output includes a figure."""
+    """InputError (one line, with the pip hint) unless matplotlib is installed, and no older than
+    the plot extra asks: call it before any long work whose output includes a figure. An old one
+    fails only once it draws (a NumPy 2 traceback from 3.6, say), after the work."""
     if not has_matplotlib():
         raise InputError(f"{what} needs matplotlib, which is not installed: pip install 'bertscope[plot]'")
+    version = _installed_version("matplotlib")
+    if version is not None and version < MIN_MATPLOTLIB:
+        shown = ".".join(str(v) for v in MIN_MATPLOTLIB)
+        raise InputError(f"{what} needs matplotlib {shown} or newer, and {'.'.join(map(str, version))} is "
+                         f"installed: pip install --upgrade 'bertscope[plot]'")
+
+
+def _installed_version(name: str) -> tuple[int, ...] | None:
+    """The (major, minor) of an installed distribution, read from its metadata without importing
+    it; None when unknown."""
+    from importlib import metadata
+
+    try:
+        parts = metadata.version(name).split(".")[:2]
+        return tuple(int(re.match(r"\d+", p).group()) for p in parts)
+    except (metadata.PackageNotFoundError, AttributeError, ValueError):
+        return None
 
 
 def _matplotlib():

@@ -360,7 +360,7 @@ def test_ray_missing_is_one_line_with_the_install_hint(tmp_path, capsys, monkeyp
     extra = ["--out", str(tmp_path / "o")] if command == "embed" else []
     code, _, err = _cli([command, str(inp), *extra, "--engine", "ray"], capsys)
     assert code == 2 and err.strip().splitlines() == [
-        "bertscope: error: --engine ray needs Ray (with Ray Data): pip install 'bertscope[ray]'"]
+        "bertscope: error: the Ray engine (--engine ray) needs Ray (with Ray Data): pip install 'bertscope[ray]'"]
     assert not (tmp_path / "o").exists()
 
 

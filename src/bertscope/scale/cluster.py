@@ -66,7 +66,7 @@ def require_ray():
         import ray
         import ray.data  # noqa: F401
     except ImportError:
-        raise InputError(f"--engine ray needs Ray (with Ray Data): {RAY_HINT}") from None
+        raise InputError(f"the Ray engine (--engine ray) needs Ray (with Ray Data): {RAY_HINT}") from None
     return ray
 
 

@@ -49,7 +49,8 @@ def check_text(text: object, what: str = "the text") -> str:
 def no_tokens(what: str = "the text") -> InputError:
     """The error for a text the tokenizer leaves nothing of but [CLS] and [SEP] (it holds only
     characters the tokenizer drops, such as U+200B): there is no word to show or explain."""
-    return InputError(f"{what} has no tokens (it holds only spaces or control characters)")
+    return InputError(f"{what} has no tokens (it holds only characters the tokenizer drops: spaces, "
+                      "control characters, accents without a letter)")
 
 
 def check_texts(texts: object, what: str = "texts") -> list[str]:

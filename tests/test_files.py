@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bertscope.cli.main import main
+from bertscope.errors import InputError
 from bertscope.files import TEMP_SUFFIX, write_folder_atomic, write_text_atomic
 
 
@@ -58,7 +59,6 @@ def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, m
     the old bytes), a named pipe became a file (its reader got nothing), and as root `--out
     /dev/full` replaced the device with a file."""
     import stat
-    import threading
 
     target = tmp_path / "target.txt"
     target.write_text("old")
@@ -69,12 +69,22 @@ def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, m
 
     pipe = tmp_path / "pipe.txt"
     os.mkfifo(pipe)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()))
-    reader.start()
-    write_text_atomic(pipe, "through the pipe")
-    reader.join(timeout=30)
+    with pytest.raises(InputError, match=f"^nothing reads the named pipe {pipe}; start its reader first$"):
+        write_text_atomic(pipe, "nobody reads")  # it would wait forever, after all the work
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # a reader, open without waiting for a writer
+    try:
+        write_text_atomic(pipe, "through the pipe")  # fits the pipe's buffer: no wait
+        os.set_blocking(reader, True)
+        got = [os.read(reader, 100)]  # replaced by a file instead, the pipe would read as empty
+    finally:
+        os.close(reader)
     assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(pipe).st_mode)
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")
+    with pytest.raises(InputError, match="Too many levels of symbolic links"):
+        write_text_atomic(loop, "x")
+    assert loop.is_symlink()
 
     def no_rename(src, dst):  # were the fix undone, this test must not replace a device itself
         raise AssertionError(f"renamed over {dst}")
@@ -86,6 +96,32 @@ def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, m
         with pytest.raises(OSError, match="No space left"):
             write_text_atomic("/dev/full", "x" * 100_000)
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_dev_stdout_is_written_on_where_it_stands(tmp_path):
+    """/dev/stdout after `>>` keeps what the file held (a rename would replace it; a reopen with
+    truncation would empty it), and through a pipe it is the pipe."""
+    import subprocess
+    import sys
+
+    code = "from bertscope.files import write_text_atomic; write_text_atomic('/dev/stdout', 'appended\\n')"
+    out = tmp_path / "log.txt"
+    out.write_text("first\n")
+    with open(out, "ab") as f:
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=120)
+    assert out.read_text() == "first\nappended\n"
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, timeout=120)
+    assert piped.stdout == b"appended\n"
+
+
+def test_the_cli_checks_a_links_target_folder_and_takes_a_device(tmp_path):
+    from bertscope.cli.common import check_output_file
+
+    link = tmp_path / "out.txt"
+    link.symlink_to(tmp_path / "gone" / "out.txt")  # its target's folder does not exist
+    with pytest.raises(InputError, match=f"the folder '{tmp_path / 'gone'}' does not exist"):
+        check_output_file(str(link))
+    assert check_output_file(os.devnull) == Path(os.devnull)  # not "the folder '/dev' is not writable"
 
 
 def test_an_unwritable_folder_names_the_file_asked_for_not_the_temporary():

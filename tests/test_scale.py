@@ -163,7 +163,8 @@ def test_sigterm_stops_a_ray_job_with_one_line_and_it_resumes(cluster, tmp_path,
                               "40", "--quiet", "--engine", "ray", "--address", cluster, "--workers", "2"],
                              env=env, capture_output=True, text=True, timeout=300)
     assert stopped.returncode == 143, stopped.stderr
-    assert stopped.stderr == "bertscope: terminated; rerun the same command with --resume to finish\n"
+    assert stopped.stderr.splitlines()[-1] == "bertscope: terminated; rerun the same command with --resume to finish"
+    assert "SIGTERM received" not in stopped.stderr and "ray.kill" not in stopped.stderr, stopped.stderr
     assert stopped.stdout == ""
     deadline = time.monotonic() + 60  # Ray ends the stopped driver's actors: wait until their CPUs are back
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
@@ -397,6 +398,22 @@ def test_what_ray_prints_during_a_session_goes_to_stderr_not_to_the_results(clus
     print("results")
     cap = capsys.readouterr()
     assert cap.out == "results\n" and "A worker died or was killed (a test)" in cap.err
+
+
+def test_rays_notes_on_actors_it_killed_are_dropped_whole_and_the_rest_kept(capsys):
+    """Ray prints a message (several lines, the "killed by `ray.kill`" one last) in one write,
+    then its line end in another: the whole message goes, with no blank line left behind."""
+    from bertscope.scale.cluster import KILLED_BY_US, _RayLines
+
+    lines = _RayLines()
+    print("(raylet) The actor died.\n\tclass_name: MapWorker\n\tpid: 1\nIt was " + KILLED_BY_US + ".", file=lines)
+    print("(raylet) A worker died or was killed (a test)", file=lines)
+    lines.write("a last line without its end")
+    lines.finish()
+    lines.quiet = True
+    print("(raylet) after the stop", file=lines)
+    assert capsys.readouterr().err == ("(raylet) A worker died or was killed (a test)\n"
+                                       "a last line without its end\n")
 
 
 def test_gpus_per_worker_on_a_machine_without_them_is_refused_with_or_without_workers():

@@ -108,6 +108,8 @@ def test_head_is_answered_where_get_is_and_post_elsewhere_is_405(server):
     for path in ("/", "/api/health", "/assets/bertscope.js"):
         assert request(server, "HEAD", path)[0] == 200, path  # was 405
     assert request(server, "POST", "/", raw=b"")[0] == 405  # not "the request has no body"
+    for kind in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.bertscope+json"):
+        assert request(server, "POST", "/api/analyze", {"text": "hi"}, content_type=kind)[0] == 200, kind
 
 
 def test_bad_requests_do_not_take_it_down(server):

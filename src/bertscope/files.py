@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -36,21 +37,28 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     between the two (a test hook). With ``make_parents=False`` a missing folder is an InputError.
 
     A symbolic link is written through: the file it points to gets the new bytes, and the link
-    stays. What is not a regular file (/dev/null, a named pipe, a terminal) is written to
-    directly, as ``open(path, "wb")`` would: a rename would replace the device or the pipe with a
-    file (as root, even /dev/null).
+    stays. A character device or a named pipe (/dev/null, a FIFO) is written to directly, as
+    ``open(path, "wb")`` would: a rename would replace it with a file (as root, even /dev/null).
+    /dev/stdout, /dev/stderr and /dev/fd/N are written on where they stand, appending, as a
+    shell's ``>>`` would (after ``>`` the file is empty anyway). A block device, a socket or a loop of links is refused (InputError), and so is a
+    named pipe that nothing reads (writing would wait forever).
     """
     path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        with open(path, "wb") as f:
+    if str(path) in ("/dev/stdout", "/dev/stderr") or str(path).startswith(("/dev/fd/", "/proc/self/fd/")):
+        with open(path, "ab") as f:  # an open stream (a pipe, or a file after > or >>): written on, as a shell does
             write(f)
         return path
+    try:
+        mode = os.stat(path).st_mode  # follows links: what a write would reach
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:  # a loop of links, a name too long
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        _write_special(path, mode, write)
+        return path
+    if path.is_symlink():  # to a file, or to nothing yet: the target is what gets written
+        path = Path(os.path.realpath(path))
     folder = path.parent if str(path.parent) else Path(".")
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder} is a file, not a folder to write {path.name} in")
@@ -76,6 +84,23 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _write_special(path: Path, mode: int, write: Callable[[BinaryIO], object]) -> None:
+    """Write into a character device or a named pipe in place (see :func:`write_atomic`)."""
+    if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+        raise InputError(f"cannot write {path}: it is a {'block device' if stat.S_ISBLK(mode) else 'socket'}, "
+                         "not a file")
+    flags = os.O_WRONLY | (os.O_NONBLOCK if stat.S_ISFIFO(mode) else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ENXIO and stat.S_ISFIFO(mode):
+            raise InputError(f"nothing reads the named pipe {path}; start its reader first") from None
+        raise
+    os.set_blocking(fd, True)  # open without waiting for a reader; write as a pipe does
+    with os.fdopen(fd, "wb") as f:
+        write(f)
 
 
 def _umask() -> int:

@@ -65,16 +65,22 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     _check_name(path, flag)
     if path.is_dir():
         raise InputError(f"{flag} {value!r} is a folder; give a file name")
-    folder = path.parent if str(path.parent) else Path(".")
+    if path.exists() and not path.is_file():  # /dev/null, /dev/stdout, a named pipe: written where it is
+        if not os.access(path, os.W_OK):
+            raise InputError(f"{flag}: {value!r} is not writable")
+        return path
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path  # written in its own folder
+    folder = target.parent if str(target.parent) else Path(".")
     if folder.exists() and not folder.is_dir():
-        raise InputError(f"{flag}: {str(folder)!r} is a file, not a folder to write {path.name!r} in")
+        raise InputError(f"{flag}: {str(folder)!r} is a file, not a folder to write {target.name!r} in")
     if not folder.is_dir():
         raise InputError(f"{flag}: the folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{flag}: the folder {str(folder)!r} is not writable")
     from .guard import check_writable
 
-    return check_writable(path, flag)  # as root, permission bits say yes even in /proc
+    check_writable(target, flag)  # as root, permission bits say yes even in /proc
+    return path
 
 
 def _check_name(path: Path, flag: str) -> None:

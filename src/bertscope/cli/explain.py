@@ -217,13 +217,13 @@ def _value(v: float) -> str:
 def _compare(bert, args) -> int:
     import numpy as np
 
-    from ..explain import METHOD_INFO, METHODS, VALUE_ZEROING_MAX_TOKENS, explain, method_kind
+    from ..explain import METHOD_INFO, METHODS, VALUE_ZEROING_MAX_TOKENS, explain, method_kind, method_tokens
 
     layer = bert.config.num_hidden_layers - 1 if args.layer is None else args.layer
     explains_output = args.similar_to is not None or bert.is_classifier
     methods = [m for m in METHODS if method_kind(m) != "input" or explains_output]
     left_out: dict[str, str] = {}
-    T = min(bert.tokenizer.count_tokens([args.text])[0], bert.tokenizer.max_length)  # as explain() cuts it
+    T = method_tokens(bert, args.text, "value-zeroing")  # as explain() will cut it
     if T > VALUE_ZEROING_MAX_TOKENS:  # it would be refused after the other columns' work
         methods.remove("value-zeroing")
         left_out["value-zeroing"] = (f"limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer once "

@@ -47,7 +47,7 @@ def register(sub) -> None:
     p.add_argument("--label-field", default="label", metavar="NAME", help='the label column or field (default "label")')
     p.add_argument("--max-length", type=int, default=192, metavar="N",
                    help="tokens per example, [CLS] and [SEP] included; longer texts are cut (default 192)")
-    p.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over TRAIN (default 3)")
+    p.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over TRAIN (default 3; at most 10,000)")
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default 16 x --max-length)")

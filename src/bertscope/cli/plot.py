@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
         parse_span(args.span, None)  # the form now; the range once the text is tokenized
     from ..explain import MAP_METHODS, map_measures, method_kind
 
-    if args.measure not in MAP_METHODS:  # one figure, one measure: not a list, not "all"
+    measure = args.measure.strip()
+    if measure not in MAP_METHODS:  # one figure, one measure: not a list, not "all"
         raise InputError(f"--measure takes one of {', '.join(MAP_METHODS)}; got {args.measure!r}")
-    measure = args.measure
     per_layer = method_kind(measure) == "layer"
     if per_layer and args.head is not None:
         raise InputError(f"{measure} gives one map per layer, not per head; leave out --head")

@@ -9,7 +9,8 @@ from .common import add_model_arg, load_model
 HELP = """\
 Serve the attention explorer on this machine: a text box and the same head, model, matrix and
 query-key views as `bertscope view`, computed on demand (only the layer and heads you look at
-travel). The page's JSON API: GET /api/health; POST /api/analyze, /api/attention, /api/qk.
+travel). The page's JSON API: GET /api/health; POST /api/analyze, /api/attention, /api/qk, each
+with a JSON body sent as Content-Type: application/json.
 Binds to 127.0.0.1 unless --host says otherwise; an address in use or not this machine's is a
 one-line error. Texts longer than --max-chars get HTTP 413. The last analyses are kept in memory
 (at most 16, and at most 256 MiB of attention arrays).

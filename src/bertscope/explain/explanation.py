@@ -43,7 +43,8 @@ from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, 
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
 
 __all__ = ["MAP_METHODS", "METHODS", "METHOD_INFO", "VALUE_ZEROING_MAX_TOKENS", "Explanation", "check_method",
-           "explain", "explain_batch", "map_measures", "measure_info", "method_kind", "parse_measures"]
+           "explain", "explain_batch", "map_measures", "measure_info", "method_kind", "method_tokens",
+           "parse_measures"]
 
 METHODS = HEAD_METHODS + LAYER_METHODS + GRAD_METHODS
 MAP_METHODS = HEAD_METHODS + LAYER_METHODS  # the measures the views can draw (token x token maps)
@@ -172,6 +173,13 @@ def _length_limit(bert: Bert, method: str | None = None) -> int | None:
     ``classify`` cut), a gradient method's sentence embedding at ``max_seq_length`` (as ``embed``
     cuts); other maps at the model's positions (as ``attend`` and ``view``)."""
     return bert.max_seq_length if bert.is_classifier or method in GRAD_METHODS else None
+
+
+def method_tokens(bert: Bert, text: str, method: str) -> int:
+    """The tokens :func:`explain` ``(bert, text, method)`` reads: the text's, cut where the method
+    cuts it (to decide before any work, e.g. whether value-zeroing's limit allows it)."""
+    limit = _length_limit(bert, method) or bert.tokenizer.max_length
+    return min(bert.tokenizer.count_tokens([text])[0], limit)
 
 
 def _check_value_zeroing(T: int) -> None:

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -148,8 +149,11 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     lines = _RayLines()
     if ray.is_initialized():
         _quiet_ray(ray)
-        with contextlib.redirect_stdout(lines), lines.quiet_when_stopped():
-            yield ray
+        try:
+            with contextlib.redirect_stdout(lines), lines.quiet_when_stopped():
+                yield ray
+        finally:
+            lines.finish()
         return
     if not log.isEnabledFor(logging.DEBUG):
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ log lines off the terminal
@@ -173,6 +177,7 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
                 yield ray
         finally:
             ray.shutdown()
+            lines.finish()
 
 
 KILLED_BY_US = "killed by `ray.kill`"  # in Ray's note on an actor that its job's end (or a stop) killed
@@ -187,6 +192,7 @@ class _RayLines(io.TextIOBase):
     def __init__(self) -> None:
         self.quiet = False
         self._pending = ""
+        self._lock = threading.Lock()  # Ray's log and error threads both print
 
     @contextlib.contextmanager
     def quiet_when_stopped(self) -> Iterator[None]:
@@ -201,14 +207,25 @@ class _RayLines(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        self._pending += text  # whole lines are judged: print() writes a line's end on its own
-        *done, self._pending = self._pending.split("\n")
-        for line in done:
-            if self.quiet or KILLED_BY_US in line:
-                log.debug("ray: %s", line)
-            else:
-                sys.stderr.write(line + "\n")
+        with self._lock:  # a message is judged whole: print() writes it (lines and all), then its end
+            self._pending += text
+            if self._pending.endswith("\n"):
+                self._emit()
         return len(text)
+
+    def _emit(self) -> None:
+        message, self._pending = self._pending, ""
+        if self.quiet or KILLED_BY_US in message:
+            log.debug("ray: %s", message.rstrip())
+        else:
+            sys.stderr.write(message)
+
+    def finish(self) -> None:
+        """What is left of a message without its line end, once the session is over."""
+        with self._lock:
+            if self._pending:
+                self._pending += "\n"
+                self._emit()
 
     def flush(self) -> None:
         sys.stderr.flush()
@@ -218,9 +235,9 @@ class _RayLines(io.TextIOBase):
 def _keep_sigterm() -> Iterator[None]:
     """The process's own SIGTERM handler, put back after the block: Ray's core worker installs a
     crash handler for SIGTERM that prints a stack dump and kills the process at once, so the
-    CLI's handler (stop as Ctrl-C does, keep what was written, say so) would never run."""
+    CLI's handler (stop as Ctrl-C does, keep what was written, say so) would never run. Only
+    the main thread can set a handler: started from another thread, Ray's stays."""
     import signal
-    import threading
 
     handler = signal.getsignal(signal.SIGTERM)  # Python's record: Ray replaces it underneath
     try:

@@ -92,13 +92,15 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
 
     bert = model if hasattr(model, "config") else load(ref)  # checks the folder before Ray starts
     results: dict[int, tuple[HeadSums, list[int], int]] = {}
+    lines_done = 0
     ctor = {"model": ref, "plan": plan, "threads": opts.threads, "device": opts.device}
     with ray_session(opts) as ray:
         try:
             for row in map_shards(ray, [s.index for s in plan.shards], HeadSumsWorker, ctor, opts):
                 results[int(row["shard"])] = (pickle.loads(row["sums"]), pickle.loads(row["bad"]), int(row["lines"]))
+                lines_done += int(row["lines"])
                 if progress is not None:
-                    progress(sum(r[2] for r in results.values()), plan.rows)
+                    progress(lines_done, plan.rows)
         except Exception as e:
             inner = unwrap_error(e)
             if inner is not e:

@@ -277,7 +277,7 @@ def _not_json(scope, body: bytes) -> tuple[int, str] | None:
     if not body.strip():
         return 422, 'the request has no body: send a JSON object such as {"text": "..."}'
     kind = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
-    if kind != b"application/json":
+    if kind != b"application/json" and not (kind.startswith(b"application/") and kind.endswith(b"+json")):
         shown = kind.decode("latin-1") or "none"
         return 415, f"send the request body as JSON, with Content-Type: application/json (it was {shown})"
     try:

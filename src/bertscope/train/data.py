@@ -145,6 +145,34 @@ _DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
+def _field_spans(raw: str, delimiter: str) -> list[tuple[int, int, bool]]:
+    """(start, end, malformed) of each field of one line, split as Python's csv module splits it
+    when not strict: a quote opens a quoted field only as a field's first character; in one, a
+    doubled quote is a quote and a quote before the delimiter (or the line's end) closes it; a
+    quote before anything else closes it too, and the field goes on unquoted: that field is
+    malformed."""
+    spans: list[tuple[int, int, bool]] = []
+    start, i, quoted, bad = 0, 0, False, False
+    while i < len(raw):
+        c = raw[i]
+        if quoted:
+            if c == '"':
+                if raw[i + 1:i + 2] == '"':
+                    i += 2
+                    continue
+                quoted = False
+                if i + 1 < len(raw) and raw[i + 1] != delimiter:
+                    bad = True
+        elif c == delimiter:
+            spans.append((start, i, bad))
+            start, bad = i + 1, False
+        elif c == '"' and i == start:
+            quoted = True
+        i += 1
+    spans.append((start, len(raw), bad))
+    return spans
+
+
 def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_field: str | None,
                label_field: str | None, keep_blank: bool) -> Iterator[Record]:
     # bytes that are not UTF-8 become lone surrogates (U+DC80..U+DCFF), which no UTF-8 text
@@ -176,21 +204,19 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
                                  "close the quote, or double a quote inside a quoted field (\"\")") from None
 
     def one_line(n: int, row: list[str]) -> list[str]:
-        """A one-line record, read again strictly. A field that opens with a quote and goes on
-        after it closes ("Great" movie, really) is malformed: the lenient reader dropped its
-        quotes. In TSV, where quotes are only text by convention, the line is read as written,
-        quotes kept; in CSV it cannot be split reliably, and is refused."""
-        raw = lines[n - 1]
+        """A one-line record with a quote, read again strictly. A field that opens with a quote
+        and goes on after it closes ("Great" movie, really) is not valid CSV or TSV, and the
+        lenient reader dropped its quotes: such a field is taken as written, quotes and all.
+        The fields around it, and where the fields end, are as the lenient reader found them."""
+        raw = lines[n - 1].rstrip("\r\n")
         try:
-            list(csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, strict=True))
+            list(csv.reader([raw], delimiter=delimiter, strict=True))
         except csv.Error as e:
             if "unexpected end of data" in str(e):
                 return row  # a quote never closed on the file's last line: check_quotes says so
-            if delimiter == "\t":
-                return raw.rstrip("\r\n").split("\t")
-            raise InputError(f"{path}: line {n}: a field starts with a quote (\") and goes on after it "
-                             "closes; quote the whole field and double the quotes inside it "
-                             "(\"\"\"Great\"\" movie\"), or use JSON Lines") from None
+            spans = _field_spans(raw, delimiter)
+            if len(spans) == len(row):
+                return [raw[a:b] if bad else cell for (a, b, bad), cell in zip(spans, row)]
         return row
 
     quoted = '"' in text

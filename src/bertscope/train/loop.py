@@ -60,8 +60,8 @@ METRICS_FILE = "metrics.json"
 STATE_FORMAT = 1
 # Test hook: SIGKILL this process right after the checkpoint of this global step is written.
 KILL_HOOK_ENV = "BERTSCOPE_TRAIN_KILL_AFTER_STEP"
+MAX_EPOCHS = 10_000  # every epoch's batches are planned before the first step (the schedule needs their count)
 # Settings a resumed run must share with the interrupted one (the rest, e.g. save_every, may change).
-MAX_EPOCHS = 10_000
 _RESUME_KEYS = ("train", "dev", "model", "text_field", "pair_field", "label_field", "max_length", "epochs",
                 "lr", "batch_tokens", "batch_size", "warmup", "weight_decay", "seed", "packed")
 

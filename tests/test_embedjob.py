@@ -415,3 +415,22 @@ def test_json_nested_too_deep_is_a_row_or_a_one_line_refusal(tmp_path, capsys):
     (tmp_path / "one.jsonl").write_text(deep + "\n")
     code, _, err = _run_cli(["embed", str(tmp_path / "one.jsonl"), "--out", str(tmp_path / "b")], capsys)
     assert code == 2 and "no line is valid JSON (line 1: nested too deep to read)" in err and "Traceback" not in err
+
+
+def test_an_undone_job_is_not_made_again_by_a_worker_still_running(tmp_path, bert):
+    """A Ray actor the cluster had not stopped yet, finishing its shard after the job was undone,
+    made _staging again: the folder then held shards and no job, and was refused next time."""
+    from bertscope.errors import InputError
+    from bertscope.fast.embedjob import compute_shard, prepare_embed_job
+
+    inp = _write_input(tmp_path / "in.txt")
+    out = tmp_path / "made" / "o"
+    job = prepare_embed_job(bert, inp, out)
+    assert (out / "_staging").is_dir() and job.new
+    assert job.undo() and not (tmp_path / "made").exists()
+    with pytest.raises(InputError, match="does not exist"):
+        compute_shard(bert, job.plan, job.plan.shards[0], out, fmt="npy")
+    assert not (tmp_path / "made").exists()
+    kept = prepare_embed_job(bert, inp, out)  # a shard done: undo keeps the job
+    compute_shard(bert, kept.plan, kept.plan.shards[0], out, fmt="npy")
+    assert not kept.undo() and (out / "_job.json").is_file()

@@ -308,18 +308,19 @@ def write_error(path: Path, e: OSError) -> InputError:
     return InputError(f"cannot write {path}: {reason}")
 
 
-def _atomic_write(path: Path, data: bytes, kill_now: bool = False) -> None:
+def _atomic_write(path: Path, data: bytes, kill_now: bool = False, make_parents: bool = True) -> None:
     def die() -> None:  # the test hook: die with a finished temporary and no final file
         os.kill(os.getpid(), signal.SIGKILL)
 
     try:
-        write_atomic(path, lambda f: f.write(data), fsync=True, before_rename=die if kill_now else None)
+        write_atomic(path, lambda f: f.write(data), fsync=True, before_rename=die if kill_now else None,
+                     make_parents=make_parents)
     except OSError as e:  # write_atomic has removed its temporary
         raise write_error(path, e) from None
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    _atomic_write(path, json.dumps(obj, indent=1).encode("utf-8"))
+def _write_json(path: Path, obj: dict, make_parents: bool = True) -> None:
+    _atomic_write(path, json.dumps(obj, indent=1).encode("utf-8"), make_parents=make_parents)
 
 
 def _shard_bytes(fmt: str, emb: np.ndarray, lines: list[int], statuses: list[str]) -> bytes:
@@ -369,12 +370,14 @@ def compute_shard(bert, plan: InputPlan, shard: Shard, out_dir: str | Path, *, f
     emb = embed_texts(bert, texts, statuses, batch_tokens=batch_tokens, progress=progress)
     name = _shard_name(shard.index, fmt)
     data = _shard_bytes(fmt, emb, lines, statuses)
-    _atomic_write(staging / name, data, kill_now)
+    # the job made _staging: a worker still running after its job was undone (a Ray actor the
+    # cluster has not stopped yet) must not make it again, in a folder that holds no job
+    _atomic_write(staging / name, data, kill_now, make_parents=False)
     record = {"file": name, "shard": shard.index, "first_line": shard.first_row, "rows": shard.rows,
               "sha256": shard.sha256, "file_bytes": len(data), "file_sha256": hashlib.sha256(data).hexdigest(),
               "run": run, "engine": engine,
               "problems": {p: [ln for ln, s in zip(lines, statuses) if s == p] for p in _PROBLEMS}}
-    _write_json(staging / _record_name(shard.index), record)  # last: the shard is done
+    _write_json(staging / _record_name(shard.index), record, make_parents=False)  # last: the shard is done
     log.info("wrote %s (%d rows)", name, shard.rows)
     del emb, texts, raws, data
     release_free_memory()  # see "Memory" in the module doc
@@ -814,6 +817,7 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
         log.info("recomputing shard %d: %s", k, why)
     if not complete:  # a finished job's resume computes nothing: not a run
         _write_json(out / RUNS_FILE, runs)
+        staging.mkdir(exist_ok=True)  # where the shards go (compute_shard does not make it)
     pending = [s for s in plan.shards if s.index not in done]
     return EmbedJob(plan=plan, out=out, fmt=fmt, batch_tokens=batch_tokens, job=job, run=run,
                     engine=engine, pending=pending, done=done, redone=redone, complete=complete,

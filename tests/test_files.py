@@ -54,7 +54,7 @@ def test_an_output_keeps_the_mode_of_the_file_it_replaces_and_a_new_one_follows_
     assert (folder / "a.json").read_text() == "A2" and oct((folder / "a.json").stat().st_mode & 0o777) == oct(0o600)
 
 
-def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, monkeypatch):
+def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, monkeypatch, caplog):
     """The rename replaced whatever the name was: a symbolic link became a file (its target kept
     the old bytes), a named pipe became a file (its reader got nothing), and as root `--out
     /dev/full` replaced the device with a file."""
@@ -69,8 +69,6 @@ def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, m
 
     pipe = tmp_path / "pipe.txt"
     os.mkfifo(pipe)
-    with pytest.raises(InputError, match=f"^nothing reads the named pipe {pipe}; start its reader first$"):
-        write_text_atomic(pipe, "nobody reads")  # it would wait forever, after all the work
     reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # a reader, open without waiting for a writer
     try:
         write_text_atomic(pipe, "through the pipe")  # fits the pipe's buffer: no wait
@@ -79,6 +77,22 @@ def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, m
     finally:
         os.close(reader)
     assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(pipe).st_mode)
+    # nothing reads it yet: the write says so and waits, as a shell's redirection does (the work
+    # done is not thrown away because the reader starts late)
+    import threading
+    import time
+
+    caplog.set_level("WARNING", logger="bertscope.files")
+    writer = threading.Thread(target=lambda: write_text_atomic(pipe, "a late reader"), daemon=True)
+    writer.start()
+    deadline = time.monotonic() + 60
+    while not any("nothing reads the named pipe" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "no warning: the pipe was not waited on"
+        time.sleep(0.02)
+    with open(pipe, "rb") as f:
+        late = f.read()
+    writer.join(timeout=30)
+    assert late == b"a late reader" and stat.S_ISFIFO(os.stat(pipe).st_mode)
 
     loop = tmp_path / "loop"
     loop.symlink_to(tmp_path / "loop")
@@ -99,19 +113,25 @@ def test_a_link_a_pipe_and_a_device_are_written_through_not_replaced(tmp_path, m
 
 
 def test_dev_stdout_is_written_on_where_it_stands(tmp_path):
-    """/dev/stdout after `>>` keeps what the file held (a rename would replace it; a reopen with
-    truncation would empty it), and through a pipe it is the pipe."""
+    """/dev/stdout is written through the process's own stdout: after `>>` the file keeps what it
+    held (a rename replaced it), after `>` what the process prints later follows it (a second
+    handle of its own wrote over it), and through a pipe it is the pipe."""
     import subprocess
     import sys
 
-    code = "from bertscope.files import write_text_atomic; write_text_atomic('/dev/stdout', 'appended\\n')"
+    code = ("from bertscope.files import write_text_atomic; print('before'); "
+            "write_text_atomic('/dev/stdout', 'written\\n'); print('after')")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     out = tmp_path / "log.txt"
     out.write_text("first\n")
-    with open(out, "ab") as f:
-        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=120)
-    assert out.read_text() == "first\nappended\n"
-    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, timeout=120)
-    assert piped.stdout == b"appended\n"
+    with open(out, "ab") as f:  # >>
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=120, env=env)
+    assert out.read_text() == "first\nbefore\nwritten\nafter\n"
+    with open(out, "wb") as f:  # >: what the process prints after it does not write over it
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=120, env=env)
+    assert out.read_text() == "before\nwritten\nafter\n"
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, timeout=120, env=env)
+    assert piped.stdout == b"before\nwritten\nafter\n"
 
 
 def test_the_cli_checks_a_links_target_folder_and_takes_a_device(tmp_path):

@@ -408,11 +408,13 @@ def test_rays_notes_on_actors_it_killed_are_dropped_whole_and_the_rest_kept(caps
     lines = _RayLines()
     print("(raylet) The actor died.\n\tclass_name: MapWorker\n\tpid: 1\nIt was " + KILLED_BY_US + ".", file=lines)
     print("(raylet) A worker died or was killed (a test)", file=lines)
+    print("(raylet) Task failed: killed by `ray.kill`.\n", file=lines)  # it ends in a line end itself
+    print(file=lines)  # a blank line of its own is kept
     lines.write("a last line without its end")
     lines.finish()
     lines.quiet = True
     print("(raylet) after the stop", file=lines)
-    assert capsys.readouterr().err == ("(raylet) A worker died or was killed (a test)\n"
+    assert capsys.readouterr().err == ("(raylet) A worker died or was killed (a test)\n\n"
                                        "a last line without its end\n")
 
 

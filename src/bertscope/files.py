@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
 from .errors import InputError, InputTypeError
 
-__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "read_input_bytes", "read_lines",
+log = logging.getLogger(__name__)
+
+__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "open_stream_fd", "read_input_bytes", "read_lines",
            "split_lines", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
@@ -39,18 +43,23 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     A symbolic link is written through: the file it points to gets the new bytes, and the link
     stays. A character device or a named pipe (/dev/null, a FIFO) is written to directly, as
     ``open(path, "wb")`` would: a rename would replace it with a file (as root, even /dev/null).
-    /dev/stdout, /dev/stderr and /dev/fd/N are written on where they stand, appending, as a
-    shell's ``>>`` would (after ``>`` the file is empty anyway). A block device, a socket or a loop of links is refused (InputError), and so is a
-    named pipe that nothing reads (writing would wait forever).
+    /dev/stdout, /dev/stderr and /dev/fd/N are written through the process's own open stream (a
+    pipe, a socket, or a file after ``>`` or ``>>``), as a shell's redirection would have them.
+    A block device, a socket or a loop of links is refused (InputError); a named pipe that
+    nothing reads yet is waited on, with a warning logged.
     """
     path = Path(path)
-    if str(path) in ("/dev/stdout", "/dev/stderr") or str(path).startswith(("/dev/fd/", "/proc/self/fd/")):
-        with open(path, "ab") as f:  # an open stream (a pipe, or a file after > or >>): written on, as a shell does
+    fd = open_stream_fd(path)
+    if fd is not None:  # the process's own stream: written on through it, sharing its position
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        with os.fdopen(os.dup(fd), "wb") as f:
             write(f)
         return path
     try:
         mode = os.stat(path).st_mode  # follows links: what a write would reach
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there yet (a file in its way: said below)
         mode = None
     except OSError as e:  # a loop of links, a name too long
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
@@ -86,6 +95,23 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     return path
 
 
+def open_stream_fd(path: str | os.PathLike) -> int | None:
+    """The descriptor a name such as /dev/stdout, /dev/stderr, /dev/fd/N or /proc/self/fd/N
+    stands for, if it is open in this process; else None."""
+    name = os.fspath(path)
+    fd = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(name)
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            fd = int(name[len(prefix):])
+    if fd is None:
+        return None
+    try:
+        os.fstat(fd)
+    except OSError:
+        return None
+    return fd
+
+
 def _write_special(path: Path, mode: int, write: Callable[[BinaryIO], object]) -> None:
     """Write into a character device or a named pipe in place (see :func:`write_atomic`)."""
     if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
@@ -95,10 +121,11 @@ def _write_special(path: Path, mode: int, write: Callable[[BinaryIO], object]) -
     try:
         fd = os.open(path, flags)
     except OSError as e:
-        if e.errno == errno.ENXIO and stat.S_ISFIFO(mode):
-            raise InputError(f"nothing reads the named pipe {path}; start its reader first") from None
-        raise
-    os.set_blocking(fd, True)  # open without waiting for a reader; write as a pipe does
+        if not (e.errno == errno.ENXIO and stat.S_ISFIFO(mode)):
+            raise
+        log.warning("nothing reads the named pipe %s yet: waiting for a reader (Ctrl-C stops)", path)
+        fd = os.open(path, os.O_WRONLY)  # as a shell's redirection waits
+    os.set_blocking(fd, True)  # written as a pipe is, waiting when it is full
     with os.fdopen(fd, "wb") as f:
         write(f)
 

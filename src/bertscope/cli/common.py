@@ -65,7 +65,17 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     _check_name(path, flag)
     if path.is_dir():
         raise InputError(f"{flag} {value!r} is a folder; give a file name")
-    if path.exists() and not path.is_file():  # /dev/null, /dev/stdout, a named pipe: written where it is
+    from ..files import open_stream_fd
+
+    if open_stream_fd(path) is not None:  # /dev/stdout and the like: written through the open stream
+        return path
+    if path.exists() and not path.is_file():  # /dev/null, a named pipe: written where it is
+        import stat
+
+        mode = os.stat(path).st_mode
+        if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            raise InputError(f"{flag}: {value!r} is a {'block device' if stat.S_ISBLK(mode) else 'socket'}, "
+                             "not a file")
         if not os.access(path, os.W_OK):
             raise InputError(f"{flag}: {value!r} is not writable")
         return path

@@ -534,18 +534,18 @@ class EmbedJob:
         yet (its staging folder holds nothing), remove what preparing it made, so that OUTPUT is
         as it was found. For an engine that fails to start: a job left behind would make the next
         try ask for --resume. True if undone; otherwise the job is only closed, kept to resume."""
-        staging = self.out / STAGING
-        try:
-            if not self.new or (staging.is_dir() and any(staging.iterdir())):
-                self.close()
-                return False
-            for name in (RUNS_FILE, JOB_FILE):
-                (self.out / name).unlink(missing_ok=True)
-            if staging.is_dir():
-                staging.rmdir()
-        except OSError:
+        try:  # the staging folder first, and only while empty: a worker cannot make it again
+            (self.out / STAGING).rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # it holds work (or a worker's temporary): keep the job, to resume
             self.close()
             return False
+        if not self.new:
+            self.close()
+            return False
+        for name in (RUNS_FILE, JOB_FILE):
+            (self.out / name).unlink(missing_ok=True)
         self.close(finished=True)  # the lock file too, removed while still held
         for folder in self.made_folders:  # innermost first; only while empty
             try:

@@ -191,8 +191,8 @@ class _RayLines(io.TextIOBase):
 
     def __init__(self) -> None:
         self.quiet = False
-        self._pending = ""
-        self._lock = threading.Lock()  # Ray's log and error threads both print
+        self._mine = threading.local()  # per thread: Ray's log and error threads both print
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def quiet_when_stopped(self) -> Iterator[None]:
@@ -207,25 +207,31 @@ class _RayLines(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        with self._lock:  # a message is judged whole: print() writes it (lines and all), then its end
-            self._pending += text
-            if self._pending.endswith("\n"):
-                self._emit()
+        mine = self._mine  # a message is judged whole: print() writes it (lines and all), then its end
+        end_of_dropped, mine.end_of_dropped = getattr(mine, "end_of_dropped", False), False
+        if text == "\n" and end_of_dropped:
+            return len(text)  # print()'s line end after a message that ended in one and was dropped
+        mine.pending = getattr(mine, "pending", "") + text
+        if mine.pending.endswith("\n"):
+            dropped = self._emit(mine)
+            mine.end_of_dropped = dropped and text != "\n"  # print() has its own line end to come
         return len(text)
 
-    def _emit(self) -> None:
-        message, self._pending = self._pending, ""
+    def _emit(self, mine) -> bool:
+        message, mine.pending = mine.pending, ""
         if self.quiet or KILLED_BY_US in message:
             log.debug("ray: %s", message.rstrip())
-        else:
+            return True
+        with self._lock:
             sys.stderr.write(message)
+        return False
 
     def finish(self) -> None:
-        """What is left of a message without its line end, once the session is over."""
-        with self._lock:
-            if self._pending:
-                self._pending += "\n"
-                self._emit()
+        """What is left of this thread's message without its line end, once the session is over."""
+        mine = self._mine
+        if getattr(mine, "pending", ""):
+            mine.pending += "\n"
+            self._emit(mine)
 
     def flush(self) -> None:
         sys.stderr.flush()

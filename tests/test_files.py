@@ -142,6 +142,15 @@ def test_the_cli_checks_a_links_target_folder_and_takes_a_device(tmp_path):
     with pytest.raises(InputError, match=f"the folder '{tmp_path / 'gone'}' does not exist"):
         check_output_file(str(link))
     assert check_output_file(os.devnull) == Path(os.devnull)  # not "the folder '/dev' is not writable"
+    import socket
+
+    sock_path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as sock:  # refused before any work, and by the writer itself
+        sock.bind(str(sock_path))
+        with pytest.raises(InputError, match="is a socket, not a file"):
+            check_output_file(str(sock_path))
+        with pytest.raises(InputError, match=f"^cannot write {sock_path}: it is a socket, not a file$"):
+            write_text_atomic(sock_path, "x")
 
 
 def test_an_unwritable_folder_names_the_file_asked_for_not_the_temporary():

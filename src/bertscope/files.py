@@ -17,7 +17,7 @@ from .errors import InputError, InputTypeError
 log = logging.getLogger(__name__)
 
 __all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "open_stream_fd", "read_input_bytes", "read_lines",
-           "split_lines", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
+           "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
@@ -112,11 +112,17 @@ def open_stream_fd(path: str | os.PathLike) -> int | None:
     return fd
 
 
+def unwritable_kind(mode: int) -> str | None:
+    """What an output may not be, by its ``os.stat`` mode: "block device" or "socket" (written
+    raw, or not at all); None for what :func:`write_atomic` writes."""
+    return "block device" if stat.S_ISBLK(mode) else "socket" if stat.S_ISSOCK(mode) else None
+
+
 def _write_special(path: Path, mode: int, write: Callable[[BinaryIO], object]) -> None:
     """Write into a character device or a named pipe in place (see :func:`write_atomic`)."""
-    if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
-        raise InputError(f"cannot write {path}: it is a {'block device' if stat.S_ISBLK(mode) else 'socket'}, "
-                         "not a file")
+    kind = unwritable_kind(mode)
+    if kind is not None:
+        raise InputError(f"cannot write {path}: it is a {kind}, not a file")
     flags = os.O_WRONLY | (os.O_NONBLOCK if stat.S_ISFIFO(mode) else 0)
     try:
         fd = os.open(path, flags)

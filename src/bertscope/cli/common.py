@@ -65,17 +65,14 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     _check_name(path, flag)
     if path.is_dir():
         raise InputError(f"{flag} {value!r} is a folder; give a file name")
-    from ..files import open_stream_fd
+    from ..files import open_stream_fd, unwritable_kind
 
     if open_stream_fd(path) is not None:  # /dev/stdout and the like: written through the open stream
         return path
     if path.exists() and not path.is_file():  # /dev/null, a named pipe: written where it is
-        import stat
-
-        mode = os.stat(path).st_mode
-        if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
-            raise InputError(f"{flag}: {value!r} is a {'block device' if stat.S_ISBLK(mode) else 'socket'}, "
-                             "not a file")
+        kind = unwritable_kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise InputError(f"{flag}: {value!r} is a {kind}, not a file")
         if not os.access(path, os.W_OK):
             raise InputError(f"{flag}: {value!r} is not writable")
         return path

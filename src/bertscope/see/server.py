@@ -30,11 +30,12 @@ web page elsewhere cannot reach the server through DNS rebinding (a hostname of 
 that resolves to 127.0.0.1).
 
 Texts over ``max_chars`` characters get HTTP 413, and so does a request body over
-24 x max_chars + 4096 bytes (two texts, every character JSON-escaped): the bytes actually received are counted (a chunked body without a
-Content-Length included), and reading stops at the limit. The model runs under a lock (one
-forward at a time; PyTorch already uses every core for one), and the last few analyses are
-cached: at most ``CACHE_ENTRIES`` (16) of them and at most ``CACHE_BYTES`` (256 MiB) of attention
-arrays in all; an analysis larger than that on its own is not cached.
+24 x max_chars + 4096 bytes (two texts, every character JSON-escaped): the bytes actually
+received are counted (a chunked body without a Content-Length included), and reading stops at
+the limit. The model runs under a lock (one forward at a time; PyTorch already uses every
+core for one), and the last few analyses are cached: at most ``CACHE_ENTRIES`` (16) of them
+and at most ``CACHE_BYTES`` (256 MiB) of attention arrays in all; an analysis larger than that
+on its own is not cached.
 
 Measures other than the attention weights (norm, ALTI, ...) are computed by a function the caller
 passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope serve`` passes

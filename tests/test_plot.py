@@ -103,7 +103,7 @@ def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
     for args, why in ((["--vmax", "0"], "--vmax"), (["--vmax", "nan"], "--vmax"), (["--per-panel"], "--grid"),
                       (["--grid", "--layer", "2"], "leave out --layer and --head"),
                       (["--span", "50:60"], "selects no token (the text has 15 tokens, 0..14)"),
-                      (["--span", "5:2"], "--span 5:2 selects no token (END must be after START)"),
+                      (["--span", "5:2"], "span 5:2 selects no token (END must be after START)"),
                       (["--span", "x"], "START:END")):
         assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
         err = capsys.readouterr().err

@@ -140,7 +140,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids  # (1, T)
     if pad:
         if ids.shape[1] + pad > cfg.max_position_embeddings:
-            raise InputError(f"--pad {pad} makes the input longer than {cfg.max_position_embeddings} positions")
+            raise InputError(f"pad (--pad) {pad} makes the input longer than {cfg.max_position_embeddings} positions")
         ids = F.pad(ids, (0, pad), value=bert.tokenizer.pad_id)  # (1, T)
         mask = F.pad(mask, (0, pad), value=0)  # (1, T)
         types = F.pad(types, (0, pad), value=0)  # (1, T)

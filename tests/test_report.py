@@ -359,3 +359,26 @@ def test_save_refuses_a_name_that_is_not_a_page(bert, tmp_path):
         rep.save(tmp_path / "x.png")
     assert not list(tmp_path.iterdir())
     assert rep.save(tmp_path / "x.HTML").is_file()
+
+
+def test_show_takes_bfloat16_attention_from_hf(bundled_path):
+    """A bfloat16 model's softmax rows sum to 1 only within about 2^-8: show() refused HF's
+    bf16 attentions as if the tokens were wrong (a row summed to 0.9989). float16 passed."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(bundled_path))
+    enc = tok(["The animal didn't cross the street because it was too tired"], return_tensors="pt")
+    tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    rows = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        hf = transformers.BertModel.from_pretrained(str(bundled_path), attn_implementation="eager", dtype=dtype).eval()
+        with torch.no_grad():
+            rows[dtype] = hf(**enc, output_attentions=True).attentions
+    deviation = max(float((a.float().sum(-1) - 1).abs().max()) for a in rows[torch.bfloat16])
+    assert deviation > bertscope.see.show.ROW_SUM_TOLERANCE  # what the fp32 tolerance refused
+    rep = bertscope.show(rows[torch.bfloat16], tokens)
+    ref = bertscope.show(rows[torch.float32], tokens)
+    assert np.abs(rep.texts[0].attentions - ref.texts[0].attentions).max() < 0.05
+    # the wider tolerance still catches tokens that do not fit: one token left out of each row
+    with pytest.raises(bertscope.InputError, match=r"not 1 \(within 0\.016 for bfloat16 input\)"):
+        bertscope.show(rows[torch.bfloat16], tokens[:-1])

@@ -7,7 +7,7 @@ This module is the public API; everything re-exported here is stable.
     vecs = bert.embed(["a sentence", "another"])  # (2, 384) numpy, unit length
     probs = bertscope.load("fine-tuned/").classify(["a review"])  # (1, K), after bertscope finetune
     res = bertscope.attend(bert, "The animal didn't cross the street because it was too tired", "it")
-    bertscope.trace(bert, "...", "it", layer=3, head=1)  # the seed's steps on real numbers
+    bertscope.trace(bert, "The cat sat because it was tired", "it", layer=3, head=1)  # the seed's steps
     bertscope.show(hf_outputs.attentions, tokens)  # any model's attention in the explorer
 """
 

@@ -37,13 +37,14 @@ fp32 reference, whatever the precision. Under autograd the packed path is fp32 t
 
 from __future__ import annotations
 
+import functools
 import logging
 import numbers
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -51,10 +52,10 @@ import torch
 from .core.checkpoint import bundled_model_path, read_checkpoint
 from .core.classifier import BertForSequenceClassification
 from .core.config import BertConfig
-from .core.model import BertModel, check_id_lists, check_tensor
+from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
-from .errors import InputError, NonFiniteError, as_whole_number
+from .errors import InputError, InputTypeError, NonFiniteError, as_whole_number
 from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
@@ -62,8 +63,8 @@ from .fast.gemm import ONEDNN_REFUSALS, PRECISIONS, GemmBackend
 from .fast.packing import mean_pool, pack_ids, sentence_means
 from .fast.tuning import NOISE_MARGIN, busy_note, cpu_flags
 
-__all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "bundled_model_path", "calibration_texts",
-           "check_texts", "load"]
+__all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "analysis", "bundled_model_path",
+           "calibration_texts", "check_bert", "check_texts", "load"]
 
 log = logging.getLogger(__name__)
 
@@ -213,31 +214,26 @@ class Bert:
         ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
         C = self.config.hidden_size
         out = np.zeros((len(ids), C), dtype=np.float32)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                choice = self.fast.prepare(self.encoder)  # measured once per machine and model shape
-                if batch_tokens is None:
-                    batch_tokens = (choice.batch_tokens if choice is not None
-                                    else DEFAULT_BATCH_TOKENS.get(self.device.type, 2048))
-                for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
-                    packed = pack_ids([ids[i] for i in idx], device=self.device)
-                    x = self.fast.encode(self.encoder, packed)  # (N, C) real tokens only
-                    pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
-                    if not bool(torch.isfinite(pooled).all()):  # never a NaN row that looks like a result
-                        n_bad = int((~torch.isfinite(pooled).all(1)).sum())
-                        raise NonFiniteError(
-                            f"the model computed NaN or infinite values for {n_bad} text(s) in "
-                            f"{x.dtype}; nothing was returned (check the weights, or use float32)")
-                    if normalize:
-                        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
-                    rows = [idx[j] for j in packed.order]  # packed order -> input rows
-                    out[rows] = pooled.float().cpu().numpy()
-                    if progress is not None:
-                        progress(len(idx))
-        finally:
-            self.model.train(was_training)
+        with evaluating(self.model), torch.inference_mode():
+            choice = self.fast.prepare(self.encoder)  # measured once per machine and model shape
+            if batch_tokens is None:
+                batch_tokens = (choice.batch_tokens if choice is not None
+                                else DEFAULT_BATCH_TOKENS.get(self.device.type, 2048))
+            for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
+                packed = pack_ids([ids[i] for i in idx], device=self.device)
+                x = self.fast.encode(self.encoder, packed)  # (N, C) real tokens only
+                pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
+                if not bool(torch.isfinite(pooled).all()):  # never a NaN row that looks like a result
+                    n_bad = int((~torch.isfinite(pooled).all(1)).sum())
+                    raise NonFiniteError(
+                        f"the model computed NaN or infinite values for {n_bad} text(s) in "
+                        f"{x.dtype}; nothing was returned (check the weights, or use float32)")
+                if normalize:
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
+                rows = [idx[j] for j in packed.order]  # packed order -> input rows
+                out[rows] = pooled.float().cpu().numpy()
+                if progress is not None:
+                    progress(len(idx))
         return out
 
     def classify(self, texts: Sequence[str], batch_size: int | None = None, *,
@@ -287,18 +283,13 @@ class Bert:
         if batch_tokens is None:
             batch_tokens = DEFAULT_BATCH_TOKENS.get(self.device.type, 2048)
         out = np.zeros((len(ids), self.model.num_labels), dtype=np.float32)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
-                    packed = pack_ids([ids[i] for i in idx], None if type_ids is None else [type_ids[i] for i in idx],
-                                      device=self.device)
-                    logits = self.fast.classify(self.model, packed)  # (B, K) in packed order
-                    probs = torch.softmax(logits.float(), dim=-1)  # (B, K)
-                    out[[idx[j] for j in packed.order]] = probs.cpu().numpy()
-        finally:
-            self.model.train(was_training)
+        with evaluating(self.model), torch.inference_mode():
+            for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
+                packed = pack_ids([ids[i] for i in idx], None if type_ids is None else [type_ids[i] for i in idx],
+                                  device=self.device)
+                logits = self.fast.classify(self.model, packed)  # (B, K) in packed order
+                probs = torch.softmax(logits.float(), dim=-1)  # (B, K)
+                out[[idx[j] for j in packed.order]] = probs.cpu().numpy()
         return out
 
     def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -317,6 +308,31 @@ class Bert:
         if normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
         return pooled
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def check_bert(bert: object, what: str) -> Bert:
+    """``bert`` if it is a loaded :class:`Bert`; else InputTypeError naming ``what`` took it (a
+    raw BertModel, say ``bert.model``, has no tokenizer to read a text with)."""
+    if not isinstance(bert, Bert):
+        raise InputTypeError(f"{what} takes a loaded model, bertscope.load(...), not {type(bert).__name__}")
+    return bert
+
+
+def analysis(fn: Callable[P, R]) -> Callable[P, R]:
+    """For functions whose first argument is a :class:`Bert` and that read the model: the model
+    runs in eval mode (dropout off; its mode restored afterwards) and without gradients. Tensors
+    they return are ordinary ones (``torch.no_grad``, not inference mode), so a user may change
+    them in place or use them in an autograd computation."""
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        bert = check_bert(args[0] if args else kwargs.get("bert"), f"bertscope.{fn.__name__}")
+        with evaluating(bert.model), torch.no_grad():
+            return fn(*args, **kwargs)
+    return run
 
 
 def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",

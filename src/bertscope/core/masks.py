@@ -36,6 +36,10 @@ def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) 
             f"got {tuple(attention_mask.shape)}"
         )
     _refuse_bool(attention_mask)
+    _refuse_other_values(attention_mask)
+
+
+def _refuse_other_values(attention_mask: torch.Tensor) -> None:
     if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise InputError("attention_mask must hold only 1 (token) and 0 (PAD)")
 
@@ -58,4 +62,5 @@ def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tens
 def to_key_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """BERT's (B, T) 1 = token  ->  PyTorch's boolean key_padding_mask, True = PAD (ignore)."""
     _refuse_bool(attention_mask)
+    _refuse_other_values(attention_mask)  # a 2 is neither convention: refused, as the model refuses it
     return attention_mask == 0  # (B, T)

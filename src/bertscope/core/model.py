@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import numbers
-from typing import Mapping
+from contextlib import contextmanager
+from typing import Iterator, Mapping
 
 from ..errors import InputError, InputTypeError
 from .attention import AttentionRecord
@@ -26,7 +27,20 @@ from .outputs import BertOutput
 from .tokenizer import Batch
 
 __all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForward", "check_id_lists", "check_inputs",
-           "check_tensor"]
+           "check_tensor", "evaluating"]
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (dropout off) for the block, then in the mode it was in: every
+    reading of attention, an explanation or an embedding is taken with dropout off, even on a
+    model its user left in training mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 class BertEmbeddings(nn.Module):
@@ -182,6 +196,9 @@ class BertModel(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
+        if not isinstance(config, BertConfig):
+            raise InputTypeError(f"BertModel takes a BertConfig (e.g. BertConfig.preset(\"bert-base\")), "
+                                 f"not {type(config).__name__}")
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..bert import Bert
+from ..bert import Bert, check_bert
+from ..core.model import evaluating
 from ..core.tokenizer import Batch, check_text, no_tokens
 from ..core.words import group_words, word_attention
 from ..errors import InputError, as_count, as_index, as_whole_number
@@ -238,9 +239,7 @@ def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Ten
     """
     check_method(method)
     model = bert.model
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         dev = bert.device
         ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)
         if method in GRAD_METHODS:
@@ -252,8 +251,6 @@ def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Ten
             out = grad_input(F) if method == "grad-input" else integrated_gradients(F, steps=steps)
             return out.detach()
         return map_methods()[method](run_forward(bert.encoder, ids, mask, types))
-    finally:
-        model.train(was_training)
 
 
 def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
@@ -277,6 +274,7 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
         InputError: an unknown method, an empty text (or one with no tokens), a target the method
             cannot take, or value-zeroing on more than :data:`VALUE_ZEROING_MAX_TOKENS` tokens.
     """
+    check_bert(bert, "bertscope.explain")
     check_method(method)
     batch = _encode_one(bert, text, max_length=_length_limit(bert, method))
     if method == "value-zeroing":
@@ -334,13 +332,9 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
     if "value-zeroing" in names:
         _check_value_zeroing(batch.lengths[0])
     model = bert.model
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         dev = bert.device
         fw = run_forward(bert.encoder, batch.input_ids.to(dev), batch.attention_mask.to(dev),
                          batch.token_type_ids.to(dev))
         methods = map_methods()
         return {name: methods[name](fw)[0].float().cpu().numpy() for name in names}
-    finally:
-        model.train(was_training)

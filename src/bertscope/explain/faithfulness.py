@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ..bert import Bert
+from ..core.model import evaluating
 from ..core.words import group_words
 from ..errors import InputError
 from ..files import movie_review_rows, write_text_atomic
@@ -211,9 +212,7 @@ def sentence_attributions(clf: Bert, text: str, ig_steps: int = 0) -> Attributio
     ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids
     W = len(words.words)
     model = clf.model
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         # the prediction, and the occlusion of each real word (ids without that word's sub-tokens)
         full = batch.input_ids[0].tolist()
         variants = [full] + [[tok for t, tok in enumerate(full) if words.token_words[t] != w] for w in real]
@@ -232,8 +231,6 @@ def sentence_attributions(clf: Bert, text: str, ig_steps: int = 0) -> Attributio
             if method_kind(m) == "head":
                 mm = mm.mean(1)  # (L, T, T)
             maps[m] = _word_sums(mm[:, 0, :].cpu(), words.token_words, W)[:, real]  # (L, R): [CLS]'s row
-    finally:
-        model.train(was_training)
     return Attributions(words=[words.words[w] for w in real], predicted=c, probability=float(probs[0, c]),
                         occlusion=probs[0, c] - probs[1:, c], grad_input=gi, integrated_gradients=ig, maps=maps)
 

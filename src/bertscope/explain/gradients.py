@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..bert import Bert
+from ..core.model import evaluating
 from ..errors import InputError
 from ..fast.packing import pack, unpack
 
@@ -93,14 +94,9 @@ def class_target(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tens
     names = bert.labels
     B = input_ids.shape[0]
     if label is None:
-        was_training = clf.training
-        clf.eval()
-        try:
-            with torch.no_grad():
-                logits = clf(input_ids.to(bert.device), attention_mask.to(bert.device),
-                             token_type_ids.to(bert.device)).logits  # (B, K)
-        finally:
-            clf.train(was_training)
+        with evaluating(clf), torch.no_grad():
+            logits = clf(input_ids.to(bert.device), attention_mask.to(bert.device),
+                         token_type_ids.to(bert.device)).logits  # (B, K)
         classes = logits.argmax(-1)  # (B,)
     else:
         if isinstance(label, str):

@@ -405,9 +405,9 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
                 raise _in_use(out, pid)
             if (out / MANIFEST_FILE).is_file():
                 raise InputError(f"{out} already holds a finished job; pass --resume to check it (and "
-                                 "redo what changed), or choose a new --out")
-            raise InputError(f"{out} already holds an unfinished job; pass --resume to finish it, or "
-                             "choose a new --out")
+                                 "redo what changed; from Python JobOptions(resume=True)), or choose a new --out")
+            raise InputError(f"{out} already holds an unfinished job; pass --resume to finish it (from "
+                             "Python JobOptions(resume=True)), or choose a new --out")
         return True
     return False
 

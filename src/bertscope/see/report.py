@@ -45,7 +45,7 @@ from ..files import as_path, write_bytes_atomic
 from ..errors import InputError, as_whole_number
 from ..core.tokenizer import check_text, check_texts, no_tokens
 from ..core.words import group_words
-from ..bert import Bert
+from ..bert import Bert, analysis, check_bert
 
 __all__ = ["ALIGN_MIN_SHARE", "QK_AUTO_BYTES", "QUANT_SCALE", "Report", "ReportText", "align_units", "alignment_meta",
            "MeasureProvider", "analyze", "build_report", "dequantize", "measure_scale", "measures_meta",
@@ -340,7 +340,7 @@ def _want_qk(qk: bool | None, n_layers: int, hidden: int, T: int) -> bool:
     return 3 * n_layers * T * hidden * 4 <= QK_AUTO_BYTES
 
 
-@torch.inference_mode()
+@analysis
 def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
             qk: bool | None = None) -> list[ReportText]:
     """Run the texts through the model as one padded batch; strip the padding per text.
@@ -419,6 +419,7 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     ``measures``: ``provider(bert, text, pair) -> {name: maps}`` (e.g. from ``bertscope.explain``),
     called once per text and model; the page then offers each measure beside the attention.
     """
+    check_bert(bert, "bertscope.build_report")
     if text_b is not None and pair is not None:
         raise InputError("give a second text to compare, or a pair text, not both")
     check_text(text)
@@ -432,7 +433,7 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     else:
         if text_b is not None:
             raise InputError("give a second text or a second model, not both")
-        cb = bert_b.config
+        cb = check_bert(bert_b, "build_report's bert_b").config
         if (cb.num_hidden_layers, cb.num_attention_heads) != (cfg.num_hidden_layers, cfg.num_attention_heads):
             raise InputError(f"the two models differ in shape ({cfg.num_hidden_layers}x{cfg.num_attention_heads} and "
                              f"{cb.num_hidden_layers}x{cb.num_attention_heads} layers x heads)")

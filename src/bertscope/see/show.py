@@ -23,7 +23,8 @@ from .report import Report, ReportText
 
 __all__ = ["ROW_SUM_TOLERANCE", "show", "words_from_tokens"]
 
-ROW_SUM_TOLERANCE = 1e-3  # attention rows (over the tokens given) must sum to 1 within this
+ROW_SUM_TOLERANCE = 1e-3  # attention rows (over the tokens given) must sum to 1 within this,
+# or within twice the input format's epsilon where that is wider (bfloat16: 0.0156; float16: 0.002)
 _SPECIAL = re.compile(r"\[(CLS|SEP|PAD|MASK)\]|<s>|</s>|<pad>|<cls>|<sep>|<mask>|<\|endoftext\|>")
 
 
@@ -57,6 +58,23 @@ def _as_array(x: Any, what: str) -> np.ndarray:
     except (TypeError, ValueError):
         raise InputTypeError(f"{what} is {type(x).__name__}, not an array of numbers") from None
     return arr
+
+
+def _row_sum_tolerance(attentions: Any) -> tuple[float, str]:
+    """How far from 1 a row may sum, for the least precise format among ``attentions``: a
+    softmax rounded to bfloat16 (8 significant bits) sums to 1 only within about 2^-8 per row."""
+    items = attentions if isinstance(attentions, (list, tuple)) else [attentions]
+    eps, name = 0.0, ""
+    for a in items:
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            e, n = torch.finfo(a.dtype).eps, str(a.dtype).removeprefix("torch.")
+        elif isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating):
+            e, n = float(np.finfo(a.dtype).eps), a.dtype.name
+        else:
+            continue
+        if e > eps:
+            eps, name = e, n
+    return (2 * eps, name) if 2 * eps > ROW_SUM_TOLERANCE else (ROW_SUM_TOLERANCE, "")
 
 
 def _layers(attentions: Any) -> np.ndarray:
@@ -107,8 +125,10 @@ def _tokens(tokens: Any, what: str) -> list[str]:
     return out
 
 
-def _text(att: np.ndarray, tokens: list[str], what: str) -> ReportText:
-    """One batch item (N, H, T, T) and its U tokens -> a ReportText over the first U positions."""
+def _text(att: np.ndarray, tokens: list[str], what: str,
+          tolerance: tuple[float, str] = (ROW_SUM_TOLERANCE, "")) -> ReportText:
+    """One batch item (N, H, T, T) and its U tokens -> a ReportText over the first U positions.
+    ``tolerance``: how far a row may sum from 1, and the input format that widened it (or "")."""
     U, T = len(tokens), att.shape[-1]
     if U > T:
         raise InputError(f"{what} has {U} tokens but the attention maps are {T} x {T}")
@@ -119,13 +139,14 @@ def _text(att: np.ndarray, tokens: list[str], what: str) -> ReportText:
         raise InputError(f"the attentions of {what} lie in {a.min():.3g}..{a.max():.3g}; "
                          "give probabilities (after the softmax), in 0..1")
     sums = a.sum(-1)  # (N, H, U)
-    bad = np.abs(sums - 1) > ROW_SUM_TOLERANCE
+    tol, fmt = tolerance
+    bad = np.abs(sums - 1) > tol
     if bad.any():
         l, h, i = (int(x) for x in np.argwhere(bad)[0])
         raise InputError(
             f"in layer {l}, head {h}, the row of {what}[{i}] sums to {sums[l, h, i]:.4f} over the {U} "
-            f"tokens given, not 1: the tokens must be the positions the attention covers "
-            f"(padding, if any, after them)")
+            f"tokens given, not 1 (within {tol:.2g}{f' for {fmt} input' if fmt else ''}): the tokens "
+            f"must be the positions the attention covers (padding, if any, after them)")
     words, token_words, special = words_from_tokens(tokens)
     a32 = np.clip(a, 0, 1).astype(np.float32)
     text = " ".join(w for w, s in zip(words, [any(special[t] for t, x in enumerate(token_words) if x == k)
@@ -143,9 +164,11 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
             ``outputs.attentions``), or (H, T, T) per layer, or one (N, H, T, T) array. A single
             4-D array is always read as (N, H, T, T): pass one layer's (B, H, T, T) as ``[a]``.
             Rows are queries and must be probabilities (after the softmax).
-        tokens: the token strings of batch item 0, in order (e.g.
-            ``tokenizer.convert_ids_to_tokens(ids)``). Positions after them are dropped as
-            padding, and so are trailing ``[PAD]`` / ``<pad>`` tokens of the list itself.
+        tokens: the token strings of the text, in order (e.g.
+            ``tokenizer.convert_ids_to_tokens(ids)``): batch item 0, in a batch of one text (or
+            of two, with ``tokens_b``; from a larger batch select one item, ``[a[i:i+1] for a in
+            attentions]``). Positions after them are dropped as padding, and so are trailing
+            ``[PAD]`` / ``<pad>`` tokens of the list itself.
         tokens_b: the tokens of batch item 1, to show a second text beside the first with their
             difference (the batch must then hold exactly two items).
 
@@ -154,7 +177,9 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
         ``.save("page.html")`` writes the self-contained explorer.
 
     Raises InputError (one sentence) for shapes that do not fit the tokens, values that are not
-    probabilities, or rows that do not sum to 1 over the tokens given.
+    probabilities, or rows that do not sum to 1 over the tokens given (within
+    :data:`ROW_SUM_TOLERANCE`, or twice the input format's epsilon where wider: 0.0156 for
+    bfloat16, whose rounded softmax rows sum to 1 only within about 0.004).
     """
     stacked = _layers(attentions)  # (N, B, H, T, T)
     N, B, H = stacked.shape[:3]
@@ -168,7 +193,8 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
             raise InputError(f"the attentions hold a batch of {B} texts: pass tokens_b for a second text, "
                              "or select one item, e.g. [a[i:i+1] for a in attentions]")
         raise InputError(f"tokens_b needs a batch of exactly 2 texts (A and B), the attentions hold {B}")
-    texts = [_text(stacked[:, 0], toks, "tokens")]
+    tolerance = _row_sum_tolerance(attentions)
+    texts = [_text(stacked[:, 0], toks, "tokens", tolerance)]
     if tokens_b is not None:
-        texts.append(_text(stacked[:, 1], _tokens(tokens_b, "tokens_b"), "tokens_b"))
+        texts.append(_text(stacked[:, 1], _tokens(tokens_b, "tokens_b"), "tokens_b", tolerance))
     return Report(model_name=model_name, num_layers=N, num_heads=H, texts=texts)

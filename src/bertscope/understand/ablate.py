@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..errors import InputError, as_whole_number
 from ..core.tokenizer import check_text, no_tokens
 from ..core.words import find_word, group_words, word_attention
-from ..bert import Bert
+from ..bert import Bert, analysis
 
 __all__ = ["Ablation", "HeadEffects", "ablate", "sweep"]
 
@@ -135,7 +135,7 @@ def _embedding(h: torch.Tensor) -> torch.Tensor:
     return F.normalize(h[0].mean(0), dim=0)  # (T, C) -> (C,)  (one text, no PAD)
 
 
-@torch.inference_mode()
+@analysis
 def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None = None,
            occurrence: int = 1) -> Ablation:
     """Silence ``heads`` ((layer, head) pairs) on ``text`` and compare with the intact model."""
@@ -176,7 +176,7 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
                     word_index=wi, word_shift=shift, before=before, after=after)
 
 
-@torch.inference_mode()
+@analysis
 def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None = None) -> HeadEffects:
     """Silence every head alone, one forward pass each, and measure the output change.
 

@@ -43,7 +43,7 @@ import torch
 
 from ..errors import InputError
 from ..core.words import group_words, word_attention
-from ..bert import Bert
+from ..bert import Bert, analysis
 from .wsc import Schema, twin_groups
 
 __all__ = ["CorefResult", "HeldOut", "SchemaScores", "evaluate", "held_out_heads", "hit", "mas",
@@ -133,7 +133,7 @@ def _overlapping(offsets, word_ids, span: tuple[int, int]) -> list[int]:
             if w is not None and a < e and s < b]
 
 
-@torch.inference_mode()
+@analysis
 def score_schema(bert: Bert, schema: Schema) -> SchemaScores:
     """One forward pass; raises InputError naming the schema if its words cannot be found in the tokens."""
     batch = bert.encode([schema.text])

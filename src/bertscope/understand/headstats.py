@@ -55,7 +55,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..errors import InputError
-from ..bert import Bert
+from ..bert import Bert, analysis, check_bert
 from ..core.tokenizer import TruncationWarning, check_text, check_texts
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
@@ -316,7 +316,7 @@ class HeadSums:
         )
 
 
-@torch.inference_mode()
+@analysis
 def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
               progress: Callable[[int, int], None] | None = None) -> HeadSums:
     """The :class:`HeadSums` of ``texts`` (strings, or (line number, string) pairs); blank
@@ -357,6 +357,7 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
 
     ``progress(done, total)`` is called after each text (one forward pass each).
     """
+    check_bert(bert, "bertscope.head_stats")
     sums = head_sums(bert, texts, progress=progress)
     if not sums.num_texts:
         raise InputError("the corpus has no text (every line is empty, or has no tokens)")

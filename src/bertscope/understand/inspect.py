@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError, as_count, as_index
-from ..bert import Bert
+from ..bert import Bert, analysis
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
 
@@ -76,7 +76,7 @@ class AttendResult:
         }
 
 
-@torch.inference_mode()
+@analysis
 def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResult:
     """Attention from ``token`` (a word of ``text``) to every word, per layer and head."""
     text, token = check_text(text), check_text(token, "the word")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..bert import Bert
+from ..bert import Bert, analysis
 from ..core.masks import mask_to_bias
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
@@ -112,7 +112,7 @@ class Trace:
         }
 
 
-@torch.inference_mode()
+@analysis
 def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
           occurrence: int = 1, pad: int = 0, seed: int = 0) -> Trace:
     """Run ``text`` through the model and trace layer ``layer``, head ``head`` for ``token``.

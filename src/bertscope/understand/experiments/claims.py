@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ...core.config import BertConfig
 from ..inspect import attend
-from ...bert import Bert
+from ...bert import Bert, analysis
 
 __all__ = ["Errata", "S1Result", "S3Result", "S4Result", "S11Result", "S12Result", "builtin_sentences",
            "errata", "flops_per_forward", "s1_self_match", "s3_scaling", "s4_padding", "s11_permutation",
@@ -63,7 +63,7 @@ class S1Result:
     tokens: int
 
 
-@torch.inference_mode()
+@analysis
 def s1_self_match(bert: Bert, texts: list[str]) -> S1Result:
     N = bert.config.num_hidden_layers
     ident = torch.zeros(N)
@@ -102,7 +102,7 @@ class S3Result:
     head_size: int
 
 
-@torch.inference_mode()
+@analysis
 def s3_scaling(bert: Bert, texts: list[str], seed: int = 0) -> S3Result:
     N = bert.config.num_hidden_layers
     D = bert.config.head_size
@@ -156,7 +156,7 @@ class S4Result:
     pad_weight_unmasked: float
 
 
-@torch.inference_mode()
+@analysis
 def s4_padding(bert: Bert, short: str = "The cat sat.",
                long: str = "The animal didn't cross the street because it was too tired.") -> S4Result:
     dev = bert.device
@@ -200,7 +200,7 @@ class S11Result:
     embedding_cos_position: float
 
 
-@torch.inference_mode()
+@analysis
 def s11_permutation(bert: Bert, text: str = TIRED, seed: int = 0) -> S11Result:
     dev = bert.device
     batch = bert.encode([text])
@@ -254,7 +254,7 @@ class S12Result:
     follows_strong: list[tuple[int, int]]  # ... and give the referent >= 0.1 in both sentences
 
 
-@torch.inference_mode()
+@analysis
 def s12_referent(bert: Bert, k: int = 5) -> S12Result:
     rows = {}
     for name, text in (("tired", TIRED), ("wide", WIDE)):

@@ -84,3 +84,10 @@ def test_bertmodel_needs_a_config():
         bertscope.BertModel(None)
     with pytest.raises(InputTypeError, match="not dict"):
         bertscope.BertModel({"hidden_size": 8})
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_model_path_is_refused(path):
+    """load("") read the current folder, ".", and said ". is not a BERT checkpoint"."""
+    with pytest.raises(bertscope.InputError, match="the model folder is an empty name"):
+        bertscope.load(path)

@@ -608,8 +608,9 @@ def test_attend_result_names_an_index_out_of_range(bert):
     for call in (lambda: res.top_words(3, 1, k=-1), lambda: res.heads_for(2, k=-1), lambda: res.heads_for(2, k=1.5)):
         with pytest.raises(InputError, match="k must be a whole number >= 1"):
             call()
-    with pytest.raises(InputError, match="occurrence must be a whole number"):
-        bertscope.attend(bert, "The cat sat on the mat", "cat", occurrence="1")
+    for bad in ("1", 0, -1):  # 0 said "the word 'cat' occurs 1 time(s); occurrence 0 does not exist"
+        with pytest.raises(InputError, match=r"occurrence \(--occurrence\) must be a whole number >= 1 \(the first is 1\)"):
+            bertscope.attend(bert, "The cat sat on the mat", "cat", occurrence=bad)
     assert bertscope.attend(bert, "the cat and the dog", "the", occurrence=np.int64(2)).index == 4
     res = bertscope.attend(bert, "the cat and the dog", "dog")
     the = [i for i, w in enumerate(res.words) if w == "the"]

@@ -341,6 +341,45 @@ def test_bench_bad_preset_is_one_line_error(capsys):
     assert len(err) == 1 and "unknown preset" in err[0]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--threads", "99999"], "--threads must be 1 to"),  # OpenBLAS could not start its threads: exit 139
+    (["--threads", "0"], "--threads must be 1 to"),
+    (["--rounds", "0"], "--rounds must be 1 to 1,000"),
+    (["--rounds", "99999999999"], "--rounds must be 1 to 1,000"),
+    (["--quick", "--rounds", "3"], "--quick runs one round"),  # --rounds was ignored without a word
+])
+def test_bench_settings_out_of_range_are_refused_before_any_work(capsys, monkeypatch, args, message):
+    import bertscope.bench as bench
+
+    monkeypatch.setattr(bench, "run_bench", lambda **kw: pytest.fail("the benchmark started"))
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_failed_memory_worker_says_why(monkeypatch, caplog):
+    """A worker that printed nothing was reported as "list index out of range", its exit status
+    and its own last words dropped."""
+    import subprocess
+
+    from bertscope.bench import scaling
+    from bertscope.core.config import BertConfig
+
+    cfg = BertConfig.preset("minilm-l6")
+    answers = iter([subprocess.CompletedProcess([], -9, "", "some note\n"),
+                    subprocess.CompletedProcess([], 1, "", "Traceback...\nMemoryError: out of memory\n"),
+                    subprocess.CompletedProcess([], 0, "noise\n[1.5, 2.5]\n", "")])
+    monkeypatch.setattr(scaling.subprocess, "run", lambda *a, **k: next(answers))
+    with caplog.at_level("WARNING", logger=scaling.log.name):
+        assert scaling._peak_memory(cfg, "model", [8, 16], 1) is None
+        assert scaling._peak_memory(cfg, "model", [8, 16], 1) is None
+        assert scaling._peak_memory(cfg, "model", [8, 16], 1) == [1.5, 2.5]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["peak-memory worker (model) failed, killed by signal 9: some note; peak memory is left out",
+                    "peak-memory worker (model) failed, exit status 1: MemoryError: out of memory; "
+                    "peak memory is left out"]
+
+
 def test_timing_counts_each_systems_page_faults_in_its_own_calls():
     """compare_and_time reports minor page faults per call from the OS's own count (getrusage):
     a system that writes 64 MiB of anonymous memory mapped afresh in every call faults, and one

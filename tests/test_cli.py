@@ -73,6 +73,15 @@ def test_params_table(capsys, bundled_path):
     (["view", IT_ANIMAL, "--out", "a" * 300 + ".html"], "--out: File name too long: 'aaa"),  # was exit 1, OSError
     (["plot", IT_ANIMAL, "--out", "a" * 300 + ".png"], "--out: File name too long"),
     (["embed", __file__, "--out", "a" * 300], "--out: File name too long"),
+    # an empty value: read as the folder "." (--model, a positional file) or as if left out
+    (["attend", IT_ANIMAL, "--token", "it", "--model", ""], "--model is empty; give PATH"),
+    (["params", "--model", " "], "--model is empty; give PATH"),
+    (["params", "--preset", ""], "--preset is empty; give NAME"),
+    (["doctor", "--preset", ""], "--preset is empty; give NAME"),
+    (["embed", __file__, "--out", "e.emb", "--field", ""], "--field is empty; give NAME"),
+    (["heads", ""], "the input file is an empty name"),
+    (["coref", ""], "the input file is an empty name"),
+    (["predict", "", ""], "is empty"),
 ])
 def test_bad_input_one_line_error(args, fragment, capsys):
     assert main(args) == 2

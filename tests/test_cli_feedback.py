@@ -77,6 +77,8 @@ def test_no_progress_bar_in_a_pipe_unless_asked():
     assert r.returncode == 0 and r.stderr == ""
     r = run("--progress")
     assert r.returncode == 0 and _bar_drawn(r.stderr)
+    # the log keeps the bar's last state: it was erased at the end, leaving "29/72" or a blank line
+    assert "72/72 [" in r.stderr.split("\r")[-1] and r.stderr.endswith("\n"), r.stderr[-300:]
 
 
 def test_library_progress_callbacks_count_the_work(bert):

@@ -292,7 +292,7 @@ def test_resume_recomputes_a_truncated_shard_of_a_finished_job(tmp_path, bert, c
     assert "\n" not in str(e.value)
     code, stdout, err = _cli(args + ["--resume"], capsys)
     assert code == 0, err
-    assert "(3 already done)" in stdout
+    assert "(3 already done)" in stdout and stdout.startswith("wrote ")  # one shard was written again
     assert f"recomputed shard 1: part-00001.npy has 1000 bytes, not the {shard1['file_bytes']} recorded" in err
     assert "1 empty line(s), zero vectors: line 7" in err
     emb, status = read_embeddings(out)
@@ -310,6 +310,8 @@ def test_resume_recomputes_a_truncated_shard_of_a_finished_job(tmp_path, bert, c
     # a sound job resumes with nothing to do, and says nothing about shards
     code, stdout, err = _cli(args + ["--resume"], capsys)
     assert code == 0 and "(4 already done)" in stdout and "recomputed" not in err
+    assert stdout.startswith("nothing to do: ") and "nothing written" in stdout  # it said "wrote 8 rows"
+    assert "wrote" not in stdout
 
 
 def test_resume_checks_the_staged_shards_of_an_unfinished_job(tmp_path, bert, capsys):

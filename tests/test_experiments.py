@@ -99,6 +99,9 @@ def test_experiments_records_the_real_command_and_limit(tmp_path, capsys):
     res = json.loads((out / "experiments" / "results.json").read_text(),
                      parse_constant=lambda c: pytest.fail(f"{c} in results.json"))
     assert res["wsc"]["limit"] == 4 and res["wsc"]["schemas_scored"] == 4
+    # 4 schemas cannot carry a verdict: the report said the attention "does not resolve" pronouns
+    assert "With 4 schemas the noise band (±49.0 points) is as wide as the distance from chance" in md
+    assert "does not resolve" not in md and "| chance | 50.0% (95% noise band ±49.0 points) |" in md
 
 
 def test_experiments_bad_arguments_fail_before_work(tmp_path, capsys):

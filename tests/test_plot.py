@@ -80,6 +80,17 @@ def test_grid_has_one_scale_and_a_colour_bar_unless_per_panel(bert):
     assert {ax.images[0].get_clim() for ax in fig.axes if ax.images} == {(0.0, 0.5)}
 
 
+def test_vmax_is_finite_and_not_given_with_per_panel_scales(bert):
+    from bertscope.errors import InputError
+
+    rt = analyze(bert, [IT_ANIMAL])[0]
+    for bad in (float("inf"), 0.0, float("nan"), "1"):
+        with pytest.raises(InputError, match="must be a finite number above 0"):
+            head_figure(rt, 3, 1, vmax=bad)
+    with pytest.raises(InputError, match="give one or the other"):
+        grid_figure(rt, shared=False, vmax=0.5)
+
+
 def test_vmax_and_span(bert):
     [rt] = analyze(bert, [IT_ANIMAL])
     fig = head_figure(rt, 3, 1, vmax=1.0)
@@ -101,6 +112,8 @@ def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
     assert out.read_bytes()[:4] == b"\x89PNG"
     capsys.readouterr()
     for args, why in ((["--vmax", "0"], "--vmax"), (["--vmax", "nan"], "--vmax"), (["--per-panel"], "--grid"),
+                      (["--vmax", "inf"], "--vmax must be a finite number above 0, got inf"),
+                      (["--grid", "--per-panel", "--vmax", "0.5"], "give one or the other"),  # --vmax was dropped
                       (["--grid", "--layer", "2"], "leave out --layer and --head"),
                       (["--span", "50:60"], "selects no token (the text has 15 tokens, 0..14)"),
                       (["--span", "5:2"], "span 5:2 selects no token (END must be after START)"),

@@ -631,6 +631,21 @@ def test_races_that_cannot_fit_their_share_keep_the_plain_values_and_say_why(cac
     assert len(raced) == 3 and not c.not_raced and {"batch_tokens", "slack"} <= set(c.timings)
 
 
+def test_the_estimates_use_the_rate_recorded_not_a_cold_first_probe(cache, small_model, monkeypatch):
+    """doctor showed "GEMM rate when measured: 147.9 GFLOP/s" above "batch_tokens not raced:
+    about 13.0 s at 25 GFLOP/s": the estimate used the first, cold probe and the record the
+    better of two. Both now use the better one, taken before the estimates."""
+    cfg = small_model.config
+    batches = [tuning.synthetic_batch(cfg, n, 256) for n in FAST["batch_tokens"]]
+    need = tuning.race_cost_s(cfg, batches, cfg.num_hidden_layers, 1.0)  # seconds at 1 GFLOP/s
+    probes = iter([1.0, 2.0])  # cold, then warm after the GEMM race
+    monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: next(probes))
+    c = tuning.measure_choice(small_model, budget_s=4 * need * 0.99, candidates=FAST)
+    assert c.gemm_gflops == 2.0
+    assert "batch_tokens" not in c.not_raced  # at 2 GFLOP/s it fits its share: raced
+    assert "batch_tokens" in c.timings and next(probes, None) is None  # two probes, no more
+
+
 def test_the_budget_comes_from_the_environment_and_a_bad_one_is_one_clear_error(cache, small_model, monkeypatch):
     monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", "")
     assert tuning.tune_budget() == tuning.BUDGET_S == 2.0

@@ -24,9 +24,12 @@ TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they 
 
 
 def as_path(path: object, what: str = "path") -> Path:
-    """``path`` (a str or os.PathLike) as a Path, else an InputTypeError naming ``what``."""
+    """``path`` (a str or os.PathLike) as a Path, else an InputTypeError naming ``what``. An
+    empty name is an InputError (``Path("")`` would be the current folder, ".")."""
     if not isinstance(path, (str, os.PathLike)):
         raise InputTypeError(f"{what} must be a str or a Path, got {type(path).__name__}")
+    if not os.fspath(path).strip():
+        raise InputError(f"{what} is an empty name")
     return Path(path)
 
 
@@ -288,7 +291,7 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
     means the same line to every command; lines that are not UTF-8 text are skipped with one
     warning naming them; a binary file is refused (:func:`refuse_binary`).
     """
-    p = Path(path)
+    p = as_path(path, "the input file")
     raw = read_input_bytes(p)
     refuse_binary(str(p), raw)
     lines, bad, _ = text_lines(raw)
@@ -351,7 +354,9 @@ def split_lines(data: bytes) -> list[bytes]:
 
 def why_not_a_file(path: str | os.PathLike) -> str:
     """Why ``path`` cannot be read as an input file, in words: "X does not exist", "X is a
-    folder, not a file" or "X is not a regular file"."""
+    folder, not a file" or "X is not a regular file" (or "the file name is empty")."""
+    if not os.fspath(path).strip():
+        return "the file name is empty"
     p = Path(path)
     if not p.exists():
         return f"{p} does not exist"
@@ -360,7 +365,7 @@ def why_not_a_file(path: str | os.PathLike) -> str:
 
 def read_input_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of a user's input file; a missing or unreadable file is a one-line InputError."""
-    p = Path(path)
+    p = as_path(path, "the input file")
     if not p.is_file():
         raise InputError(why_not_a_file(p))
     try:

@@ -122,10 +122,22 @@ def _peak_memory(config: BertConfig, kind: str, lengths: list[int], threads: int
     try:
         r = subprocess.run([sys.executable, "-c", "from bertscope.bench.scaling import memory_main; memory_main()", spec],
                            capture_output=True, text=True, env=env, timeout=600)
-        return json.loads(r.stdout.strip().splitlines()[-1])
-    except Exception as e:  # memory is reported as missing rather than failing the benchmark
-        log.warning("peak-memory worker failed: %s", e)
+    except (OSError, subprocess.SubprocessError) as e:  # memory is reported as missing, the benchmark goes on
+        log.warning("peak-memory worker (%s) could not run: %s", kind, e)
         return None
+    lines = r.stdout.strip().splitlines()
+    try:
+        if r.returncode == 0 and lines:
+            return [float(v) for v in json.loads(lines[-1])]
+    except (ValueError, TypeError):
+        pass
+    why = (f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
+           if r.returncode else "no result printed")
+    said = next((line.strip() for line in reversed(r.stderr.strip().splitlines()) if line.strip()), "")
+    log.warning("peak-memory worker (%s) failed, %s%s; peak memory is left out", kind, why,
+                f": {said}" if said else "")
+    log.debug("peak-memory worker stderr:\n%s", r.stderr)
+    return None
 
 
 MIN_FIT_MIB = 0.05  # peak-memory values at or below this are noise: no exponent is fitted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 HELP = """\
@@ -40,6 +41,9 @@ examples:
 """
 
 
+MAX_ROUNDS = 1000  # a benchmark of days is a typo, not a measurement
+
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help="throughput against sentence-transformers, transformers, onnxruntime; cost against length",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,8 +51,10 @@ def register(sub) -> None:
     g.add_argument("--preset", metavar="NAME", default=None, help="bert-base, bert-large or minilm-l6 (random weights)")
     g.add_argument("--model", metavar="PATH", default=None, help="a local checkpoint folder")
     p.add_argument("--corpus", metavar="FILE", default=None, help="texts for the mixed workload, one per line")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch/ORT threads (default: torch's)")
-    p.add_argument("--rounds", type=int, default=3, metavar="N", help="timed rounds per system (default 3)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch/ORT threads, at most the logical CPUs (default: torch's)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help=f"timed rounds per system (default 3, at most {MAX_ROUNDS}; --quick runs one)")
     p.add_argument("--plot", metavar="FILE", default=None, help="write the S13 plot here (.png, .svg or .pdf)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -65,10 +71,14 @@ def run(args: argparse.Namespace) -> int:
     from .guard import dumps_strict, null_non_finite
 
     check_preset(args.preset)
-    if args.rounds < 1:
-        raise InputError(f"--rounds must be at least 1, not {args.rounds}")
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"--threads must be at least 1, not {args.threads}")
+    if args.quick and args.rounds is not None:
+        raise InputError("--quick runs one round of each system (a smoke run); leave out --rounds, or --quick")
+    rounds = 3 if args.rounds is None else args.rounds
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise InputError(f"--rounds must be 1 to {MAX_ROUNDS:,}, not {rounds:,}")
+    cpus = os.cpu_count() or 1
+    if args.threads is not None and not 1 <= args.threads <= cpus:
+        raise InputError(f"--threads must be 1 to {cpus} (this machine's logical CPUs), not {args.threads:,}")
     plot = None
     if args.plot:  # checked now: a bad path must not cost a finished run
         plot = check_output_file(args.plot, flag="--plot", suffixes=PLOT_SUFFIXES)
@@ -88,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)
     res = bench.run_bench(model=args.model, preset=args.preset, corpus=corpus, quick=args.quick,
-                    threads=args.threads, rounds=args.rounds, plot=None)
+                    threads=args.threads, rounds=rounds, plot=None)
     if args.corpus:
         res["corpus"] = args.corpus
     figure, failed = None, None

@@ -280,9 +280,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    skipped = f" ({res.shards_skipped} already done)" if res.shards_skipped else ""
     ran = _recorded_precision(args.out)[0] or "fp32"  # what the job computes in, as it recorded it
-    print(f"wrote {res.rows} rows x {res.dim} ({ran}) to {res.out_dir} in {res.shards} shard(s){skipped}")
+    if res.shards and res.shards_skipped == res.shards:  # --resume of a finished, sound job
+        print(f"nothing to do: {res.out_dir} already holds its {res.rows} rows x {res.dim} ({ran}) in "
+              f"{res.shards} shard(s) ({res.shards_skipped} already done), each checked; nothing written")
+    else:
+        skipped = f" ({res.shards_skipped} already done)" if res.shards_skipped else ""
+        print(f"wrote {res.rows} rows x {res.dim} ({ran}) to {res.out_dir} in {res.shards} shard(s){skipped}")
     if res.rows == 0:
         print(f"bertscope: warning: {args.input} holds no lines: the job has no rows", file=sys.stderr)
     elif len(res.problems.get("empty", [])) == res.rows:

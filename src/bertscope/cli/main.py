@@ -120,8 +120,14 @@ def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
     return out, debug
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse, in one line, any argument that is not valid Unicode text.
+# options that explain an empty value their own way (--token: "the word is empty", ...)
+EMPTY_SAID_ELSEWHERE = {"out", "token", "measure", "host", "allow_host", "span", "pair", "similar_to"}
+
+
+def check_arguments(args: argparse.Namespace, command: argparse.ArgumentParser | None = None) -> None:
+    """Refuse, in one line, any argument that is not valid Unicode text, and an empty value
+    given to an option of ``command`` (``--model ""`` read as the folder "."; ``--preset ""`` and
+    ``--field ""`` as if left out).
 
     Python decodes argv with "surrogateescape": a byte that is not UTF-8 (say 0xff, from a
     Latin-1 terminal) arrives as a lone surrogate (U+DCFF) that no tokenizer, JSON writer or
@@ -141,6 +147,13 @@ def check_arguments(args: argparse.Namespace) -> None:
                         else f"a lone surrogate U+{code:04X}")
                 raise BertscopeError(f"argument {dest.replace('_', '-')} holds {what} at character "
                                      f"{e.start}; bertscope takes UTF-8 text and file names") from None
+    for action in [] if command is None else command._actions:
+        if not action.option_strings or action.dest in EMPTY_SAID_ELSEWHERE:
+            continue
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values) and value != action.default:
+            raise BertscopeError(f"{action.option_strings[0]} is empty; give {action.metavar or action.dest.upper()}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _warning_line
     previous = _stop_on_sigterm()
     try:
-        check_arguments(args)
+        check_arguments(args, _command_parser(parser, args.command))
         return int(args.func(args) or 0)
     except BertscopeError as e:
         if args.debug:  # the traceback, then the same line and exit status as without --debug

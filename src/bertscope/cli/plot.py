@@ -67,13 +67,16 @@ def run(args: argparse.Namespace) -> int:
     if not 20 <= args.dpi <= 1200:
         raise InputError("--dpi must be between 20 and 1200")
     if args.vmax is not None and not (math.isfinite(args.vmax) and args.vmax > 0):
-        raise InputError(f"--vmax must be a number above 0, got {args.vmax}")
+        raise InputError(f"--vmax must be a finite number above 0, got {args.vmax}")
     if args.grid and (args.layer is not None or args.head is not None):
         raise InputError("--grid draws every layer and head; leave out --layer and --head")
     if args.layer is None:
         args.layer = 0
     if args.per_panel and not args.grid:
         raise InputError("--per-panel goes with --grid (one head is one panel)")
+    if args.per_panel and args.vmax is not None:
+        raise InputError("--per-panel scales each panel to its own maximum and --vmax fixes one scale for all: "
+                         "give one or the other")
     if args.span is not None:
         parse_span(args.span, None)  # the form now; the range once the text is tokenized
     from ..explain import MAP_METHODS, map_measures, method_kind

@@ -27,6 +27,10 @@ def progress_enabled(args: argparse.Namespace) -> bool:
         return False
     if getattr(args, "progress", False):
         return True
+    return _isatty()
+
+
+def _isatty() -> bool:
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
@@ -47,8 +51,9 @@ class Bar:
         if self._tqdm is None:
             from tqdm import tqdm
 
+            # a terminal's bar is erased when done; a log (--progress) keeps its last state, n/n
             self._tqdm = tqdm(total=total, desc=self.desc, unit=self.unit, file=sys.stderr,
-                              dynamic_ncols=True, leave=False, mininterval=0.2)
+                              dynamic_ncols=True, leave=not _isatty(), mininterval=0.2)
         t = self._tqdm
         if total is not None and t.total != total:
             t.total = total

@@ -97,8 +97,8 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     if not word.strip():
         raise InputError("the word to look for (--token) is empty")
     n = as_whole_number(occurrence)
-    if n is None:
-        raise InputError(f"occurrence must be a whole number >= 1, got {occurrence!r}")
+    if n is None or n < 1:  # 0 or -1 are not Python indices here: the first occurrence is 1
+        raise InputError(f"occurrence (--occurrence) must be a whole number >= 1 (the first is 1), got {occurrence!r}")
     occurrence = n
     target = _fold(word.strip())
     hits = [i for i, w in enumerate(words) if _fold(w) == target]

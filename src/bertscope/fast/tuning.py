@@ -697,6 +697,10 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float | None = N
         log.info("kernel choice: %s not raced (%s)", step, choice.not_raced[step])
         return False
 
+    # the rate recorded, and the one the estimates below use: the better of a probe before the
+    # races and one after the GEMM races (warm threads and allocator), so one slow probe at the
+    # first call neither records a rate too low nor leaves out a race that would fit
+    choice.gemm_gflops = max(choice.gemm_gflops, gemm_rate())
     wide = {n: why for n in cands["batch_tokens"] if (why := too_wide(model.config, n))}
     sizes = [n for n in cands["batch_tokens"] if n not in wide] or [min(cands["batch_tokens"])]
     if sizes[0] in wide:
@@ -713,9 +717,6 @@ def measure_choice(model, *, precision: str = "fp32", budget_s: float | None = N
         runs = {str(s): runner(chosen_gemm, packed, s) for s in cands["slack"]}
         choice.slack = float(timed("slack", runs, {str(s): packed.num_tokens for s in cands["slack"]},
                                    str(BASELINE["slack"])))
-    # the rate recorded: the better of a probe before the races and one after them (warm threads
-    # and allocator), so one slow probe at the first call does not record a rate too low
-    choice.gemm_gflops = max(choice.gemm_gflops, gemm_rate())
     choice.seconds = time.perf_counter() - started
     log.info("kernel choice for %s measured in %.1f s: gemm %s, batch %d tokens, slack %g",
              choice.key["model"], choice.seconds, choice.gemm, choice.batch_tokens, choice.slack)

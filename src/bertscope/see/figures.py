@@ -18,6 +18,7 @@ Shape legend: N layers, H heads, T tokens, W words.
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import warnings
@@ -142,6 +143,11 @@ def _ticks(ax, labels: list[str]) -> None:
     ax.tick_params(length=0)
 
 
+def _check_vmax(vmax: float | None) -> None:
+    if vmax is not None and not (isinstance(vmax, (int, float)) and math.isfinite(vmax) and vmax > 0):
+        raise InputError(f"vmax (--vmax) must be a finite number above 0, got {vmax}")
+
+
 def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = True,
                 span: tuple[int, int] | None = None, vmax: float | None = None, measure: str | None = None):
     """A heatmap of one head: rows attend (from), columns are attended to (to).
@@ -158,8 +164,7 @@ def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = T
     head = 0 if head is None else head
     N, H = att.shape[:2]
     layer, head = as_index("layer (--layer)", layer, N), as_index("head (--head)", head, H)
-    if vmax is not None and not vmax > 0:
-        raise InputError(f"vmax (--vmax) must be above 0, got {vmax}")
+    _check_vmax(vmax)
     M = att[layer, head]  # (U, U)
     U = len(labels)
     top = float(vmax) if vmax is not None else max(float(M.max()), 1e-9)
@@ -203,8 +208,10 @@ def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | N
     if per_layer:
         att = att[:, 0][None]  # (N, 1, U, U) -> (1, N, U, U): one row, a panel per layer
     N, H = att.shape[:2]
-    if vmax is not None and not vmax > 0:
-        raise InputError(f"vmax (--vmax) must be above 0, got {vmax}")
+    _check_vmax(vmax)
+    if vmax is not None and not shared:
+        raise InputError("vmax (--vmax) fixes one scale for every panel; shared=False (--per-panel) scales "
+                         "each panel to its own maximum: give one or the other")
     common = float(vmax) if vmax is not None else max(float(att.max()), 1e-9)
     fig = Figure(figsize=(1.15 * H + 1.6, 1.15 * N + 0.8), layout="constrained")
     axes = fig.subplots(N, H, squeeze=False)

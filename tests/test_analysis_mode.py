@@ -75,7 +75,7 @@ def test_returned_tensors_are_ordinary(bert):
 def test_a_raw_model_is_named_as_the_mistake(bert, call):
     """bert.model is the README's first line about the model, so passing it is a likely mistake;
     it raised AttributeError: 'BertModel' object has no attribute 'encode'."""
-    with pytest.raises(InputTypeError, match=r"takes a loaded model, bertscope\.load\(\.\.\.\), not (BertModel|NoneType)"):
+    with pytest.raises(InputTypeError, match=r"^\w+\(\)('s bert_b)? takes a loaded model, bertscope\.load\(\.\.\.\), not (BertModel|NoneType)$"):
         call(bert)
 
 
@@ -91,3 +91,19 @@ def test_an_empty_model_path_is_refused(path):
     """load("") read the current folder, ".", and said ". is not a BERT checkpoint"."""
     with pytest.raises(bertscope.InputError, match="the model folder is an empty name"):
         bertscope.load(path)
+
+
+def test_each_modules_mode_is_given_back(bert):
+    """A model trained with a frozen part (its embeddings in eval mode) kept that part frozen:
+    restoring only the top flag set every submodule to training."""
+    m = bert.model
+    m.train()
+    m.embeddings.eval()
+    try:
+        bertscope.attend(bert, TEXT, "it")
+        bert.embed(["a text"])
+        bertscope.explain(bert, TEXT, "attention")
+        assert m.training and not m.embeddings.training and not m.embeddings.norm.training
+        assert all(layer.training for layer in m.layers)
+    finally:
+        m.eval()

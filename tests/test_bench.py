@@ -368,15 +368,19 @@ def test_a_failed_memory_worker_says_why(monkeypatch, caplog):
     cfg = BertConfig.preset("minilm-l6")
     answers = iter([subprocess.CompletedProcess([], -9, "", "some note\n"),
                     subprocess.CompletedProcess([], 1, "", "Traceback...\nMemoryError: out of memory\n"),
+                    subprocess.CompletedProcess([], 0, "a stray line\n", ""),
                     subprocess.CompletedProcess([], 0, "noise\n[1.5, 2.5]\n", "")])
     monkeypatch.setattr(scaling.subprocess, "run", lambda *a, **k: next(answers))
     with caplog.at_level("WARNING", logger=scaling.log.name):
+        assert scaling._peak_memory(cfg, "model", [8, 16], 1) is None
         assert scaling._peak_memory(cfg, "model", [8, 16], 1) is None
         assert scaling._peak_memory(cfg, "model", [8, 16], 1) is None
         assert scaling._peak_memory(cfg, "model", [8, 16], 1) == [1.5, 2.5]
     said = [r.getMessage() for r in caplog.records]
     assert said == ["peak-memory worker (model) failed, killed by signal 9: some note; peak memory is left out",
                     "peak-memory worker (model) failed, exit status 1: MemoryError: out of memory; "
+                    "peak memory is left out",
+                    "peak-memory worker (model) failed, its last line is not a list of numbers: 'a stray line'; "
                     "peak memory is left out"]
 
 

@@ -81,7 +81,7 @@ def test_params_table(capsys, bundled_path):
     (["embed", __file__, "--out", "e.emb", "--field", ""], "--field is empty; give NAME"),
     (["heads", ""], "the input file is an empty name"),
     (["coref", ""], "the input file is an empty name"),
-    (["predict", "", ""], "is empty"),
+    (["predict", "", ""], "the file name is empty"),
 ])
 def test_bad_input_one_line_error(args, fragment, capsys):
     assert main(args) == 2

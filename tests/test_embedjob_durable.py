@@ -600,3 +600,28 @@ def _describe(bert) -> dict:
     from bertscope.fast.embedjob import _describe_model
 
     return _describe_model(bert)
+
+
+def test_a_resume_that_only_moves_staged_shards_says_it_wrote_them(tmp_path, bert, capsys, monkeypatch):
+    """Every shard computed, then a crash while moving them out of _staging: the resume computes
+    nothing yet writes the shards and the manifest, so it must not say "nothing written"."""
+    from bertscope.fast import embedjob
+
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--quiet"]
+    real = embedjob.move_into_place
+
+    def crash(src, dst):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(embedjob, "move_into_place", crash)
+    code, stdout, err = _cli(args, capsys)
+    assert code != 0 and not (out / "_manifest.json").exists()
+    monkeypatch.setattr(embedjob, "move_into_place", real)
+    code, stdout, err = _cli(args + ["--resume"], capsys)
+    assert code == 0, err
+    assert stdout.startswith("wrote ") and "nothing" not in stdout, stdout
+    assert (out / "_manifest.json").is_file()
+    code, stdout, err = _cli(args + ["--resume"], capsys)  # now it is finished: nothing to do
+    assert code == 0 and stdout.startswith("nothing to do: ") and "nothing written" in stdout

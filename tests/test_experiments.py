@@ -171,3 +171,33 @@ def test_report_text_follows_the_numbers():
     assert against.count("**This contradicts the seed:**") == 4 and "as the seed says" not in against
     # quoted figures come from the citations table, shown with their source
     assert "### Citations" in against and "Klein & Nabi 2019" in against
+
+
+VERDICTS = {"outside": "Some method is further from chance than the noise band",
+            "undecided": "these figures cannot say whether",
+            "chance": "its attention does not resolve Winograd pronouns"}
+
+
+@pytest.mark.parametrize("n, accuracy, verdict", [
+    (12, 1.0, "outside"),  # 12/12 lies outside ±28 points: a small sample does not hide it
+    (12, 0.5, "undecided"),
+    (273, 0.5, "chance"),
+    (273, 0.65, "outside"),
+])
+def test_the_winograd_verdict_follows_the_noise_band(n, accuracy, verdict):
+    """A small sample gives no verdict of "does not resolve", and does not hide a result that
+    lies outside its band either."""
+    import math
+    from types import SimpleNamespace
+
+    from bertscope.understand.experiments.report import _section_wsc
+
+    w = SimpleNamespace(best_in_sample=(0, 0, accuracy), numbers=list(range(1, n + 1)), warnings=[], chance=0.5,
+                        noise_95=1.96 * math.sqrt(0.25 / n), first_accuracy=0.5, nearest_accuracy=0.5,
+                        mas_accuracy=accuracy, mas_pronoun_accuracy=0.5, held_out_accuracy=None, held_out=[])
+    lines: list[str] = []
+    _section_wsc(SimpleNamespace(wsc=w, wsc_path="w.xml", wsc_limit=n), lines.append, {"img_rel": "img"})
+    text = "\n".join(lines)
+    assert [k for k, said in VERDICTS.items() if said in text] == [verdict], text
+    if verdict == "undecided":
+        assert f"With {n} schemas the noise band (±28.3 points)" in text

@@ -89,6 +89,9 @@ def test_vmax_is_finite_and_not_given_with_per_panel_scales(bert):
             head_figure(rt, 3, 1, vmax=bad)
     with pytest.raises(InputError, match="give one or the other"):
         grid_figure(rt, shared=False, vmax=0.5)
+    import torch  # numbers of numpy and torch are numbers: vmax=M.max() of a float32 array
+    for ok in (np.float32(0.5), np.int64(1), torch.tensor(0.5), 1):
+        assert head_figure(rt, 3, 1, vmax=ok).axes[0].images[0].get_clim() == (0.0, float(ok))
 
 
 def test_vmax_and_span(bert):

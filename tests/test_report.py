@@ -379,6 +379,11 @@ def test_show_takes_bfloat16_attention_from_hf(bundled_path):
     rep = bertscope.show(rows[torch.bfloat16], tokens)
     ref = bertscope.show(rows[torch.float32], tokens)
     assert np.abs(rep.texts[0].attentions - ref.texts[0].attentions).max() < 0.05
+    # numpy has no bfloat16: the same values cast to float32 are read by what they are
+    as_f32 = bertscope.show([a.float().numpy() for a in rows[torch.bfloat16]], tokens)
+    np.testing.assert_array_equal(as_f32.texts[0].attentions, rep.texts[0].attentions)
     # the wider tolerance still catches tokens that do not fit: one token left out of each row
-    with pytest.raises(bertscope.InputError, match=r"not 1 \(within 0\.016 for bfloat16 input\)"):
+    with pytest.raises(bertscope.InputError, match=r"not 1 \(within 0\.016 for bfloat16 values\)"):
         bertscope.show(rows[torch.bfloat16], tokens[:-1])
+    with pytest.raises(bertscope.InputError, match=r"not 1 \(within 0\.001\): the tokens"):  # fp32: as before
+        bertscope.show([a * 0.998 for a in rows[torch.float32]], tokens)

@@ -329,7 +329,7 @@ def analysis(fn: Callable[P, R]) -> Callable[P, R]:
     them in place or use them in an autograd computation."""
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        bert = check_bert(args[0] if args else kwargs.get("bert"), f"bertscope.{fn.__name__}")
+        bert = check_bert(args[0] if args else kwargs.get("bert"), f"{fn.__name__}()")
         with evaluating(bert.model), torch.no_grad():
             return fn(*args, **kwargs)
     return run

@@ -132,7 +132,8 @@ def _peak_memory(config: BertConfig, kind: str, lengths: list[int], threads: int
     except (ValueError, TypeError):
         pass
     why = (f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
-           if r.returncode else "no result printed")
+           if r.returncode else f"its last line is not a list of numbers: {lines[-1][:200]!r}" if lines
+           else "no result printed")
     said = next((line.strip() for line in reversed(r.stderr.strip().splitlines()) if line.strip()), "")
     log.warning("peak-memory worker (%s) failed, %s%s; peak memory is left out", kind, why,
                 f": {said}" if said else "")

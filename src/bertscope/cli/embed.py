@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     ran = _recorded_precision(args.out)[0] or "fp32"  # what the job computes in, as it recorded it
-    if res.shards and res.shards_skipped == res.shards:  # --resume of a finished, sound job
+    if res.already_complete:  # --resume of a finished, sound job
         print(f"nothing to do: {res.out_dir} already holds its {res.rows} rows x {res.dim} ({ran}) in "
               f"{res.shards} shard(s) ({res.shards_skipped} already done), each checked; nothing written")
     else:

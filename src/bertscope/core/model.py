@@ -32,15 +32,17 @@ __all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForwar
 
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` in eval mode (dropout off) for the block, then in the mode it was in: every
-    reading of attention, an explanation or an embedding is taken with dropout off, even on a
-    model its user left in training mode."""
-    was_training = model.training
+    """``model`` in eval mode (dropout off) for the block, then in the modes it was in, module by
+    module (a user's frozen part stays in eval mode): every reading of attention, an explanation
+    or an embedding is taken with dropout off, even on a model its user left in training mode.
+    Not for two threads at once on one model in training mode (each would restore the other's)."""
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         yield model
     finally:
-        model.train(was_training)
+        for m, training in modes:
+            m.training = training
 
 
 class BertEmbeddings(nn.Module):

@@ -274,7 +274,7 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
         InputError: an unknown method, an empty text (or one with no tokens), a target the method
             cannot take, or value-zeroing on more than :data:`VALUE_ZEROING_MAX_TOKENS` tokens.
     """
-    check_bert(bert, "bertscope.explain")
+    check_bert(bert, "explain()")
     check_method(method)
     batch = _encode_one(bert, text, max_length=_length_limit(bert, method))
     if method == "value-zeroing":

@@ -132,7 +132,9 @@ class EmbedJobResult:
     ``shards_skipped``: shards already done by an earlier run and kept; ``shards_redone``: the
     indices of finished shards computed again because their input records changed;
     ``shards_repaired``: index -> why, for finished shards computed again because their file
-    was missing, truncated or altered (one sentence naming the file).
+    was missing, truncated or altered (one sentence naming the file). ``already_complete``: the
+    job was finished before this run and this run changed nothing in it (a ``--resume`` that
+    only checked).
     """
 
     out_dir: Path
@@ -145,6 +147,7 @@ class EmbedJobResult:
     run: int = 1
     max_seq_length: int | None = None
     shards_repaired: dict[int, str] = field(default_factory=dict)
+    already_complete: bool = False
 
 
 # --- reading records -------------------------------------------------------------------------
@@ -1009,7 +1012,7 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         return EmbedJobResult(out_dir=out, rows=plan.rows, dim=job.job["dim"], shards=len(plan.shards),
                               shards_skipped=skipped, problems=problems, shards_redone=list(job.redone),
                               run=job.run, max_seq_length=job.job["max_seq_length"],
-                              shards_repaired=dict(job.repaired))
+                              shards_repaired=dict(job.repaired), already_complete=job.complete and not records)
     finally:
         job.close()
 

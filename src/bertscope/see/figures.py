@@ -143,9 +143,16 @@ def _ticks(ax, labels: list[str]) -> None:
     ax.tick_params(length=0)
 
 
-def _check_vmax(vmax: float | None) -> None:
-    if vmax is not None and not (isinstance(vmax, (int, float)) and math.isfinite(vmax) and vmax > 0):
-        raise InputError(f"vmax (--vmax) must be a finite number above 0, got {vmax}")
+def _check_vmax(vmax: object) -> None:
+    """A number (a numpy or 0-d torch one too) that is finite and above 0, or None."""
+    if vmax is None:
+        return
+    try:
+        v = float(vmax) if not isinstance(vmax, (bool, str)) else float("nan")
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise InputError(f"vmax (--vmax) must be a finite number above 0, got {vmax!r}")
 
 
 def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = True,

@@ -419,7 +419,7 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     ``measures``: ``provider(bert, text, pair) -> {name: maps}`` (e.g. from ``bertscope.explain``),
     called once per text and model; the page then offers each measure beside the attention.
     """
-    check_bert(bert, "bertscope.build_report")
+    check_bert(bert, "build_report()")
     if text_b is not None and pair is not None:
         raise InputError("give a second text to compare, or a pair text, not both")
     check_text(text)
@@ -433,7 +433,7 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     else:
         if text_b is not None:
             raise InputError("give a second text or a second model, not both")
-        cb = check_bert(bert_b, "build_report's bert_b").config
+        cb = check_bert(bert_b, "build_report()'s bert_b").config
         if (cb.num_hidden_layers, cb.num_attention_heads) != (cfg.num_hidden_layers, cfg.num_attention_heads):
             raise InputError(f"the two models differ in shape ({cfg.num_hidden_layers}x{cfg.num_attention_heads} and "
                              f"{cb.num_hidden_layers}x{cb.num_attention_heads} layers x heads)")

@@ -24,7 +24,7 @@ from .report import Report, ReportText
 __all__ = ["ROW_SUM_TOLERANCE", "show", "words_from_tokens"]
 
 ROW_SUM_TOLERANCE = 1e-3  # attention rows (over the tokens given) must sum to 1 within this,
-# or within twice the input format's epsilon where that is wider (bfloat16: 0.0156; float16: 0.002)
+# or within twice the values' format's epsilon where that is wider (bfloat16: 0.0156; float16: 0.002)
 _SPECIAL = re.compile(r"\[(CLS|SEP|PAD|MASK)\]|<s>|</s>|<pad>|<cls>|<sep>|<mask>|<\|endoftext\|>")
 
 
@@ -60,21 +60,20 @@ def _as_array(x: Any, what: str) -> np.ndarray:
     return arr
 
 
-def _row_sum_tolerance(attentions: Any) -> tuple[float, str]:
-    """How far from 1 a row may sum, for the least precise format among ``attentions``: a
-    softmax rounded to bfloat16 (8 significant bits) sums to 1 only within about 2^-8 per row."""
-    items = attentions if isinstance(attentions, (list, tuple)) else [attentions]
-    eps, name = 0.0, ""
-    for a in items:
-        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
-            e, n = torch.finfo(a.dtype).eps, str(a.dtype).removeprefix("torch.")
-        elif isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating):
-            e, n = float(np.finfo(a.dtype).eps), a.dtype.name
-        else:
-            continue
-        if e > eps:
-            eps, name = e, n
-    return (2 * eps, name) if 2 * eps > ROW_SUM_TOLERANCE else (ROW_SUM_TOLERANCE, "")
+def _row_sum_tolerance(values: np.ndarray) -> tuple[float, str]:
+    """How far from 1 a row may sum, from the values themselves: a softmax rounded to bfloat16 (8
+    significant bits) sums to 1 only within about 2^-8 per row, and so it does after a cast to
+    float32 or float64 (``a.float().numpy()``, since numpy has no bfloat16). Values that all fit
+    in bfloat16 (or float16) are read as such; others get :data:`ROW_SUM_TOLERANCE`."""
+    x = values.astype(np.float32)
+    if not np.array_equal(x, values):  # finer than float32: not rounded to a short format
+        return ROW_SUM_TOLERANCE, ""
+    if not (x.view(np.uint32) & 0xFFFF).any():  # the low 16 bits of every float32 are 0
+        return 2 * 2.0 ** -7, "bfloat16"  # twice bfloat16's epsilon
+    with np.errstate(over="ignore"):
+        if np.array_equal(x.astype(np.float16).astype(np.float32), x):
+            return max(ROW_SUM_TOLERANCE, 2 * 2.0 ** -10), "float16"
+    return ROW_SUM_TOLERANCE, ""
 
 
 def _layers(attentions: Any) -> np.ndarray:
@@ -145,7 +144,7 @@ def _text(att: np.ndarray, tokens: list[str], what: str,
         l, h, i = (int(x) for x in np.argwhere(bad)[0])
         raise InputError(
             f"in layer {l}, head {h}, the row of {what}[{i}] sums to {sums[l, h, i]:.4f} over the {U} "
-            f"tokens given, not 1 (within {tol:.2g}{f' for {fmt} input' if fmt else ''}): the tokens "
+            f"tokens given, not 1 (within {tol:.2g}{f' for {fmt} values' if fmt else ''}): the tokens "
             f"must be the positions the attention covers (padding, if any, after them)")
     words, token_words, special = words_from_tokens(tokens)
     a32 = np.clip(a, 0, 1).astype(np.float32)
@@ -178,8 +177,9 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
 
     Raises InputError (one sentence) for shapes that do not fit the tokens, values that are not
     probabilities, or rows that do not sum to 1 over the tokens given (within
-    :data:`ROW_SUM_TOLERANCE`, or twice the input format's epsilon where wider: 0.0156 for
-    bfloat16, whose rounded softmax rows sum to 1 only within about 0.004).
+    :data:`ROW_SUM_TOLERANCE`, or twice the values' format's epsilon where wider: 0.0156 for
+    values that fit bfloat16, whose rounded softmax rows sum to 1 only within about 0.004, even
+    after a cast to float32).
     """
     stacked = _layers(attentions)  # (N, B, H, T, T)
     N, B, H = stacked.shape[:3]
@@ -193,7 +193,7 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
             raise InputError(f"the attentions hold a batch of {B} texts: pass tokens_b for a second text, "
                              "or select one item, e.g. [a[i:i+1] for a in attentions]")
         raise InputError(f"tokens_b needs a batch of exactly 2 texts (A and B), the attentions hold {B}")
-    tolerance = _row_sum_tolerance(attentions)
+    tolerance = _row_sum_tolerance(stacked)
     texts = [_text(stacked[:, 0], toks, "tokens", tolerance)]
     if tokens_b is not None:
         texts.append(_text(stacked[:, 1], _tokens(tokens_b, "tokens_b"), "tokens_b", tolerance))

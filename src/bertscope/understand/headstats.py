@@ -357,7 +357,7 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
 
     ``progress(done, total)`` is called after each text (one forward pass each).
     """
-    check_bert(bert, "bertscope.head_stats")
+    check_bert(bert, "head_stats()")
     sums = head_sums(bert, texts, progress=progress)
     if not sums.num_texts:
         raise InputError("the corpus has no text (every line is empty, or has no tokens)")

@@ -246,12 +246,16 @@ class Bert:
         folder; at most its positions), with a :class:`TruncationWarning`. Texts run on the
         packed path, length-sorted in batches of at most ``batch_tokens`` real tokens and
         ``batch_size`` texts, in eval mode (no dropout); rows come back in input order.
-        Raises InputError if the model has no classification head.
+        Raises InputError if the model has no classification head or a text is empty, and
+        NonFiniteError if the model computes NaN or infinity (nothing is returned).
         """
         if not isinstance(self.model, BertForSequenceClassification):
             raise InputError("this model has no classification head (its config.json does not name "
                              "BertForSequenceClassification); fine-tune one with: bertscope finetune")
         texts = check_texts(texts)
+        empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
+        if empty is not None:  # no neutral answer exists for a class (embed gives empty texts zeros)
+            raise InputError(f"text {empty + 1} is empty: a classifier has nothing to read (leave it out)")
         if pairs is not None:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
@@ -289,6 +293,10 @@ class Bert:
                                   device=self.device)
                 logits = self.fast.classify(self.model, packed)  # (B, K) in packed order
                 probs = torch.softmax(logits.float(), dim=-1)  # (B, K)
+                if not bool(torch.isfinite(probs).all()):  # never a NaN row that looks like a result
+                    n_bad = int((~torch.isfinite(probs).all(1)).sum())
+                    raise NonFiniteError(f"the model computed NaN or infinite values for {n_bad} text(s); "
+                                         "nothing was returned (check the weights, or use float32)")
                 out[[idx[j] for j in packed.order]] = probs.cpu().numpy()
         return out
 
@@ -376,7 +384,8 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
             raise InputError(f"precision {precision!r} works on an fp32 model; do not also give dtype={dtype}")
     device = _check_device(device)
     folder = bundled_model_path() if path is None else as_path(path, "the model folder").expanduser()
-    ck = read_checkpoint(folder, device=device, dtype=dtype)
+    with torch.random.fork_rng(devices=[]):  # building the modules draws initial weights: not the caller's
+        ck = read_checkpoint(folder, device=device, dtype=dtype)
     bert = Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
                 max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",
                 fast=PackedEncoder(gemm=GemmBackend(precision=precision, compile=compile), tune=True),

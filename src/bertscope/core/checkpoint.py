@@ -159,13 +159,20 @@ def read_classifier_spec(data: dict, folder: Path) -> ClassifierSpec | None:
     """The classifier head a config.json dict describes, or None if it names no classifier.
 
     ``id2label`` must name the classes 0..K-1 (K >= 2) with distinct names; ``label2id``, if
-    present, must be its inverse. Raises CheckpointError otherwise.
+    present, must be its inverse. Raises CheckpointError otherwise. Without ``id2label`` the
+    classes are HF's defaults, LABEL_0..LABEL_{K-1} for ``num_labels`` (default 2): HF saves no
+    id2label when its labels are those.
     """
     arch = data.get("architectures") or []
     if not isinstance(arch, list) or ARCHITECTURE not in arch:
         return None
     bad = f"bad config in {folder}:"
     raw = data.get("id2label")
+    if raw is None:  # HF's defaults
+        n = data.get("num_labels", 2)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise CheckpointError(f"{bad} num_labels must be a whole number, got {n!r}")
+        raw = {str(i): f"LABEL_{i}" for i in range(n)}
     if not isinstance(raw, dict) or not raw:
         raise CheckpointError(f"{bad} a {ARCHITECTURE} needs id2label (class index -> name)")
     try:

@@ -3,3 +3,7 @@
 data (CSV/TSV/JSON Lines records, label sets), batches (length-grouped, token budget),
 loop (AdamW, warm-up and decay, clipping, atomic resumable checkpoints), output (HF folders).
 """
+
+from .loop import FinetuneConfig, FinetuneResult, StepInfo, finetune
+
+__all__ = ["FinetuneConfig", "FinetuneResult", "StepInfo", "finetune"]

@@ -78,6 +78,9 @@ def file_format(path: str | Path, *, lines_ok: bool = False) -> str:
     return fmt
 
 
+MISSING_LABELS = {"nan", "<na>", "nat"}  # how pandas' astype(str) writes NaN, pd.NA and NaT
+
+
 def _label_value(value: object) -> tuple[str | None, str | None]:
     """(label name, None) for a string or an int; (None, problem) for anything else."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -86,6 +89,8 @@ def _label_value(value: object) -> tuple[str | None, str | None]:
     name = str(value).strip()
     if not name:
         return None, "is empty"
+    if name.lower() in MISSING_LABELS:  # pandas writes a missing value as "nan" (astype(str), to_csv of None: "")
+        return None, f"is {name!r}, a missing value written as text; fill or drop the record"
     if any(c in name for c in "\t\r\n"):  # predict writes labels as TSV cells
         return None, f"holds a tab or a line break ({json.dumps(name)[:40]}); a label is one line without tabs"
     return name, None

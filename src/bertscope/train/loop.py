@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import signal
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from torch import nn
 from ..bert import Bert, load
 from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
-from ..errors import CheckpointError, InputError, NonFiniteError, check_seed
+from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
 from ..files import TEMP_SUFFIX, write_atomic, write_text_atomic
@@ -86,6 +87,19 @@ class FinetuneConfig:
     seed: int = 0
     save_every: int = 200  # steps between checkpoints (0 = only at epoch ends)
     packed: bool = True  # False: the padded reference path (for comparison)
+
+    def __post_init__(self) -> None:
+        for name in ("train", "dev", "model"):  # a Path is a path: kept as its text (JSON, resume)
+            v = getattr(self, name)
+            if isinstance(v, os.PathLike):
+                object.__setattr__(self, name, os.fspath(v))
+            elif v is None and name != "train":
+                continue
+            elif not isinstance(v, str):
+                what = "a checkpoint folder" if name == "model" else ".csv, .tsv or .jsonl records"
+                raise InputTypeError(f"{name} must be a file path (a str or Path) of {what}, not "
+                                     f"{type(v).__name__}" + (": write the examples to a .jsonl file first"
+                                                              if name != "model" else ""))
 
     @property
     def tokens_per_batch(self) -> int:
@@ -252,6 +266,26 @@ def _check_out(out: Path, resume: bool) -> None:
     if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) for p in out.iterdir()):
         raise InputError(f"--out {out} exists and is not empty; pass --resume to continue the run in it, "
                          "or choose a new folder")
+    existing = out
+    while not existing.exists():  # the nearest folder that exists must take a new folder, now
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"--out {out} cannot be a folder: {existing} is a file")
+    try:  # a real write: permission bits do not tell for root, /proc or a read-only mount
+        probe = tempfile.mkdtemp(prefix=".bertscope-check-", suffix=TEMP_SUFFIX, dir=existing)
+    except OSError as e:
+        raise InputError(f"--out {out} cannot be created in {existing} ({e.strerror or e})") from None
+    os.rmdir(probe)
+
+
+def _finite(predict: Callable[[], object], when: str, lr: float):
+    """``predict()``, or NonFiniteError saying the run diverged and what to do."""
+    try:
+        return predict()
+    except NonFiniteError:
+        raise NonFiniteError(f"{when} the model computes NaN or infinity: training diverged and no model "
+                             f"was written; start again in a new --out with a lower --lr (this run's: "
+                             f"{lr:g})") from None
 
 
 @dataclass
@@ -307,6 +341,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
     is called once training begins, ``on_step`` after every step, ``on_epoch`` with each epoch's
     metrics. Returns the metrics and the trained model (eval mode).
     """
+    if not isinstance(cfg, FinetuneConfig):
+        raise InputTypeError(f"finetune takes a FinetuneConfig(train=...), not {type(cfg).__name__}")
     cfg.check()
     out = Path(out)
     _check_out(out, resume)
@@ -421,7 +457,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
                    "tokens_per_s": acc["tokens"] / max(acc["train_seconds"], 1e-9)}
             if data.dev:
                 t0 = time.perf_counter()
-                probs = bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch)
+                probs = _finite(lambda: bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch),
+                                f"after epoch {epoch + 1} (step {step} of {total})", cfg.lr)
                 pred = probs.argmax(1).tolist()
                 row.update(dev_accuracy=accuracy(pred, data.dev_y),
                            dev_macro_f1=macro_f1(pred, data.dev_y, len(data.labels.names)),
@@ -437,6 +474,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
             mark = time.perf_counter()
 
     model.eval()
+    if not data.dev:  # the last step's update is checked by no loss: a few predictions check it
+        _finite(lambda: bert.classify_ids(train_ids[:16], train_types[:16]), f"after the last step ({total})", cfg.lr)
     written = save_classifier(out, model, folder, cfg.max_length)
     metrics = {
         "model": str(folder), "train": cfg.train, "dev": cfg.dev, "labels": list(data.labels.names),

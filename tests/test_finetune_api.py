@@ -1,0 +1,152 @@
+"""Fine-tuning and classifying from Python: what a user of ``bertscope.train.finetune`` meets
+beyond the CLI (paths as Path objects, mistakes of type, a run that diverges on its last step,
+HF's default labels, the caller's random state)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import bertscope
+from bertscope.errors import InputError, InputTypeError, NonFiniteError
+from trainkit import sentiment_rows, tiny_checkpoint, write_csv, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, bundled_path):
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", bundled_path)
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("data") / "train.jsonl", sentiment_rows(12, seed=0))
+
+
+def small(train, tiny, **kw):
+    from bertscope.train import FinetuneConfig
+
+    return FinetuneConfig(train=train, model=tiny, max_length=16, epochs=1, batch_size=4, save_every=1, **kw)
+
+
+def test_paths_may_be_path_objects_and_the_run_resumes(tmp_path, tiny, rows_file):
+    """A Path for train crashed after training (metrics.json: "PosixPath is not JSON
+    serializable"), and the state it left could never be resumed."""
+    from bertscope.train import finetune
+
+    stop = {"n": 0}
+
+    def interrupt(info):
+        stop["n"] += 1
+        if stop["n"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(small(rows_file, tiny), tmp_path / "out", on_step=interrupt)
+    res = finetune(small(rows_file, tiny), tmp_path / "out", resume=True)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert res.resumed_from_step == 1 and metrics["train"] == str(rows_file)  # the checkpoint before step 2
+    ref = finetune(small(str(rows_file), str(tiny)), tmp_path / "ref")  # the same run, uninterrupted
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    assert ref.metrics["train"] == str(rows_file)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tiny: small([{"text": "a", "label": "x"}], tiny), r"train must be a file path \(a str or Path\)"),
+    (lambda tiny: small("t.jsonl", tiny, dev=3), "dev must be a file path"),
+    (lambda tiny: {"train": "t.jsonl"}, "finetune takes a FinetuneConfig"),
+])
+def test_mistakes_of_type_are_named(tmp_path, tiny, make, message):
+    """A list of dicts raised pathlib's TypeError eight frames down; a dict, AttributeError."""
+    from bertscope.train import finetune
+
+    with pytest.raises(InputTypeError, match=message):
+        finetune(make(tiny), tmp_path / "out")
+
+
+def test_an_output_that_cannot_be_made_is_refused_before_the_model_loads(tmp_path, tiny, rows_file, monkeypatch):
+    from bertscope.train import finetune, loop
+
+    monkeypatch.setattr(loop, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match="cannot be a folder: .*afile is a file"):
+        finetune(small(rows_file, tiny), tmp_path / "afile" / "sub")
+    with pytest.raises(InputError, match="cannot be created in /proc"):
+        finetune(small(rows_file, tiny), "/proc/bertscope-nope")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bertscope-check-")]
+
+
+def test_a_run_that_diverges_on_its_last_step_writes_no_model(tmp_path, tiny, rows_file):
+    """With lr 1e6 the only step's update blew the weights up after its loss was checked: the
+    run was saved as a success and classify() returned NaN rows."""
+    from bertscope.train import finetune
+
+    with pytest.raises(NonFiniteError, match=r"after the last step \(\d+\) the model computes NaN or infinity: "
+                                             r"training diverged and no model was written.*lower --lr"):
+        finetune(small(rows_file, tiny, lr=1e6), tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    dev = write_jsonl(tmp_path / "dev.jsonl", sentiment_rows(6, seed=3))
+    with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step \d+ of \d+\)"):
+        finetune(small(rows_file, tiny, lr=1e6, dev=dev), tmp_path / "out2")
+
+
+def test_classify_refuses_nan_and_empty_texts(tmp_path, tiny, rows_file):
+    from bertscope.train import finetune
+
+    finetune(small(rows_file, tiny), tmp_path / "out")
+    clf = bertscope.load(tmp_path / "out")
+    with pytest.raises(InputError, match="text 2 is empty"):
+        clf.classify(["a fine film", "  "])
+    with torch.no_grad():
+        clf.model.classifier.weight.fill_(float("inf"))
+    with pytest.raises(NonFiniteError, match="NaN or infinite values for 2 text"):
+        clf.classify(["a fine film", "dull"])
+
+
+def test_a_label_written_as_nan_is_a_missing_value(tmp_path, tiny):
+    """pandas writes a missing label as "nan" (astype(str)): it became a class of its own."""
+    from bertscope.train import finetune
+
+    rows = sentiment_rows(10, seed=0)
+    rows[3]["label"] = "nan"
+    train = write_csv(tmp_path / "t.csv", rows)
+    with pytest.raises(InputError, match="line 5: the label field 'label' is 'nan', a missing value written as text"):
+        finetune(small(train, tiny), tmp_path / "out")
+
+
+def test_an_hf_classifier_saved_with_default_labels_loads(tmp_path, bundled_path):
+    """transformers leaves id2label out of config.json when the labels are its defaults; such a
+    folder was refused ("needs id2label"). HF reads it as 2 labels, LABEL_0 and LABEL_1."""
+    import shutil
+
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.BertForSequenceClassification.from_pretrained(str(bundled_path)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if (bundled_path / name).is_file():
+            shutil.copy(bundled_path / name, tmp_path / "hf" / name)
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg.pop("id2label", None), cfg.pop("label2id", None)  # as saved with default labels
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    clf = bertscope.load(tmp_path / "hf")
+    assert clf.labels == ["LABEL_0", "LABEL_1"]
+    texts = ["a moving film", "dull and long"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(bundled_path))
+    with torch.no_grad():
+        want = torch.softmax(hf(**tok(texts, padding=True, return_tensors="pt")).logits, -1).numpy()
+    np.testing.assert_allclose(clf.classify(texts), want, atol=1e-5)
+
+
+def test_loading_and_finetuning_leave_the_callers_random_state(tmp_path, tiny, rows_file):
+    from bertscope.train import finetune
+
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    bertscope.load(tiny)
+    finetune(small(rows_file, tiny), tmp_path / "out")
+    assert torch.equal(torch.rand(3), want)

@@ -955,7 +955,8 @@ def test_a_cache_folder_that_is_a_file_is_a_warning_not_a_failure(tmp_path, smal
     with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
         got = choose(small_model, budget_s=0.2, candidates=FAST)
     assert got.source == "measured" and got.path is None
-    assert any("could not cache the kernel choice" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "could not cache the kernel choice" in r.getMessage()]
+    assert said and "set BERTSCOPE_CACHE_DIR to a writable folder, or BERTSCOPE_TUNE=0" in said[0]  # what to do
 
 
 def _choose_reading(small_model, monkeypatch, caplog, rate: list, now: float, share: float):
@@ -1007,3 +1008,65 @@ def test_busy_share_1_does_not_turn_every_run_into_another_host(cache, small_mod
         got, warned = _choose_reading(small_model, monkeypatch, caplog, rate, now, share)
         assert got.source == source and len(calls) == before, (now, share)
         assert not any("another host" in w for w in warned)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("measured_at", "abc"), ("gemm_gflops", "abc"), ("gemm_gflops", -1.0), ("batch_tokens", "abc"),
+    ("batch_tokens", 0), ("slack", "abc"), ("slack", float("nan")), ("timings", "x"), ("not_raced", [1]),
+    ("bf16_speedup", "x"), ("int8_speedup", []), ("gemm", "bogus"), ("int8_kernel", "fast"), ("busy", 7),
+])
+def test_a_damaged_field_is_measured_again_and_the_file_replaced(cache, small_model, monkeypatch, caplog,
+                                                                  field, value):
+    """One wrongly typed field made every load fail (TypeError deep in the fast path), and
+    doctor --retune too, as it reads the file before forgetting it: only deleting it by hand
+    helped. A damaged file is now measured again, like a truncated one."""
+    first = choose(small_model, budget_s=0.2, candidates=FAST)
+    path = Path(first.path)
+    d = json.loads(path.read_text())
+    d[field] = value
+    path.write_text(json.dumps(d))
+    calls = counting(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+        again = choose(small_model, budget_s=0.2, candidates=FAST)
+    assert again.source == "measured" and len(calls) == 1
+    assert any(f"has a damaged {field!r}: measuring again" in r.getMessage() for r in caplog.records)
+    assert tuning.damaged_field(KernelChoice.from_json(json.loads(path.read_text()))) is None  # replaced
+
+
+def test_a_file_too_large_to_be_a_choice_is_not_read(cache, small_model, monkeypatch):
+    first = choose(small_model, budget_s=0.2, candidates=FAST)
+    with open(first.path, "a") as f:
+        f.write(" " * (tuning.MAX_CACHE_FILE + 1))  # still valid JSON
+    calls = counting(monkeypatch)
+    assert choose(small_model, budget_s=0.2, candidates=FAST).source == "measured" and len(calls) == 1
+
+
+def test_a_bad_budget_is_refused_even_with_a_cached_choice(cache, small_model, monkeypatch):
+    """It went unnoticed while a choice was cached, then failed every job the day the cache expired."""
+    choose(small_model, budget_s=0.2, candidates=FAST)
+    monkeypatch.setenv("BERTSCOPE_TUNE_BUDGET", "abc")
+    with pytest.raises(tuning.TuningError, match="BERTSCOPE_TUNE_BUDGET must be a finite number"):
+        choose(small_model, candidates=FAST)
+
+
+def test_the_cache_folder_is_absolute_and_a_blank_setting_is_unset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", "rel")
+    assert tuning.cache_dir() == tmp_path / "rel"  # shown absolute: the same folder from anywhere it is read
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", "  ")  # made a folder named two spaces
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative-xdg")  # the XDG spec: a relative one is ignored
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tuning.cache_dir() == tmp_path / "home" / ".cache" / "bertscope"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tuning.cache_dir() == tmp_path / "xdg" / "bertscope"
+
+
+def test_doctor_retune_says_that_bertscope_tune_0_blocks_it(monkeypatch, capsys):
+    """--retune under BERTSCOPE_TUNE=0 measured nothing and said nothing (exit 0, "choice (default)")."""
+    from bertscope.cli.main import main
+
+    monkeypatch.setenv("BERTSCOPE_TUNE", "0")
+    for flags in (["--retune"], ["--budget", "5"]):
+        assert main(["doctor", "--precision", "fp32", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "which BERTSCOPE_TUNE=0 turns off" in err[0], err

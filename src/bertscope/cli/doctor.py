@@ -126,9 +126,13 @@ class _OnceBusy(logging.Filter):
 def run(args: argparse.Namespace) -> int:
     from ..bench.doctor import diagnose
     from ..bench.report import int8_steps_text
-    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE, busy_note, describe_cpu
+    from ..errors import InputError
+    from ..fast.tuning import BATCH_RACE_LAYERS, HOST_SPEED_CHANGE, busy_note, describe_cpu, tuning_enabled
 
     check_preset(args.preset)
+    if (args.retune or args.budget is not None) and not tuning_enabled():
+        raise InputError("--retune and --budget measure the kernel choice, which BERTSCOPE_TUNE=0 turns off: "
+                         "unset BERTSCOPE_TUNE (or set it to 1) to measure")
     if args.budget is not None:  # read by the kernel choice wherever this process measures one
         os.environ["BERTSCOPE_TUNE_BUDGET"] = repr(args.budget)
     precisions = ("fp32", "bf16", "int8") if args.precision == "all" else (args.precision,)

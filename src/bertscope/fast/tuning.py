@@ -228,12 +228,15 @@ def isa_limits() -> dict[str, str]:
 
 
 def cache_dir() -> Path:
-    """Where bertscope keeps what it measures: ``BERTSCOPE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/bertscope``, else ``~/.cache/bertscope``."""
-    if os.environ.get("BERTSCOPE_CACHE_DIR"):
-        return Path(os.environ["BERTSCOPE_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bertscope"
+    """Where bertscope keeps what it measures: ``BERTSCOPE_CACHE_DIR`` (a relative one taken from
+    the current folder, shown absolute; a blank one as unset), else ``$XDG_CACHE_HOME/bertscope``
+    (an absolute one only, as the XDG spec says), else ``~/.cache/bertscope``."""
+    own = os.environ.get("BERTSCOPE_CACHE_DIR", "").strip()
+    if own:
+        return Path(own).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "bertscope"
 
 
 def tuning_enabled() -> bool:
@@ -342,10 +345,49 @@ def _cache_file(key: dict) -> Path:
     return cache_dir() / "kernel-choice" / f"{digest}.json"
 
 
+MAX_CACHE_FILE = 1 << 20  # bytes; a choice is a few KiB: a larger file is not one of ours
+
+
+def _number(v: object, low: float = 0.0, high: float = float("inf")) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and low <= v < high
+
+
+def damaged_field(choice: KernelChoice) -> str | None:
+    """The first field of a cached choice that no measurement could have written (a hand edit,
+    a damaged file), or None: such a file is measured again, never used or trusted."""
+    from .gemm import BACKENDS
+    from .quant import ACT_PLACEMENTS, CASTS, COMPILED_KERNEL, INT8_KERNELS
+
+    positive = lambda v: _number(v) and v > 0  # noqa: E731
+    checks = {
+        "gemm": choice.gemm in BACKENDS,
+        "batch_tokens": _number(choice.batch_tokens) and isinstance(choice.batch_tokens, int) and choice.batch_tokens >= 1,
+        "slack": _number(choice.slack, 0.0, 1.0),
+        "int8_kernel": choice.int8_kernel in (*INT8_KERNELS, COMPILED_KERNEL),
+        "int8_cast": choice.int8_cast in CASTS,
+        "int8_act": choice.int8_act in ACT_PLACEMENTS,
+        "bf16_speedup": choice.bf16_speedup is None or positive(choice.bf16_speedup),
+        "int8_speedup": isinstance(choice.int8_speedup, dict)
+        and all(isinstance(k, str) and positive(v) for k, v in choice.int8_speedup.items()),
+        "measured_at": _number(choice.measured_at),
+        "gemm_gflops": choice.gemm_gflops is None or positive(choice.gemm_gflops),
+        "budget_s": choice.budget_s is None or positive(choice.budget_s),
+        "busy": choice.busy is None or _number(choice.busy, 0.0, 1.0 + 1e-9),
+        "timings": isinstance(choice.timings, dict) and all(isinstance(v, dict) for v in choice.timings.values()),
+        "ratios": isinstance(choice.ratios, dict) and all(isinstance(v, dict) for v in choice.ratios.values()),
+        "not_raced": isinstance(choice.not_raced, dict) and all(isinstance(v, str) for v in choice.not_raced.values()),
+    }
+    return next((name for name, ok in checks.items() if not ok), None)
+
+
 def load_choice(key: dict) -> KernelChoice | None:
-    """The cached choice for ``key``, or None (none cached, unreadable, or made for another key)."""
+    """The cached choice for ``key``, or None (none cached, unreadable, damaged, or made for
+    another key): the caller measures again and its save replaces the file."""
     path = _cache_file(key)
     try:
+        if path.stat().st_size > MAX_CACHE_FILE:
+            log.info("%s is too large to be a cached kernel choice: measuring again", path)
+            return None
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
@@ -355,9 +397,9 @@ def load_choice(key: dict) -> KernelChoice | None:
         choice = KernelChoice.from_json(d)
     except TypeError:
         return None
-    from .quant import ACT_PLACEMENTS, CASTS
-
-    if choice.int8_cast not in CASTS or choice.int8_act not in ACT_PLACEMENTS:  # hand-edited or damaged: measure again
+    bad = damaged_field(choice)
+    if bad is not None:  # hand-edited or damaged: measure again (the new choice replaces the file)
+        log.warning("the cached kernel choice in %s has a damaged %r: measuring again", path, bad)
         return None
     age = time.time() - (choice.measured_at or 0.0)
     if not 0 <= age <= RECHECK_S:  # stale (or from the future: a clock that moved): measure again
@@ -388,7 +430,9 @@ def save_choice(choice: KernelChoice) -> None:
         write_text_atomic(path, json.dumps(choice.to_json(), indent=1))
         choice.path = str(path)
     except (OSError, BertscopeError) as e:  # a read-only home, a file in the folder's place: the
-        log.warning("could not cache the kernel choice in %s (%s)", path.parent, e)  # choice still holds
+        log.warning("could not cache the kernel choice in %s (%s): each run measures it again (a few "  # it still holds
+                    "seconds); set BERTSCOPE_CACHE_DIR to a writable folder, or BERTSCOPE_TUNE=0 to use the "
+                    "plain kernels without measuring", path.parent, e)
 
 
 class _FirstLayers(nn.Module):
@@ -944,6 +988,8 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     if not tuning_enabled() and not retune:
         return KernelChoice(key=key, source="default")
     busy_limit()  # a bad BERTSCOPE_BUSY_SHARE: refused now, not after a whole measurement
+    if budget_s is None:
+        tune_budget()  # a bad BERTSCOPE_TUNE_BUDGET too: not a week later, when the cache expires
     if not retune:
         cached = load_choice(key)
         if cached is not None:

@@ -51,6 +51,7 @@ def test_paths_may_be_path_objects_and_the_run_resumes(tmp_path, tiny, rows_file
     ref = finetune(small(str(rows_file), str(tiny)), tmp_path / "ref")  # the same run, uninterrupted
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
     assert ref.metrics["train"] == str(rows_file)
+    assert not list(tmp_path.glob(".bertscope-check-*"))  # the output's probe folder is removed
 
 
 @pytest.mark.parametrize("make, message", [
@@ -83,10 +84,11 @@ def test_a_run_that_diverges_on_its_last_step_writes_no_model(tmp_path, tiny, ro
     run was saved as a success and classify() returned NaN rows."""
     from bertscope.train import finetune
 
-    with pytest.raises(NonFiniteError, match=r"after the last step \(\d+\) the model computes NaN or infinity: "
+    with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step \d+ of \d+\) the model computes NaN or infinity: "
                                              r"training diverged and no model was written.*lower --lr"):
         finetune(small(rows_file, tiny, lr=1e6), tmp_path / "out")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+    assert not (tmp_path / "out" / "training_state.pt").exists()  # no diverged state to resume either
     dev = write_jsonl(tmp_path / "dev.jsonl", sentiment_rows(6, seed=3))
     with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step \d+ of \d+\)"):
         finetune(small(rows_file, tiny, lr=1e6, dev=dev), tmp_path / "out2")
@@ -99,6 +101,7 @@ def test_classify_refuses_nan_and_empty_texts(tmp_path, tiny, rows_file):
     clf = bertscope.load(tmp_path / "out")
     with pytest.raises(InputError, match="text 2 is empty"):
         clf.classify(["a fine film", "  "])
+    assert clf.classify([""], pairs=["so it goes"]).shape == (1, 2)  # a pair with one side is read, as finetune reads it
     with torch.no_grad():
         clf.model.classifier.weight.fill_(float("inf"))
     with pytest.raises(NonFiniteError, match="NaN or infinite values for 2 text"):

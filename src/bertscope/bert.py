@@ -253,13 +253,14 @@ class Bert:
             raise InputError("this model has no classification head (its config.json does not name "
                              "BertForSequenceClassification); fine-tune one with: bertscope finetune")
         texts = check_texts(texts)
-        empty = next((i for i, t in enumerate(texts) if not t.strip()), None)
-        if empty is not None:  # no neutral answer exists for a class (embed gives empty texts zeros)
-            raise InputError(f"text {empty + 1} is empty: a classifier has nothing to read (leave it out)")
         if pairs is not None:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise InputError(f"texts and pairs differ in length ({len(texts)} and {len(pairs)})")
+        empty = next((i for i, t in enumerate(texts)  # a pair with one side empty is read, as finetune reads it
+                      if not t.strip() and (pairs is None or not pairs[i].strip())), None)
+        if empty is not None:  # no neutral answer exists for a class (embed gives empty texts zeros)
+            raise InputError(f"text {empty + 1} is empty: a classifier has nothing to read (leave it out)")
         limit = self.max_seq_length if max_length is None else as_whole_number(max_length)
         if limit is None or not 2 <= limit <= self.config.max_position_embeddings:
             raise InputError(f"max_length must be a whole number 2..{self.config.max_position_embeddings}, "
@@ -296,7 +297,9 @@ class Bert:
                 if not bool(torch.isfinite(probs).all()):  # never a NaN row that looks like a result
                     n_bad = int((~torch.isfinite(probs).all(1)).sum())
                     raise NonFiniteError(f"the model computed NaN or infinite values for {n_bad} text(s); "
-                                         "nothing was returned (check the weights, or use float32)")
+                                         "nothing was returned (check its weights" + (
+                                             ", or load it in float32)" if next(self.model.parameters()).dtype != torch.float32
+                                             else ")"))
                 out[[idx[j] for j in packed.order]] = probs.cpu().numpy()
         return out
 

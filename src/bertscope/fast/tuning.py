@@ -373,8 +373,11 @@ def damaged_field(choice: KernelChoice) -> str | None:
         "gemm_gflops": choice.gemm_gflops is None or positive(choice.gemm_gflops),
         "budget_s": choice.budget_s is None or positive(choice.budget_s),
         "busy": choice.busy is None or _number(choice.busy, 0.0, 1.0 + 1e-9),
-        "timings": isinstance(choice.timings, dict) and all(isinstance(v, dict) for v in choice.timings.values()),
-        "ratios": isinstance(choice.ratios, dict) and all(isinstance(v, dict) for v in choice.ratios.values()),
+        "timings": isinstance(choice.timings, dict) and all(  # seconds, or "error: ..." for a candidate that raised
+            isinstance(v, dict) and all(_number(t) or isinstance(t, str) for t in v.values())
+            for v in choice.timings.values()),
+        "ratios": isinstance(choice.ratios, dict) and all(
+            isinstance(v, dict) and all(positive(r) for r in v.values()) for v in choice.ratios.values()),
         "not_raced": isinstance(choice.not_raced, dict) and all(isinstance(v, str) for v in choice.not_raced.values()),
     }
     return next((name for name, ok in checks.items() if not ok), None)

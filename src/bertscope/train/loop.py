@@ -42,6 +42,7 @@ from torch import nn
 from ..bert import Bert, load
 from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
+from ..core.model import evaluating
 from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
@@ -95,6 +96,8 @@ class FinetuneConfig:
                 object.__setattr__(self, name, os.fspath(v))
             elif v is None and name != "train":
                 continue
+            elif v is None:
+                raise InputTypeError("train is required: a .csv, .tsv or .jsonl file of labelled examples")
             elif not isinstance(v, str):
                 what = "a checkpoint folder" if name == "model" else ".csv, .tsv or .jsonl records"
                 raise InputTypeError(f"{name} must be a file path (a str or Path) of {what}, not "
@@ -278,6 +281,15 @@ def _check_out(out: Path, resume: bool) -> None:
     os.rmdir(probe)
 
 
+def _predict_a_few(model: BertForSequenceClassification, encoder: PackedEncoder, ids: list, types: list) -> None:
+    """The logits of the first few examples, through the training's own encoder (no kernel
+    choice measured for it), in eval mode; NonFiniteError if any is NaN or infinite."""
+    with evaluating(model), torch.no_grad():
+        logits = encoder.classify(model, pack_ids(ids[:16], types[:16], device=next(model.parameters()).device))
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError("non-finite logits")
+
+
 def _finite(predict: Callable[[], object], when: str, lr: float):
     """``predict()``, or NonFiniteError saying the run diverged and what to do."""
     try:
@@ -427,55 +439,60 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
             acc["wall_seconds"] += now - mark
             mark = now
 
-        while epoch < cfg.epochs:
-            plan = plans[epoch]
-            model.train()
-            while batch < len(plan):
-                idx = plan[batch]
-                t0 = time.perf_counter()
-                try:
-                    loss, tokens = train_step(model, encoder, optimizer, scheduler, [train_ids[i] for i in idx],
-                                              [train_types[i] for i in idx], [data.train_y[i] for i in idx],
-                                              packed=cfg.packed, pad_id=bert.tokenizer.pad_id)
-                except NonFiniteError as e:
-                    raise NonFiniteError(f"at step {step + 1} of {total} (epoch {epoch + 1}), {e}: no model "
-                                         f"was written; start again in a new --out with a lower --lr "
-                                         f"(this run's: {cfg.lr:g})") from None
-                acc["train_seconds"] += time.perf_counter() - t0
-                acc["loss_sum"] += loss * len(idx)
-                acc["examples"] += len(idx)
-                acc["tokens"] += tokens
-                batch += 1
-                step += 1
-                if on_step is not None:
-                    on_step(StepInfo(epoch, step, total, loss, acc["tokens"] / max(acc["train_seconds"], 1e-9)))
-                if cfg.save_every and step % cfg.save_every == 0 and batch < len(plan):
-                    tick()
-                    checkpoint(epoch, batch)
-            row = {"epoch": epoch + 1, "steps": len(plan), "train_loss": acc["loss_sum"] / max(1, acc["examples"]),
-                   "train_tokens": acc["tokens"], "train_seconds": acc["train_seconds"],
-                   "tokens_per_s": acc["tokens"] / max(acc["train_seconds"], 1e-9)}
-            if data.dev:
-                t0 = time.perf_counter()
-                probs = _finite(lambda: bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch),
-                                f"after epoch {epoch + 1} (step {step} of {total})", cfg.lr)
-                pred = probs.argmax(1).tolist()
-                row.update(dev_accuracy=accuracy(pred, data.dev_y),
-                           dev_macro_f1=macro_f1(pred, data.dev_y, len(data.labels.names)),
-                           dev_seconds=time.perf_counter() - t0)
-            tick()
-            row["wall_seconds"] = acc["wall_seconds"]
-            history.append(row)
-            if on_epoch is not None:
-                on_epoch(row)
-            epoch, batch = epoch + 1, 0
-            acc = {"loss_sum": 0.0, "examples": 0, "tokens": 0, "train_seconds": 0.0, "wall_seconds": 0.0}
-            checkpoint(epoch, batch)
-            mark = time.perf_counter()
+        try:
+            while epoch < cfg.epochs:
+                plan = plans[epoch]
+                model.train()
+                while batch < len(plan):
+                    idx = plan[batch]
+                    t0 = time.perf_counter()
+                    try:
+                        loss, tokens = train_step(model, encoder, optimizer, scheduler, [train_ids[i] for i in idx],
+                                                  [train_types[i] for i in idx], [data.train_y[i] for i in idx],
+                                                  packed=cfg.packed, pad_id=bert.tokenizer.pad_id)
+                    except NonFiniteError as e:
+                        raise NonFiniteError(f"at step {step + 1} of {total} (epoch {epoch + 1}), {e}: no model "
+                                             f"was written; start again in a new --out with a lower --lr "
+                                             f"(this run's: {cfg.lr:g})") from None
+                    acc["train_seconds"] += time.perf_counter() - t0
+                    acc["loss_sum"] += loss * len(idx)
+                    acc["examples"] += len(idx)
+                    acc["tokens"] += tokens
+                    batch += 1
+                    step += 1
+                    if on_step is not None:
+                        on_step(StepInfo(epoch, step, total, loss, acc["tokens"] / max(acc["train_seconds"], 1e-9)))
+                    if cfg.save_every and step % cfg.save_every == 0 and batch < len(plan):
+                        tick()
+                        checkpoint(epoch, batch)
+                row = {"epoch": epoch + 1, "steps": len(plan), "train_loss": acc["loss_sum"] / max(1, acc["examples"]),
+                       "train_tokens": acc["tokens"], "train_seconds": acc["train_seconds"],
+                       "tokens_per_s": acc["tokens"] / max(acc["train_seconds"], 1e-9)}
+                if data.dev:
+                    t0 = time.perf_counter()
+                    probs = _finite(lambda: bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch),
+                                    f"after epoch {epoch + 1} (step {step} of {total})", cfg.lr)
+                    pred = probs.argmax(1).tolist()
+                    row.update(dev_accuracy=accuracy(pred, data.dev_y),
+                               dev_macro_f1=macro_f1(pred, data.dev_y, len(data.labels.names)),
+                               dev_seconds=time.perf_counter() - t0)
+                else:  # an epoch's last update is checked by no loss: a few predictions check it, before it is saved
+                    _finite(lambda: _predict_a_few(model, encoder, train_ids, train_types),
+                            f"after epoch {epoch + 1} (step {step} of {total})", cfg.lr)
+                tick()
+                row["wall_seconds"] = acc["wall_seconds"]
+                history.append(row)
+                if on_epoch is not None:
+                    on_epoch(row)
+                epoch, batch = epoch + 1, 0
+                acc = {"loss_sum": 0.0, "examples": 0, "tokens": 0, "train_seconds": 0.0, "wall_seconds": 0.0}
+                checkpoint(epoch, batch)
+                mark = time.perf_counter()
+        except NonFiniteError:  # the message says: start again in a new --out; no diverged state is kept
+            (out / STATE_FILE).unlink(missing_ok=True)
+            raise
 
     model.eval()
-    if not data.dev:  # the last step's update is checked by no loss: a few predictions check it
-        _finite(lambda: bert.classify_ids(train_ids[:16], train_types[:16]), f"after the last step ({total})", cfg.lr)
     written = save_classifier(out, model, folder, cfg.max_length)
     metrics = {
         "model": str(folder), "train": cfg.train, "dev": cfg.dev, "labels": list(data.labels.names),

@@ -79,19 +79,43 @@ def test_an_output_that_cannot_be_made_is_refused_before_the_model_loads(tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bertscope-check-")]
 
 
-def test_a_run_that_diverges_on_its_last_step_writes_no_model(tmp_path, tiny, rows_file):
-    """With lr 1e6 the only step's update blew the weights up after its loss was checked: the
-    run was saved as a success and classify() returned NaN rows."""
+def _diverging_last_step(monkeypatch) -> dict:
+    """The run's last update makes the head infinite, after that step's loss was checked: what an
+    lr of 1e6 did here, made certain (how far a real update overflows depends on the CPU)."""
+    from bertscope.train import loop
+
+    seen = {"steps": 0, "total": None}
+    real = loop.train_step
+
+    def step(model, *args, **kwargs):
+        out = real(model, *args, **kwargs)
+        seen["steps"] += 1
+        if seen["steps"] == seen["total"]:
+            with torch.no_grad():
+                model.classifier.weight.fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(loop, "train_step", step)
+    return seen
+
+
+def test_a_run_that_diverges_on_its_last_step_writes_no_model(tmp_path, tiny, rows_file, monkeypatch):
+    """The last step's update was checked by no loss: the run was saved as a success and
+    classify() returned NaN rows. Now the epoch is checked before it is saved."""
     from bertscope.train import finetune
 
-    with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step \d+ of \d+\) the model computes NaN or infinity: "
-                                             r"training diverged and no model was written.*lower --lr"):
-        finetune(small(rows_file, tiny, lr=1e6), tmp_path / "out")
-    assert not (tmp_path / "out" / "model.safetensors").exists()
-    assert not (tmp_path / "out" / "training_state.pt").exists()  # no diverged state to resume either
-    dev = write_jsonl(tmp_path / "dev.jsonl", sentiment_rows(6, seed=3))
-    with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step \d+ of \d+\)"):
-        finetune(small(rows_file, tiny, lr=1e6, dev=dev), tmp_path / "out2")
+    def learn_total(info):
+        seen["total"] = info.total_steps
+
+    for dev in (None, write_jsonl(tmp_path / "dev.jsonl", sentiment_rows(6, seed=3))):
+        seen = _diverging_last_step(monkeypatch)
+        out = tmp_path / ("with-dev" if dev else "no-dev")
+        with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step 3 of 3\) the model computes NaN or "
+                                                 r"infinity: training diverged and no model was written.*lower --lr"):
+            finetune(small(rows_file, tiny, dev=dev), out, on_step=learn_total)
+        assert seen["steps"] == seen["total"] == 3  # 12 examples, 4 per batch
+        assert not (out / "model.safetensors").exists()
+        assert not (out / "training_state.pt").exists()  # no diverged state to resume either
 
 
 def test_classify_refuses_nan_and_empty_texts(tmp_path, tiny, rows_file):

@@ -13,6 +13,7 @@ for actor pools), so a lost worker costs only the shards it held.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -176,8 +177,28 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
             with lines.quiet_when_stopped():
                 yield ray
         finally:
-            ray.shutdown()
+            _shut_down(ray)
             lines.finish()
+
+
+def _shut_down(ray) -> None:
+    """``ray.shutdown()``, with nothing of this session's left for the garbage collector.
+
+    A dataset stopped part way (Ctrl-C, SIGTERM) leaves object references in reference cycles.
+    If a collection (which can start on any allocation) frees one while Ray tears its core
+    worker down, the reference reaches a core worker that is gone, and Ray ends the process on
+    the spot ("The core worker has already been shutdown ... The process will exit": status 1,
+    no message, so the CLI's own line and status never come). A CI run once ended a SIGTERM
+    that way; this is the likeliest cause, and what is ruled out here: they are collected while
+    Ray is up, and no collection runs during the teardown."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        ray.shutdown()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 KILLED_BY_US = "killed by `ray.kill`"  # in Ray's note on an actor that its job's end (or a stop) killed
@@ -295,6 +316,11 @@ def map_shards(ray, shard_indices: list[int], actor_cls: type, ctor_kwargs: dict
 
     One row (``{"shard": k}``) and one block per shard, so Ray balances whole shards across the
     actors; yields each returned row as the shards finish (in no particular order).
+
+    Close it (``contextlib.closing``) inside the :func:`ray_session` block, as a stop (Ctrl-C,
+    SIGTERM) leaves it: closing shuts Ray Data's executor for this dataset down (its scheduling
+    loop, its actors) while Ray is up. Left to the garbage collector, that clean-up would run
+    whenever a collection does, perhaps during Ray's teardown (see ``_shut_down``).
     """
     if not shard_indices:
         return
@@ -316,7 +342,11 @@ def map_shards(ray, shard_indices: list[int], actor_cls: type, ctor_kwargs: dict
                             compute=ray.data.ActorPoolStrategy(size=min(workers, len(shard_indices)),
                                                                max_tasks_in_flight_per_actor=2),
                             **remote)
-        yield from ds.iter_rows()
+        rows = iter(ds.iter_rows())  # a generator: close() runs its clean-up
+    try:
+        yield from rows
+    finally:
+        rows.close()
 
 
 def pool_size(ray, opts: EngineOptions) -> int:

@@ -22,6 +22,7 @@ list of float32) and ``status`` (as in the job: ok, truncated, empty, undecodabl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -134,14 +135,16 @@ def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.Pa
                     "device": opts.device, "die_once": os.environ.get(WORKER_KILL_HOOK_ENV)}
             with ray_session(opts) as ray:
                 try:
-                    for row in map_shards(ray, [s.index for s in job.pending], ShardEmbedder, ctor, opts):
-                        rec = json.loads(row["record"])
-                        records[rec["shard"]] = rec
-                        if progress is not None:
-                            progress(rec["rows"])
-                        if kill_after is not None and len(records) == int(kill_after.partition(":")[0]):
-                            term = kill_after.endswith(":TERM")  # test hook: the driver dies, or is told to stop
-                            os.kill(os.getpid(), signal.SIGTERM if term else signal.SIGKILL)
+                    with contextlib.closing(map_shards(ray, [s.index for s in job.pending], ShardEmbedder, ctor,
+                                                       opts)) as shards:
+                        for row in shards:
+                            rec = json.loads(row["record"])
+                            records[rec["shard"]] = rec
+                            if progress is not None:
+                                progress(rec["rows"])
+                            if kill_after is not None and len(records) == int(kill_after.partition(":")[0]):
+                                term = kill_after.endswith(":TERM")  # test hook: the driver dies, or is told to stop
+                                os.kill(os.getpid(), signal.SIGTERM if term else signal.SIGKILL)
                 except Exception as e:
                     inner = unwrap_error(e)
                     if inner is not e:

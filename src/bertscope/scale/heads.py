@@ -15,6 +15,7 @@ Shards end just after a ``\\n``, so cutting the file never changes a line or its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from collections.abc import Callable
@@ -96,11 +97,12 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
     ctor = {"model": ref, "plan": plan, "threads": opts.threads, "device": opts.device}
     with ray_session(opts) as ray:
         try:
-            for row in map_shards(ray, [s.index for s in plan.shards], HeadSumsWorker, ctor, opts):
-                results[int(row["shard"])] = (pickle.loads(row["sums"]), pickle.loads(row["bad"]), int(row["lines"]))
-                lines_done += int(row["lines"])
-                if progress is not None:
-                    progress(lines_done, plan.rows)
+            with contextlib.closing(map_shards(ray, [s.index for s in plan.shards], HeadSumsWorker, ctor, opts)) as shards:
+                for row in shards:
+                    results[int(row["shard"])] = (pickle.loads(row["sums"]), pickle.loads(row["bad"]), int(row["lines"]))
+                    lines_done += int(row["lines"])
+                    if progress is not None:
+                        progress(lines_done, plan.rows)
         except Exception as e:
             inner = unwrap_error(e)
             if inner is not e:

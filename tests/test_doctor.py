@@ -175,3 +175,26 @@ def test_doctor_retune_on_a_busy_machine_keeps_the_last_cached_choice(tmp_path, 
     assert out.count("measured on a busy machine") >= 2, out
     warned = [r for r in caplog.records if r.getMessage().startswith("the kernel choice holds for this run only")]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_doctor_json_keeps_the_warnings_it_logged(tmp_path, monkeypatch, capsys, caplog):
+    """A choice that could not be cached was said on stderr only: a script reading --json saw
+    nothing wrong. The JSON now has the logged warning too, and the log still gets it."""
+    from bertscope.fast import tuning
+
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kernel-choice").write_text("a file where the cache folder goes")
+
+    def measured(model, **kw):
+        return tuning.KernelChoice(key=tuning.choice_key(model.config, torch.float32, kw.get("precision", "fp32")),
+                                   source="measured", measured_at=time.time())
+
+    monkeypatch.setattr(tuning, "measure_choice", measured)
+    with caplog.at_level(logging.WARNING, logger="bertscope"):
+        assert main(["doctor", "--json", "--precision", "fp32"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    said = [w for w in res["precisions"]["fp32"]["warnings"] if "could not cache the kernel choice" in w]
+    assert len(said) == 1 and "set BERTSCOPE_CACHE_DIR to a writable folder" in said[0]
+    assert [r.getMessage() for r in caplog.records if "could not cache" in r.getMessage()] == said

@@ -9,6 +9,8 @@ measured now, plus what bf16 and int8 decided.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 import warnings
@@ -63,7 +65,7 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
                 key = choice_key(load(folder).config, torch.float32, precision)
                 previous = load_choice(key)
                 forget_choice(key)
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings(record=True) as caught, _logged_warnings() as logged:
                 warnings.simplefilter("always", RuntimeWarning)
                 bert = load(folder, precision=precision)
                 with torch.inference_mode():
@@ -71,9 +73,32 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
             if previous is not None and load_choice(previous.key) is None:
                 save_choice(previous)  # measured on a busy machine, not cached: the last one stays
             entry = {"in_use": bert.precision, "note": bert.precision_note,
-                     "warnings": [str(w.message) for w in caught],
+                     "warnings": [str(w.message) for w in caught] + logged,
                      "choice": choice.to_json() if choice is not None else None}
             if bert.int8_plan is not None:
                 entry["int8_calibration"] = bert.int8_plan.to_json()
             out["precisions"][precision] = entry
     return out
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _logged_warnings():
+    """The warnings bertscope logs inside the block (a choice not cached, a cached one damaged,
+    a machine too busy to measure), as a list of their messages: the JSON keeps them as well as
+    the log. The log still gets them."""
+    handler = _Collect()
+    logger = logging.getLogger("bertscope")
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)

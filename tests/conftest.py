@@ -10,6 +10,7 @@ too, unless BERTSCOPE_NO_BROWSER=1 asks to leave them out (then each is reported
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The measured kernel choice is cached here, never in the user's own cache folder.
-os.environ.setdefault("BERTSCOPE_CACHE_DIR", tempfile.mkdtemp(prefix="bertscope-test-cache-"))
+# The measured kernel choice is cached here, never in the user's own cache folder (and a folder
+# made here is removed at the end of the session: pytest_sessionfinish)
+MADE_CACHE_DIR = None if "BERTSCOPE_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="bertscope-test-cache-")
+if MADE_CACHE_DIR is not None:
+    os.environ["BERTSCOPE_CACHE_DIR"] = MADE_CACHE_DIR
 # the CLI run as a subprocess caches its kernel choices whatever else runs on the machine (in this
 # process the busy reading itself is a stand-in: steady_gemm_rate below)
 os.environ.setdefault("BERTSCOPE_BUSY_SHARE", "1")
@@ -105,3 +109,9 @@ def pytest_configure(config) -> None:
     if missing:  # one line, and no test runs: a missing dependency is a failure, never a skip
         raise pytest.UsageError(f"missing test dependencies: {', '.join(missing)}; "
                                 "run: pip install -e '.[test]' (or make test)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The session's kernel-choice cache folder, if this file made it, goes with the session."""
+    if MADE_CACHE_DIR is not None:
+        shutil.rmtree(MADE_CACHE_DIR, ignore_errors=True)

@@ -145,7 +145,7 @@ def test_killed_run_leaves_no_partial_output_and_resume_completes_it(tmp_path):
     a, sa = read_embeddings(tmp_path / "whole")
     b, sb = read_embeddings(out)
     assert sa == sb and a.shape == (18, 384)
-    assert np.abs(a - b).max() < 1e-6
+    assert np.abs(a - b).max() < 1e-5  # two processes: each may hold its own kernel choice
     runs = [s["run"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
     assert runs == [1, 1, 2, 2, 2]  # the manifest says which run computed each shard: none twice
 
@@ -390,7 +390,7 @@ def test_a_damaged_shard_record_is_recomputed_not_fatal(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     a, sa = read_embeddings(tmp_path / "whole")
     b, sb = read_embeddings(out)
-    assert sa == sb and np.abs(a - b).max() < 1e-6
+    assert sa == sb and np.abs(a - b).max() < 1e-5  # two processes, as above
     runs = [s["run"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
     assert runs == [1, 2, 2]  # shard 0 kept from the killed run; shard 1 (damaged record) redone
 

@@ -413,6 +413,34 @@ def test_launch_reports_a_server_that_exits_before_it_is_ready(tmp_path):
     assert f"model folder {missing} does not exist" in str(err.value)
 
 
+def test_launch_tries_another_port_when_its_port_is_taken_first(monkeypatch):
+    """The port is free when launch picks it, but another process can bind it before the server
+    does (the server starts in seconds): the server then says so and exits, and launch tries
+    another port, instead of failing the browser tests and the soak script."""
+    import socket
+
+    from bertscope.see import launch
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    picked, real = [], launch.free_port
+
+    def first_the_taken_one() -> int:  # the first pick is taken by the time the server binds it
+        picked.append(real() if picked else port)
+        return picked[-1]
+
+    monkeypatch.setattr(launch, "free_port", first_the_taken_one)
+    try:
+        with served("--max-chars", "100", timeout=90) as base:
+            assert len(picked) == 2 and base.endswith(f":{picked[1]}") and picked[1] != port
+            status, body = request(base, "GET", "/api/health")
+            assert status == 200
+    finally:
+        taken.close()
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"text": "The cat sat", "layer": 2, "head": 3}, "head: Extra inputs are not permitted"),  # "heads" misspelt
     ({"text": "The cat sat", "layer": True, "heads": [0]}, "layer: Input should be a valid integer"),

@@ -6,6 +6,7 @@ use it, and stop it. Nothing here imports the web framework; the child does.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import subprocess
@@ -47,9 +48,30 @@ def served(args: Sequence[str] = (), *, env: dict[str, str] | None = None, timeo
 
     The server's output goes to a temporary file, not a pipe, so a long run that logs a lot can
     never block on a full pipe. RuntimeError, with that output, if the server exits before it is
-    ready; RuntimeError after ``timeout`` seconds without an answer.
+    ready; RuntimeError after ``timeout`` seconds without an answer. The port is free when it is
+    picked, but another process can take it before the server binds it: then another port is
+    tried, up to ``PORT_TRIES`` in all.
     """
-    port = free_port()
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            with _served_on(free_port(), args, env, timeout, python) as srv:
+                yield srv
+            return
+        except _PortTaken:
+            if attempt == PORT_TRIES:
+                raise RuntimeError(f"bertscope serve found its port taken {PORT_TRIES} times in a row") from None
+
+
+PORT_TRIES = 3
+
+
+class _PortTaken(Exception):
+    """The port picked for the server was taken before it could bind it."""
+
+
+@contextlib.contextmanager
+def _served_on(port: int, args: Sequence[str], env: dict[str, str] | None, timeout: float,
+               python: str) -> Iterator[Served]:
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([python, "-m", "bertscope", "serve", "--port", str(port), *args],
@@ -59,7 +81,10 @@ def served(args: Sequence[str] = (), *, env: dict[str, str] | None = None, timeo
             deadline = time.monotonic() + timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"bertscope serve exited with {proc.returncode}: {_output(log)}")
+                    said = _output(log)
+                    if f"cannot listen on 127.0.0.1:{port} ({os.strerror(errno.EADDRINUSE)})" in said:
+                        raise _PortTaken
+                    raise RuntimeError(f"bertscope serve exited with {proc.returncode}: {said}")
                 try:
                     with urllib.request.urlopen(base + "/api/health", timeout=2) as r:
                         if r.status == 200:

@@ -22,10 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The measured kernel choice is cached here, never in the user's own cache folder (and a folder
-# made here is removed at the end of the session: pytest_sessionfinish)
+# made here is removed at the end of the session: pytest_sessionfinish). The CLI run as a
+# subprocess and this process cache apart: this process reads a stand-in GEMM rate
+# (steady_gemm_rate below), a subprocess the real one, and each took the other's choices for
+# another host's and measured them again (3 s a time, with the kernels changing under the tests)
 MADE_CACHE_DIR = None if "BERTSCOPE_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="bertscope-test-cache-")
+SUBPROCESS_CACHE_DIR = IN_PROCESS_CACHE_DIR = None
 if MADE_CACHE_DIR is not None:
-    os.environ["BERTSCOPE_CACHE_DIR"] = MADE_CACHE_DIR
+    SUBPROCESS_CACHE_DIR = os.path.join(MADE_CACHE_DIR, "subprocesses")
+    IN_PROCESS_CACHE_DIR = os.path.join(MADE_CACHE_DIR, "in-process")
+    os.environ["BERTSCOPE_CACHE_DIR"] = SUBPROCESS_CACHE_DIR
 # the CLI run as a subprocess caches its kernel choices whatever else runs on the machine (in this
 # process the busy reading itself is a stand-in: steady_gemm_rate below)
 os.environ.setdefault("BERTSCOPE_BUSY_SHARE", "1")
@@ -51,6 +57,15 @@ def steady_gemm_rate(request, monkeypatch):
         monkeypatch.setattr(tuning, "gemm_rate", lambda *a, **k: STEADY_GFLOPS)
     if request.node.get_closest_marker("real_cpu_ticks") is None:
         monkeypatch.setattr(tuning, "cpu_ticks", lambda: None)
+    if IN_PROCESS_CACHE_DIR is not None:  # this process's own cache folder, unless a test sets one
+        real_cache_dir = tuning.cache_dir
+
+        def cache_dir():
+            if os.environ.get("BERTSCOPE_CACHE_DIR") == SUBPROCESS_CACHE_DIR:
+                return Path(IN_PROCESS_CACHE_DIR)
+            return real_cache_dir()
+
+        monkeypatch.setattr(tuning, "cache_dir", cache_dir)
 
 
 @pytest.fixture(scope="session")

@@ -453,8 +453,9 @@ print("the session ended")
 def test_a_session_leaves_no_object_reference_to_be_collected_during_rays_teardown():
     """An object reference freed while Ray tears its core worker down ends the process at once,
     with status 1 and no message ("The core worker has already been shutdown"): a SIGTERM in CI
-    ended that way once. Here references in cycles are collected as the teardown starts, as they
-    can be after a stopped dataset: the session collects them first, and the process goes on.
+    ended that way once. Here references in cycles (which a Ray Data job leaves, finished or
+    stopped) are collected as the teardown starts: the session collects them first, and the
+    process goes on.
     With a bare ray.shutdown() in the session, this test failed in 2 runs of 3 here."""
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", _COLLECTED_DURING_TEARDOWN], env=env, capture_output=True,

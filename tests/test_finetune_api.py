@@ -12,6 +12,7 @@ import torch
 
 import bertscope
 from bertscope.errors import InputError, InputTypeError, NonFiniteError
+from bertscope.train import FinetuneConfig
 from trainkit import sentiment_rows, tiny_checkpoint, write_csv, write_jsonl
 
 
@@ -177,3 +178,15 @@ def test_loading_and_finetuning_leave_the_callers_random_state(tmp_path, tiny, r
     bertscope.load(tiny)
     finetune(small(rows_file, tiny), tmp_path / "out")
     assert torch.equal(torch.rand(3), want)
+
+
+@pytest.mark.parametrize("kw, said", [
+    ({"epochs": 0}, "epochs (--epochs) must be a whole number >= 1, got 0"),
+    ({"text_field": "label"}, "text_field (--text-field), pair_field (--text-pair-field) and label_field "
+                              "(--label-field) must name different fields"),
+])
+def test_a_settings_message_names_it_as_python_and_the_cli_know_it(kw, said):
+    """Python callers were told about flags ("--epochs must be ...") they never passed."""
+    with pytest.raises(bertscope.InputError) as e:
+        FinetuneConfig(train="t.csv", **kw).check()
+    assert str(e.value) == said

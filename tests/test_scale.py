@@ -312,7 +312,7 @@ def hang_guard(seconds: int):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "ray", "--workers", "0"], "--workers must be at least 1"),
+    (["--engine", "ray", "--workers", "0"], "workers (--workers) must be at least 1"),
     (["--engine", "ray", "--address", "127.0.0.1:1"], "cannot reach a Ray cluster at 127.0.0.1:1"),
     (["--engine", "ray", "--address", "no-such-host.invalid:6379"], "cannot reach a Ray cluster"),
     (["--address", "auto"], "--address needs --engine ray"),

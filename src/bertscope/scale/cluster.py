@@ -75,11 +75,11 @@ def require_ray():
 def check_engine_options(opts: EngineOptions) -> None:
     """Refuse impossible sizes before anything starts (one line each)."""
     if opts.workers is not None and (not isinstance(opts.workers, int) or opts.workers < 1):
-        raise InputError(f"--workers must be at least 1, not {opts.workers}")
+        raise InputError(f"workers (--workers) must be at least 1, not {opts.workers}")
     if not opts.cpus_per_worker > 0:
-        raise InputError(f"--cpus-per-worker must be above 0, not {opts.cpus_per_worker}")
+        raise InputError(f"cpus_per_worker (--cpus-per-worker) must be above 0, not {opts.cpus_per_worker}")
     if not opts.gpus_per_worker >= 0:
-        raise InputError(f"--gpus-per-worker must be 0 or more, not {opts.gpus_per_worker}")
+        raise InputError(f"gpus_per_worker (--gpus-per-worker) must be 0 or more, not {opts.gpus_per_worker}")
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

@@ -113,11 +113,12 @@ class FinetuneConfig:
         def whole(name: str, low: int) -> None:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise InputError(f"--{name.replace('_', '-')} must be a whole number >= {low}, got {v!r}")
+                raise InputError(f"{_named(name)} must be a whole number >= {low}, got {v!r}")
 
         whole("epochs", 1)
         if self.epochs > MAX_EPOCHS:  # every epoch's batches are planned up front, for the schedule
-            raise InputError(f"--epochs must be at most {MAX_EPOCHS:,} (fine-tuning takes a few), got {self.epochs:,}")
+            raise InputError(f"{_named('epochs')} must be at most {MAX_EPOCHS:,} (fine-tuning takes a few), "
+                             f"got {self.epochs:,}")
         whole("max_length", 3 if self.pair_field else 2)  # [CLS] A [SEP] B [SEP]: 3 special tokens
         whole("save_every", 0)
         check_seed(self.seed)
@@ -128,17 +129,26 @@ class FinetuneConfig:
         def number(name: str) -> float:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InputError(f"--{name.replace('_', '-')} must be a number, got {v!r}")
+                raise InputError(f"{_named(name)} must be a number, got {v!r}")
             return v
 
         if not number("lr") > 0:
-            raise InputError(f"--lr must be a positive number, got {self.lr!r}")
+            raise InputError(f"{_named('lr')} must be a positive number, got {self.lr!r}")
         if not 0.0 <= number("warmup") < 1.0:
-            raise InputError(f"--warmup must be a share of the steps in [0, 1), got {self.warmup!r}")
+            raise InputError(f"{_named('warmup')} must be a share of the steps in [0, 1), got {self.warmup!r}")
         if not number("weight_decay") >= 0:
-            raise InputError(f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+            raise InputError(f"{_named('weight_decay')} must be >= 0, got {self.weight_decay!r}")
         if self.text_field == self.label_field or self.pair_field in (self.text_field, self.label_field):
-            raise InputError("--text-field, --text-pair-field and --label-field must name different fields")
+            raise InputError(f"{_named('text_field')}, {_named('pair_field')} and {_named('label_field')} "
+                             "must name different fields")
+
+
+_FLAGS = {"pair_field": "text-pair-field"}  # the settings whose flag is not their name with dashes
+
+
+def _named(setting: str) -> str:
+    """A setting as both callers know it: ``lr (--lr)``, ``pair_field (--text-pair-field)``."""
+    return f"{setting} (--{_FLAGS.get(setting, setting.replace('_', '-'))})"
 
 
 @dataclass(frozen=True)

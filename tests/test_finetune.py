@@ -329,7 +329,7 @@ def test_refuses_an_existing_non_empty_out_without_resume(tmp_path, tiny, good_t
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out)],
-             "exists and is not empty; pass --resume")
+             "exists and is not empty; pass resume (--resume) to continue")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--resume"],
              "holds no interrupted run")
@@ -568,7 +568,7 @@ def test_resume_takes_the_same_files_by_another_path(tmp_path, tiny, monkeypatch
                     {"BERTSCOPE_TRAIN_KILL_AFTER_STEP": "2"})
     assert cut2.returncode == -9
     refused = _run_cli(["finetune", str(renamed), "--out", str(tmp_path / "run2"), "--resume", *common])
-    assert refused.returncode == 2 and "--resume: train is" in refused.stderr
+    assert refused.returncode == 2 and "resume (--resume): train (TRAIN) is" in refused.stderr
 
 
 def test_an_unclosed_quote_is_refused_not_merged_and_a_stray_one_is_kept(tmp_path, trained, capsys):

@@ -5,6 +5,7 @@ HF's default labels, the caller's random state)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -80,6 +81,24 @@ def test_an_output_that_cannot_be_made_is_refused_before_the_model_loads(tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bertscope-check-")]
 
 
+def test_output_mistakes_name_the_argument_a_python_caller_passed(tmp_path, tiny, rows_file, monkeypatch):
+    """These said only "--out ..." and "--resume: ...", flags a Python caller never passed."""
+    from bertscope.train import finetune, loop
+
+    monkeypatch.setattr(loop, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match=re.escape(f"out (--out) must be a folder: {tmp_path / 'afile'} is a file")):
+        finetune(small(rows_file, tiny), tmp_path / "afile")
+    with pytest.raises(InputError, match=re.escape(f"out (--out): {tmp_path / 'afile' / 'sub'} cannot be a folder")):
+        finetune(small(rows_file, tiny), tmp_path / "afile" / "sub")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("keep me")
+    with pytest.raises(InputError, match=re.escape("exists and is not empty; pass resume (--resume) to continue")):
+        finetune(small(rows_file, tiny), tmp_path / "used")
+    with pytest.raises(InputError, match=re.escape(f"resume (--resume): {tmp_path / 'used'} holds no interrupted run")):
+        finetune(small(rows_file, tiny), tmp_path / "used", resume=True)
+
+
 def _diverging_last_step(monkeypatch) -> dict:
     """The run's last update makes the head infinite, after that step's loss was checked: what an
     lr of 1e6 did here, made certain (how far a real update overflows depends on the CPU)."""
@@ -112,7 +131,8 @@ def test_a_run_that_diverges_on_its_last_step_writes_no_model(tmp_path, tiny, ro
         seen = _diverging_last_step(monkeypatch)
         out = tmp_path / ("with-dev" if dev else "no-dev")
         with pytest.raises(NonFiniteError, match=r"after epoch 1 \(step 3 of 3\) the model computes NaN or "
-                                                 r"infinity: training diverged and no model was written.*lower --lr"):
+                                                 r"infinity: training diverged and no model was written; start again in a new "
+                                                 r"out \(--out\) folder with a lower lr \(--lr; this run's: "):
             finetune(small(rows_file, tiny, dev=dev), out, on_step=learn_total)
         assert seen["steps"] == seen["total"] == 3  # 12 examples, 4 per batch
         assert not (out / "model.safetensors").exists()

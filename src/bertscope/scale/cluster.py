@@ -104,10 +104,11 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
         try:
             import grpc  # noqa: F401  (Ray Client's transport)
         except ImportError:
-            raise InputError(f"--address {address} uses Ray Client, which needs: pip install 'ray[client]'") from None
+            raise InputError(f"address (--address) {address} uses Ray Client, which needs: "
+                             "pip install 'ray[client]'") from None
     hp = _host_port(address)
     if hp is None:
-        raise InputError(f"--address must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+        raise InputError(f"address (--address) must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
     try:
         with socket.create_connection(hp, timeout=timeout):
             pass

@@ -143,12 +143,13 @@ class FinetuneConfig:
                              "must name different fields")
 
 
-_FLAGS = {"pair_field": "text-pair-field"}  # the settings whose flag is not their name with dashes
+_FLAGS = {"pair_field": "--text-pair-field", "train": "TRAIN"}  # flags other than --NAME-WITH-DASHES
 
 
 def _named(setting: str) -> str:
-    """A setting as both callers know it: ``lr (--lr)``, ``pair_field (--text-pair-field)``."""
-    return f"{setting} (--{_FLAGS.get(setting, setting.replace('_', '-'))})"
+    """A setting as both callers know it: ``lr (--lr)``, ``pair_field (--text-pair-field)``,
+    ``train (TRAIN)``."""
+    return f"{setting} ({_FLAGS.get(setting, '--' + setting.replace('_', '-'))})"
 
 
 @dataclass(frozen=True)
@@ -267,27 +268,28 @@ def _same_path(a: object, b: object, model: bool) -> bool:
 
 def _check_out(out: Path, resume: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
+        raise InputError(f"{_named('out')} must be a folder: {out} is a file")
     state = out / STATE_FILE
     if resume:
         if state.is_file():
             return
         if (out / METRICS_FILE).is_file():
-            raise InputError(f"--resume: the run in {out} is already complete (it has {METRICS_FILE} "
+            raise InputError(f"{_named('resume')}: the run in {out} is already complete (it has {METRICS_FILE} "
                              f"and no {STATE_FILE})")
-        raise InputError(f"--resume: {out} holds no interrupted run (no {STATE_FILE})")
+        raise InputError(f"{_named('resume')}: {out} holds no interrupted run (no {STATE_FILE})")
     if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) for p in out.iterdir()):
-        raise InputError(f"--out {out} exists and is not empty; pass --resume to continue the run in it, "
+        raise InputError(f"{_named('out')}: {out} exists and is not empty; pass {_named('resume')} to "
+                         "continue the run in it, "
                          "or choose a new folder")
     existing = out
     while not existing.exists():  # the nearest folder that exists must take a new folder, now
         existing = existing.parent
     if not existing.is_dir():
-        raise InputError(f"--out {out} cannot be a folder: {existing} is a file")
+        raise InputError(f"{_named('out')}: {out} cannot be a folder: {existing} is a file")
     try:  # a real write: permission bits do not tell for root, /proc or a read-only mount
         probe = tempfile.mkdtemp(prefix=".bertscope-check-", suffix=TEMP_SUFFIX, dir=existing)
     except OSError as e:
-        raise InputError(f"--out {out} cannot be created in {existing} ({e.strerror or e})") from None
+        raise InputError(f"{_named('out')}: {out} cannot be created in {existing} ({e.strerror or e})") from None
     os.rmdir(probe)
 
 
@@ -306,8 +308,8 @@ def _finite(predict: Callable[[], object], when: str, lr: float):
         return predict()
     except NonFiniteError:
         raise NonFiniteError(f"{when} the model computes NaN or infinity: training diverged and no model "
-                             f"was written; start again in a new --out with a lower --lr (this run's: "
-                             f"{lr:g})") from None
+                             f"was written; start again in a new {_named('out')} folder with a lower "
+                             f"{_named('lr')[:-1]}; this run's: {lr:g})") from None
 
 
 @dataclass
@@ -339,9 +341,9 @@ def _load_state(path: Path) -> dict:
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # a corrupt file surfaces in many exception types
-        raise InputError(f"--resume: {path} could not be read ({type(e).__name__}: {e})") from None
+        raise InputError(f"{_named('resume')}: {path} could not be read ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise InputError(f"--resume: {path} is not a bertscope training state")
+        raise InputError(f"{_named('resume')}: {path} is not a bertscope training state")
     return state
 
 
@@ -388,10 +390,11 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
                 if _same_path(state.get("paths", {}).get(key, before.get(key)), getattr(cfg, key), key == "model"):
                     continue
             if before.get(key) != getattr(cfg, key):
-                raise InputError(f"--resume: {key.replace('_', '-')} is {getattr(cfg, key)!r}, but the "
+                raise InputError(f"{_named('resume')}: {_named(key)} is {getattr(cfg, key)!r}, but the "
                                  f"interrupted run used {before.get(key)!r}")
         if state["fingerprint"] != fingerprint:
-            raise InputError("--resume: TRAIN or DEV changed since the interrupted run")
+            raise InputError(f"{_named('resume')}: the train or dev file (TRAIN, DEV) changed since the "
+                             "interrupted run")
 
     base = load(folder)
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
@@ -437,7 +440,7 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InputError(f"--out {out} cannot be created ({e.strerror})") from None
+            raise InputError(f"{_named('out')}: {out} cannot be created ({e.strerror})") from None
         if on_start is not None:
             on_start(total, step)
         encoder = PackedEncoder()
@@ -462,8 +465,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
                                                   packed=cfg.packed, pad_id=bert.tokenizer.pad_id)
                     except NonFiniteError as e:
                         raise NonFiniteError(f"at step {step + 1} of {total} (epoch {epoch + 1}), {e}: no model "
-                                             f"was written; start again in a new --out with a lower --lr "
-                                             f"(this run's: {cfg.lr:g})") from None
+                                             f"was written; start again in a new {_named('out')} folder with a "
+                                             f"lower {_named('lr')[:-1]}; this run's: {cfg.lr:g})") from None
                     acc["train_seconds"] += time.perf_counter() - t0
                     acc["loss_sum"] += loss * len(idx)
                     acc["examples"] += len(idx)

@@ -107,3 +107,40 @@ def test_each_modules_mode_is_given_back(bert):
         assert all(layer.training for layer in m.layers)
     finally:
         m.eval()
+
+
+def test_overlapping_eval_blocks_keep_dropout_off_until_the_last_one_leaves(bert):
+    """Two threads reading one model left in training mode: the first to finish gave the model
+    back its training mode while the other was still computing (an embedding off by 0.055, with
+    dropout on), and the other then left the model in eval mode for good. Blocks that overlap
+    now hold eval mode until the last leaves. The interleaving is forced with events, not timed."""
+    import threading
+
+    from bertscope.core.model import evaluating
+
+    m = bert.model
+    clf_like = torch.nn.Sequential(m)  # a wrapper another thread evaluates, sharing m's modules
+    m.train()
+    m.embeddings.eval()  # a frozen part, kept frozen
+    inside, first_left, seen = threading.Event(), threading.Event(), {}
+
+    def second():
+        with evaluating(clf_like):
+            inside.set()
+            first_left.wait(30)
+            seen["while_second_holds"] = (m.training, any(x.training for x in m.modules()))
+            seen["reading"] = bert.embed([TEXT])
+
+    try:
+        t = threading.Thread(target=second)
+        with evaluating(m):
+            t.start()
+            assert inside.wait(30)
+        first_left.set()
+        t.join(30)
+        assert seen["while_second_holds"] == (False, False)
+        assert m.training and not m.embeddings.training and all(layer.training for layer in m.layers)
+        m.eval()
+        np.testing.assert_array_equal(seen["reading"], bert.embed([TEXT]))
+    finally:
+        m.eval()

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 import numbers
+import threading
+import weakref
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
@@ -30,19 +32,40 @@ __all__ = ["BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "FeedForwar
            "check_tensor", "evaluating"]
 
 
+_EVAL_LOCK = threading.Lock()
+# module -> [how many blocks hold it in eval mode now, the mode it was in before the first]
+_EVAL_HOLDS: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
+
+
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in eval mode (dropout off) for the block, then in the modes it was in, module by
     module (a user's frozen part stays in eval mode): every reading of attention, an explanation
     or an embedding is taken with dropout off, even on a model its user left in training mode.
-    Not for two threads at once on one model in training mode (each would restore the other's)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
+
+    Blocks may overlap, in one thread or several (two threads embedding with one model, or one
+    explaining a classifier while another embeds with its encoder): a module stays in eval mode
+    while any block holds it, and the last block to leave it gives it back the mode it had
+    before the first. (A training step running meanwhile in another thread would see eval mode.)
+    """
+    modules = list(model.modules())
+    with _EVAL_LOCK:
+        for m in modules:
+            hold = _EVAL_HOLDS.get(m)
+            if hold is None:
+                hold = _EVAL_HOLDS[m] = [0, m.training]
+                m.training = False
+            hold[0] += 1
     try:
         yield model
     finally:
-        for m, training in modes:
-            m.training = training
+        with _EVAL_LOCK:
+            for m in modules:
+                hold = _EVAL_HOLDS[m]
+                hold[0] -= 1
+                if hold[0] == 0:
+                    del _EVAL_HOLDS[m]
+                    m.training = hold[1]
 
 
 class BertEmbeddings(nn.Module):

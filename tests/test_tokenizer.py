@@ -46,6 +46,23 @@ def test_long_text_is_truncated_with_a_warning(bert):
         bert.encode(["short"])  # no warning when nothing is cut
 
 
+def test_truncation_warnings_point_at_the_callers_line_so_each_is_shown(bert):
+    """They pointed at a line inside bertscope: Python shows a warning once per place, so after
+    the first, every later truncation (by attend, trace, encode...) went unseen."""
+    import bertscope
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bert.encode(["fish " * 800])
+        bertscope.attend(bert, "cat " * 600, "cat")
+        bertscope.trace(bert, "dog " * 700, "dog", 0, 0)
+        bert.embed(["bird " * 300])
+    cuts = [w for w in caught if issubclass(w.category, TruncationWarning)]
+    assert len(cuts) == 4, [str(w.message) for w in caught]
+    assert {w.filename for w in cuts} == {__file__}, [(w.filename, w.lineno) for w in cuts]
+    assert len({w.lineno for w in cuts}) == 4
+
+
 def test_encode_rejects_a_bare_string(bert):
     with pytest.raises(TypeError):
         bert.encode("not a list")

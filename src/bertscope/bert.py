@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import logging
 import numbers
-import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -55,7 +54,7 @@ from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
-from .errors import InputError, InputTypeError, NonFiniteError, as_whole_number
+from .errors import InputError, InputTypeError, NonFiniteError, as_whole_number, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
@@ -188,9 +187,8 @@ class Bert:
         ids, truncated = self.tokenizer.encode_ids([texts[i] for i in real], max_length=self.max_seq_length)
         n_cut = sum(truncated)
         if n_cut:
-            warnings.warn(
-                f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
-                f"(first: text {real[truncated.index(True)] + 1})", TruncationWarning, stacklevel=2)
+            warn_caller(f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
+                        f"(first: text {real[truncated.index(True)] + 1})", TruncationWarning)
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)
         if real:
             out[real] = self.embed_ids(ids, batch_size=batch_size, normalize=normalize,
@@ -267,8 +265,8 @@ class Bert:
                              f"got {max_length!r}")
         ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)
         if any(truncated):
-            warnings.warn(f"{sum(truncated)} text(s) longer than {limit} tokens were truncated "
-                          f"(first: text {truncated.index(True) + 1})", TruncationWarning, stacklevel=2)
+            warn_caller(f"{sum(truncated)} text(s) longer than {limit} tokens were truncated "
+                        f"(first: text {truncated.index(True) + 1})", TruncationWarning)
         return self.classify_ids(ids, types, batch_size=batch_size, batch_tokens=batch_tokens)
 
     def classify_ids(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None = None,
@@ -464,7 +462,7 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
             bert.fast.gemm.precision = "fp32"
             bert.precision_note = (f"int8 is off: measured {speedup:.2f}x the speed of fp32 here ({what}{busy}); "
                                    "running fp32 (keep_precision=True, or embed --keep-precision, keeps int8)")
-            warnings.warn(f"bertscope: {bert.precision_note}", RuntimeWarning, stacklevel=3)
+            warn_caller(f"bertscope: {bert.precision_note}", RuntimeWarning)
             return
         speed += " (no faster: kept as asked, keep_precision=True)"
     bert.precision = "int8"
@@ -546,4 +544,4 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
                 return
     bert.fast.gemm.precision = "fp32"
     bert.precision_note = f"bf16 is off: {why}; running fp32"
-    warnings.warn(f"bertscope: {bert.precision_note}", RuntimeWarning, stacklevel=3)
+    warn_caller(f"bertscope: {bert.precision_note}", RuntimeWarning)

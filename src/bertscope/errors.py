@@ -1,11 +1,15 @@
-"""Errors that bertscope raises for bad input. The CLI prints each as one line."""
+"""Errors that bertscope raises for bad input, and the warnings it gives. The CLI prints each as
+one line."""
 
 from __future__ import annotations
 
 import operator
+import os
+import sys
+import warnings
 
 __all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "as_count",
-           "as_index", "as_whole_number", "check_seed"]
+           "as_index", "as_whole_number", "check_seed", "warn_caller"]
 
 
 class BertscopeError(Exception):
@@ -26,6 +30,20 @@ class InputTypeError(InputError, TypeError):
 
 class NonFiniteError(BertscopeError):
     """The model computed NaN or infinity (e.g. fp16 overflow); nothing is returned or written."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the user's line that called into bertscope, however deep
+    inside bertscope it is raised (as Python 3.12's ``skip_file_prefixes`` does). Python shows a
+    warning once per place: attributed to a line of bertscope, the first truncation warning of
+    a session hid every later one, whichever function the user called."""
+    level, frame = 2, sys._getframe(1)  # stacklevel 2 is the frame that called this function
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def as_whole_number(value: object) -> int | None:

@@ -9,7 +9,6 @@ import json
 import logging
 import numbers
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -18,7 +17,7 @@ import torch
 from tokenizers import Encoding, Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from ..errors import CheckpointError, InputError, InputTypeError
+from ..errors import CheckpointError, InputError, InputTypeError, warn_caller
 
 __all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens"]
 
@@ -184,12 +183,8 @@ class BertTokenizer:
         n_cut = sum(truncated)
         if n_cut:
             first = truncated.index(True)
-            warnings.warn(
-                f"{n_cut} text(s) longer than {limit} tokens were truncated "
-                f"(first: text {first + 1})",
-                TruncationWarning,
-                stacklevel=2,
-            )
+            warn_caller(f"{n_cut} text(s) longer than {limit} tokens were truncated (first: text {first + 1})",
+                        TruncationWarning)
         return self._pad(encs, truncated)
 
     def _limit(self, max_length: int | None, pairs: bool = False) -> int:

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError, as_index
+from ..errors import InputError, as_index, warn_caller
 from ..core.words import word_attention
 from ..files import write_bytes_atomic
 from .report import ReportText
@@ -266,12 +266,12 @@ def figure_bytes(fig, fmt: str = "png", dpi: int = 110) -> bytes:
         if m:
             missing.add(chr(int(m.group(1))))
         else:
-            warnings.warn(w.message, w.category, stacklevel=2)
+            warn_caller(str(w.message), w.category)
     if missing:
         shown = "".join(sorted(missing)[:12]) + ("..." if len(missing) > 12 else "")
-        warnings.warn(f"{len(missing)} character(s) of the text have no glyph in matplotlib's fonts ({shown}): "
-                      "they are drawn as boxes; install a font that has them (e.g. fonts-noto-cjk, "
-                      "fonts-noto-color-emoji)", UserWarning, stacklevel=2)
+        warn_caller(f"{len(missing)} character(s) of the text have no glyph in matplotlib's fonts ({shown}): "
+                    "they are drawn as boxes; install a font that has them (e.g. fonts-noto-cjk, "
+                    "fonts-noto-color-emoji)", UserWarning)
     return buf.getvalue()
 
 

@@ -192,6 +192,20 @@ def test_explain_record_for_gradients_matches_batch(bert):
     assert words.sum() == pytest.approx(exp.maps.sum(), abs=1e-5)  # a word sums its sub-tokens
 
 
+def test_gradient_methods_work_inside_a_callers_inference_mode(bert):
+    """Inside ``torch.inference_mode()`` grad-input raised torch's "element 0 of tensors does not
+    require grad", where ``torch.no_grad()`` worked: the same map is computed in both."""
+    outside = bertscope.explain(bert, IT_ANIMAL, "grad-input", text_b=TEXT_B).maps
+    with torch.inference_mode():
+        ids, mask, types = encode(bert, [IT_ANIMAL])
+        inside = bertscope.explain(bert, IT_ANIMAL, "grad-input", text_b=TEXT_B).maps
+        target = similarity_target(bert, TEXT_B)
+        batch = explain_batch(bert, ids, mask, types, "grad-input", target=target)  # inference tensors in
+    np.testing.assert_allclose(inside, outside, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(batch[0].numpy(), outside, rtol=0, atol=1e-6)
+    assert np.abs(outside).max() > 0
+
+
 # --- properties: PAD, padding, the packed path -------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -239,9 +239,10 @@ def explain_batch(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Ten
     """
     check_method(method)
     model = bert.model
-    with evaluating(model):
+    with evaluating(model), torch.inference_mode(False):  # gradients, even in a caller's inference mode
         dev = bert.device
-        ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)
+        # copies made here are ordinary tensors: a caller's inference tensors cannot enter autograd
+        ids, mask, types = (t.to(dev).clone() for t in (input_ids, attention_mask, token_type_ids))
         if method in GRAD_METHODS:
             if target is None:
                 if not bert.is_classifier:
@@ -279,7 +280,8 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
     batch = _encode_one(bert, text, max_length=_length_limit(bert, method))
     if method == "value-zeroing":
         _check_value_zeroing(batch.lengths[0])
-    tgt = _resolve_target(bert, method, batch, text_b, target)
+    with torch.inference_mode(False):  # a target's tensors must be ordinary ones for the gradients
+        tgt = _resolve_target(bert, method, batch, text_b, target)
     maps = explain_batch(bert, batch.input_ids, batch.attention_mask, batch.token_type_ids, method,
                          target=tgt)[0]
     words = group_words(batch, text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +30,17 @@ IT = "The animal didn't cross the street because it was too tired"
 @pytest.fixture(scope="module")
 def int8(bundled_path):
     return bertscope.load(bundled_path, precision="int8", keep_precision=True)
+
+
+def test_an_int8_model_pickles_with_its_plan_and_computes_the_same(int8):
+    """The copy keeps int8 and each linear's plan (which stay fp32, which channels): the plan is
+    held per model, weakly, so it must travel with the copy's own model."""
+    texts = [IT, "a short one", "words " * 40]
+    before = int8.embed(texts)
+    twin = pickle.loads(pickle.dumps(int8))
+    assert twin.precision == "int8" and twin.encoder is not int8.encoder
+    assert twin.fast.gemm.int8_channels.get(twin.encoder) is not None
+    np.testing.assert_array_equal(twin.embed(texts), before)
 
 
 @pytest.fixture(scope="module")

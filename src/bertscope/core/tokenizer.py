@@ -121,6 +121,13 @@ class BertTokenizer:
         self.cls_id = self._id("[CLS]")
         self.sep_id = self._id("[SEP]")
 
+    def __getstate__(self) -> dict:  # for pickle and copy.deepcopy: a lock is not copied
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _id(self, token: str) -> int:
         i = self._tok.token_to_id(token)
         if i is None:

@@ -244,6 +244,23 @@ class GemmBackend:
         # runs, and warns, once per GEMM for them all
         self.measured_levels: dict[str, int] = levels if levels is not None else {}
 
+    def __getstate__(self) -> dict:
+        """For pickle and copy.deepcopy: the settings and each model's int8 plan, not the
+        prepared weights (oneDNN's packed tensors cannot be copied; they are made again on first
+        use). A model pickled with its backend (as a Bert holds both) stays one object."""
+        state = dict(self.__dict__)
+        state["_cache"] = None
+        state["scratch"] = state["steps"] = None
+        for name in ("int8_keep_fp32", "int8_channels"):
+            state[name] = list(self.__dict__[name].items())  # (model, value): the weak keys, kept
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._cache = weakref.WeakKeyDictionary()
+        for name in ("int8_keep_fp32", "int8_channels"):
+            setattr(self, name, weakref.WeakKeyDictionary(state[name]))
+
     def onednn_usable(self) -> bool:
         if self._onednn_ok is None:
             self._onednn_ok = onednn_linear_available()

@@ -123,6 +123,14 @@ def test_attention_module_checks_its_sizes(args, fragment):
     assert "\n" not in str(e.value)
 
 
+def test_saving_over_a_folder_names_the_folder_not_a_temporary(bert, tmp_path):
+    """IsADirectoryError named the hidden temporary file: '.d.html.zng0yusu.tmp' -> 'd.html'."""
+    (tmp_path / "d.html").mkdir()
+    with pytest.raises(InputError, match=re.escape(f"cannot write {tmp_path / 'd.html'}: it is a folder")):
+        bertscope.build_report(bert, "a cat sat").save(tmp_path / "d.html")
+    assert [p.name for p in tmp_path.iterdir()] == ["d.html"] and not any((tmp_path / "d.html").iterdir())
+
+
 # ---------------------------------------------------------------- embed: modes, empty text
 
 def test_embed_in_training_mode_runs_eval_and_restores_the_mode(bert):
@@ -667,6 +675,12 @@ def _tiny_classifier(bert) -> Bert:
     return Bert(config=TINY, model=BertForSequenceClassification(TINY, 2).eval(), tokenizer=bert.tokenizer)
 
 
+def _ids(bert):
+    """(input_ids, attention_mask) of one short text."""
+    b = bert.encode(["a cat sat"])
+    return b.input_ids, b.attention_mask
+
+
 @pytest.mark.parametrize("call,kind,fragment", [
     (lambda b: ablate(b, IT_ANIMAL, (3, 1)), InputError, r"list of \(layer, head\) pairs, e\.g\. \[\(3, 1\)\]"),
     (lambda b: ablate(b, IT_ANIMAL, [(3.7, 1.2)]), InputError, "pairs of whole numbers"),
@@ -691,6 +705,43 @@ def _tiny_classifier(bert) -> Bert:
     (lambda b: bertscope.explain(b, " ".join(["word"] * 200), "value-zeroing"), InputError,
      "limited to 128 tokens"),
     (lambda b: _tiny_classifier(b).classify(["a"], max_length="5"), InputError, "max_length must be a whole number"),
+    # these raised Python's or torch's own error (AttributeError, TypeError, RuntimeError, IndexError)
+    # from deep inside, or were accepted in silence: a misspelt option given False, normalize="no"
+    # read as true, a mask value 2 read as a token, a tokenizer max_length of 0 that turned
+    # truncation off
+    (lambda b: bertscope.head_stats(b, None), InputTypeError,
+     re.escape("texts must be a list of strings, got NoneType")),
+    (lambda b: bertscope.head_stats(b, 5), InputTypeError, re.escape("texts must be a list of strings, got int")),
+    (lambda b: b(None, _ids(b)[1]), InputTypeError, re.escape("input_ids is required")),
+    (lambda b: b(*_ids(b), bogus=False), InputTypeError, re.escape("bert() got unknown argument(s) bogus")),
+    (lambda b: b(*_ids(b), head_mask=[[1.0] * 12] * 6), InputTypeError,
+     re.escape("head_mask must be a torch tensor (layers, heads), got list")),
+    (lambda b: b.embed(["a"], normalize="no"), InputTypeError, re.escape("normalize must be True or False, got 'no'")),
+    (lambda b: b.embed_ids([[101, 102]], normalize=None), InputTypeError, re.escape("normalize must be True or False")),
+    (lambda b: b.pool(_ids(b)[0], normalize=1), InputTypeError, re.escape("normalize must be True or False, got 1")),
+    (lambda b: bertscope.mask_to_bias([[1, 0]], torch.float32), InputTypeError,
+     re.escape("attention_mask must be a torch.Tensor (B, T) of 1 (token) and 0 (PAD), got list")),
+    (lambda b: bertscope.mask_to_bias(torch.tensor([[2, 0]]), torch.float32), InputError,
+     re.escape("attention_mask must hold only 1 (token) and 0 (PAD)")),
+    (lambda b: bertscope.mask_to_bias(torch.tensor([1, 0]), torch.float32), InputError,
+     re.escape("attention_mask must have shape (B, T), got (2,)")),
+    (lambda b: bertscope.mask_to_bias(torch.tensor([[1, 0]]), torch.int64), InputError,
+     re.escape("dtype must be a floating-point torch.dtype")),
+    (lambda b: bertscope.to_key_padding_mask(None), InputTypeError, re.escape("attention_mask must be a torch.Tensor")),
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), head_mask=torch.ones(2)),
+     InputError, re.escape("head_mask must be (H,) = (4,) or (B, H) = (1, 4), got (2,)")),
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64, dtype=torch.long)),
+     InputError, re.escape("x must hold floating-point hidden states, got torch.int64")),
+    (lambda b: bertscope.BertConfig.from_dict(None), InputTypeError, re.escape("a config must be a dict")),
+    (lambda b: bertscope.BertConfig.from_json(None), InputTypeError,
+     re.escape("path must be a str or a Path, got NoneType")),
+    (lambda b: bertscope.BertTokenizer.from_folder(None), InputTypeError, re.escape("folder must be a str or a Path")),
+    (lambda b: bertscope.BertTokenizer.from_folder("/no/such/folder"), CheckpointError,
+     re.escape("/no/such/folder does not exist")),
+    (lambda b: bertscope.BertTokenizer.from_folder(b.path, 0), InputError,
+     re.escape("max_length must be a whole number >= 2 ([CLS] and [SEP]), got 0")),
+    (lambda b: bertscope.BertTokenizer.from_folder(b.path, "x"), InputError,
+     re.escape("max_length must be a whole number")),
 ])
 def test_python_api_mistakes_are_one_bertscope_error(bert, call, kind, fragment):
     with pytest.raises(kind, match=fragment) as err:

@@ -38,6 +38,7 @@ fp32 reference, whatever the precision. Under autograd the packed path is fp32 t
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import numbers
 from dataclasses import dataclass, field
@@ -73,6 +74,14 @@ def _check_count(value: object, name: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
         raise InputError(f"{name} must be a whole number of at least 1, got {value!r}")
 
+
+def _check_flag(value: object, name: str) -> None:
+    """InputTypeError (one line) unless ``value`` is True or False (a string such as "no" is
+    true to Python: it would be read as the opposite of what was meant)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be True or False, got {value!r}")
+
+
 # Real tokens per batch in embed(), per device type: on CPU the (tokens, I) feed-forward
 # activations should stay in cache; a GPU wants large batches. The measured kernel choice may
 # override the CPU value per machine.
@@ -85,6 +94,11 @@ def calibration_texts() -> list[str]:
     """The 63 English texts (1 to about 120 words) bertscope calibrates reduced precision on."""
     text = resources.files("bertscope.fast").joinpath("data/calibration.txt").read_text(encoding="utf-8")
     return [line for line in text.splitlines() if line.strip()]
+
+
+# what bert(...) passes on to the encoder's forward, beyond its three tensors
+_FORWARD_OPTIONS = tuple(n for n in inspect.signature(BertModel.forward).parameters
+                         if n not in ("self", "input_ids", "attention_mask", "token_type_ids"))
 
 
 @dataclass
@@ -143,12 +157,17 @@ class Bert:
         ``output_hidden_states``, ``head_mask``, ``output_intermediates``) runs the reference
         model, which can return it.
         """
+        unknown = sorted(set(kwargs) - set(_FORWARD_OPTIONS))
+        if unknown:  # a misspelt option, False, would otherwise be dropped in silence
+            raise InputTypeError(f"bert() got unknown argument(s) {', '.join(unknown)}; it takes input_ids, "
+                                 f"attention_mask, token_type_ids, {', '.join(_FORWARD_OPTIONS)}")
         for x, name in ((input_ids, "input_ids"), (attention_mask, "attention_mask"),
                         (token_type_ids, "token_type_ids")):
             check_tensor(x, name)
+        if input_ids is None and kwargs.get("inputs_embeds") is None:
+            raise InputTypeError("input_ids is required: (B, T) token ids; bert.encode(texts) gives a batch of them")
         dev = self.device
-        args = (input_ids.to(dev), None if attention_mask is None else attention_mask.to(dev),
-                None if token_type_ids is None else token_type_ids.to(dev))
+        args = tuple(None if t is None else t.to(dev) for t in (input_ids, attention_mask, token_type_ids))
         if any(v is not None and v is not False for v in kwargs.values()):
             return self.encoder(*args, **kwargs)
         return self.fast.forward(self.encoder, *args)
@@ -182,6 +201,7 @@ class Bert:
         """
         _check_count(batch_size, "batch_size")
         _check_count(batch_tokens, "batch_tokens")
+        _check_flag(normalize, "normalize")
         texts = check_texts(texts)
         real = [i for i, t in enumerate(texts) if t.strip()]
         ids, truncated = self.tokenizer.encode_ids([texts[i] for i in real], max_length=self.max_seq_length)
@@ -208,6 +228,7 @@ class Bert:
         """
         _check_count(batch_size, "batch_size")
         _check_count(batch_tokens, "batch_tokens")
+        _check_flag(normalize, "normalize")
         check_id_lists(self.config, ids)
         ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
         C = self.config.hidden_size
@@ -308,6 +329,7 @@ class Bert:
         ``max_length=bert.max_seq_length``."""
         check_tensor(input_ids, "input_ids")
         check_tensor(attention_mask, "attention_mask")
+        _check_flag(normalize, "normalize")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         mask = attention_mask.to(self.device)

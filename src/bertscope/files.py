@@ -66,7 +66,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         mode = None
     except OSError as e:  # a loop of links, a name too long
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
-    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+    if mode is not None and stat.S_ISDIR(mode):  # not the rename's error, which names the temporary
+        raise InputError(f"cannot write {path}: it is a folder; give a file name")
+    if mode is not None and not stat.S_ISREG(mode):
         _write_special(path, mode, write)
         return path
     if path.is_symlink():  # to a file, or to nothing yet: the target is what gets written

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from .config import ConfigError
 from .masks import check_attention_mask, mask_to_bias
 
@@ -152,9 +152,20 @@ class MultiHeadSelfAttention(nn.Module):
         Returns:
             output (B, T, C) and an :class:`AttentionRecord` (or None if not asked for).
         """
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"x must be a torch tensor (B, T, {self.hidden_size}), got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
             raise InputError(f"x must be (B, T, {self.hidden_size}), got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise InputError(f"x must hold floating-point hidden states, got {x.dtype}")
         B, T, C = x.shape
+        if head_mask is not None:
+            if not isinstance(head_mask, torch.Tensor):
+                raise InputTypeError(f"head_mask must be a torch tensor (H,) or (B, H), got {type(head_mask).__name__}")
+            H = self.num_heads
+            if tuple(head_mask.shape) not in ((H,), (B, H)):
+                raise InputError(f"head_mask must be (H,) = ({H},) or (B, H) = ({B}, {H}), "
+                                 f"got {tuple(head_mask.shape)}")
         if attention_mask is not None:
             if bias is not None:
                 raise InputError("give attention_mask or bias, not both")

@@ -8,12 +8,13 @@ format itself has a documented default (noted beside the field); nothing is gues
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import BertscopeError
+from ..errors import BertscopeError, InputTypeError
 
 __all__ = ["ACTIVATION_NAMES", "BertConfig", "ConfigError", "PRESETS"]
 
@@ -122,6 +123,8 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
+        if not isinstance(data, Mapping):
+            raise InputTypeError(f"a config must be a dict (what config.json holds), got {type(data).__name__}")
         model_type = data.get("model_type", "bert")
         if model_type != "bert":
             raise ConfigError(f"model_type is {model_type!r}, not 'bert'")
@@ -140,6 +143,8 @@ class BertConfig:
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
         """Read a Hugging Face-format config.json."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputTypeError(f"path must be a str or a Path, got {type(path).__name__}")
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

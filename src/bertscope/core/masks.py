@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 
 __all__ = ["check_attention_mask", "mask_to_bias", "to_key_padding_mask"]
 
@@ -39,6 +39,15 @@ def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) 
     _refuse_other_values(attention_mask)
 
 
+def _check_kind(attention_mask: object) -> None:
+    """A (B, T) tensor, else a one-line error (not torch's AttributeError eight frames down)."""
+    if not isinstance(attention_mask, torch.Tensor):
+        raise InputTypeError(f"attention_mask must be a torch.Tensor (B, T) of 1 (token) and 0 (PAD), "
+                             f"got {type(attention_mask).__name__}")
+    if attention_mask.dim() != 2:
+        raise InputError(f"attention_mask must have shape (B, T), got {tuple(attention_mask.shape)}")
+
+
 def _refuse_other_values(attention_mask: torch.Tensor) -> None:
     if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise InputError("attention_mask must hold only 1 (token) and 0 (PAD)")
@@ -53,7 +62,11 @@ def _refuse_bool(attention_mask: torch.Tensor) -> None:
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, T) 1 = token / 0 = PAD  ->  additive bias (B, 1, 1, T): 0 keep, dtype-min drop."""
+    _check_kind(attention_mask)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InputError(f"dtype must be a floating-point torch.dtype (the scores' dtype), got {dtype!r}")
     _refuse_bool(attention_mask)
+    _refuse_other_values(attention_mask)  # a 2 is neither convention: refused, as the model refuses it
     keep = attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, T)
     bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
     return bias.masked_fill(~keep, torch.finfo(dtype).min)  # (B, 1, 1, T)
@@ -61,6 +74,7 @@ def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tens
 
 def to_key_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """BERT's (B, T) 1 = token  ->  PyTorch's boolean key_padding_mask, True = PAD (ignore)."""
+    _check_kind(attention_mask)
     _refuse_bool(attention_mask)
     _refuse_other_values(attention_mask)  # a 2 is neither convention: refused, as the model refuses it
     return attention_mask == 0  # (B, T)

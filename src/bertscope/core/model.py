@@ -125,7 +125,8 @@ def check_tensor(x: object, name: str) -> None:
             hint = "; bert.encode(texts) gives a batch of them"
         else:
             hint = ""
-        raise InputTypeError(f"{name} must be a torch tensor (B, T), got {type(x).__name__}{hint}")
+        shape = {"head_mask": "(layers, heads)", "inputs_embeds": "(B, T, C)"}.get(name, "(B, T)")
+        raise InputTypeError(f"{name} must be a torch tensor {shape}, got {type(x).__name__}{hint}")
 
 
 def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: int | None = None) -> None:
@@ -169,7 +170,7 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor | None, attention_m
     head_mask. Run once per forward (each check that reads values is one reduction, and one
     host sync on a GPU)."""
     for x, name in ((input_ids, "input_ids"), (attention_mask, "attention_mask"),
-                    (token_type_ids, "token_type_ids"), (inputs_embeds, "inputs_embeds")):
+                    (token_type_ids, "token_type_ids"), (inputs_embeds, "inputs_embeds"), (head_mask, "head_mask")):
         check_tensor(x, name)
     if (input_ids is None) == (inputs_embeds is None):
         raise InputError("give input_ids or inputs_embeds (exactly one of them)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import numbers
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 from tokenizers import Encoding, Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from ..errors import CheckpointError, InputError, InputTypeError, warn_caller
+from ..errors import CheckpointError, InputError, InputTypeError, as_whole_number, warn_caller
 
 __all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens"]
 
@@ -111,6 +112,10 @@ class BertTokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int, do_lower_case: bool) -> None:
+        length = as_whole_number(max_length)
+        if length is None or length < 2:
+            raise InputError(f"max_length must be a whole number >= 2 ([CLS] and [SEP]), got {max_length!r}")
+        max_length = length
         self._tok = tokenizer
         self._tok.no_padding()
         self._tok.no_truncation()
@@ -144,7 +149,11 @@ class BertTokenizer:
 
     @classmethod
     def from_folder(cls, folder: str | Path, max_length: int = 512) -> "BertTokenizer":
+        if not isinstance(folder, (str, os.PathLike)):
+            raise InputTypeError(f"folder must be a str or a Path, got {type(folder).__name__}")
         folder = Path(folder)
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder} is not a folder" if folder.exists() else f"{folder} does not exist")
         lower = _read_do_lower_case(folder)
         tj, vt = folder / "tokenizer.json", folder / "vocab.txt"
         try:

@@ -50,7 +50,7 @@ import math
 import unicodedata
 import warnings as pywarnings
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -322,8 +322,9 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     """The :class:`HeadSums` of ``texts`` (strings, or (line number, string) pairs); blank
     texts are skipped. Each text runs alone through the reference model (its attentions).
     ``progress(done, total)`` is called after each text (one forward pass each)."""
-    if isinstance(texts, (str, bytes, Mapping, set, frozenset)) or hasattr(texts, "columns"):
-        check_texts(texts)  # one string, a dict, a set or a table: the one-line InputTypeError
+    if (isinstance(texts, (str, bytes, Mapping, set, frozenset)) or hasattr(texts, "columns")
+            or not isinstance(texts, Iterable)):
+        check_texts(texts)  # one string, a dict, a set, a table, None: the one-line InputTypeError
     items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
     items = [(n, check_text(t, f"text {n}")) for n, t in items]
     sums = HeadSums(bert.config.num_hidden_layers, bert.config.num_attention_heads)

@@ -126,6 +126,15 @@ def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys
     crlf.write_bytes(b"first text\r\r\nsecond\rstill second\r\n")
     assert main(["predict", str(out), str(crlf), "--quiet"]) == 0
     assert [r.split("\t")[:2] for r in capsys.readouterr().out.splitlines()[1:]] == [["1", "ok"], ["2", "ok"]]
+    tokenless = tmp_path / "zw.txt"  # only characters the tokenizer drops: empty, as in `embed`
+    tokenless.write_text("\u200b\nA fine film.\n\u0301\n", encoding="utf-8")
+    assert main(["predict", str(out), str(tokenless), "--quiet"]) == 0
+    clf = bertscope.load(out)
+    label = clf.labels[int(clf.classify(["A fine film."]).argmax())]
+    assert [r.split("\t")[1:3] for r in capsys.readouterr().out.splitlines()[1:]] == [
+        ["empty", ""], ["ok", label], ["empty", ""]]
+    with pytest.raises(bertscope.InputError, match=re.escape("text 2 has no tokens (only characters the tokenizer")):
+        clf.classify(["A fine film.", "\u200b"])
     empties = tmp_path / "empties.jsonl"  # empty text fields count as texts, as in `embed`
     empties.write_text('{"text": ""}\n{"body": "x"}\n')
     assert main(["predict", str(out), str(empties), "--quiet"]) == 0
@@ -282,7 +291,23 @@ def test_refuses_an_empty_file(tmp_path, tiny, capsys):
     empty = tmp_path / "t.csv"
     empty.write_text("")
     out = tmp_path / "out"
-    _refused(capsys, ["finetune", str(empty), "--model", str(tiny), "--out", str(out)], "holds no examples", out)
+    _refused(capsys, ["finetune", str(empty), "--model", str(tiny), "--out", str(out)],
+             "holds no examples (it is empty)", out)
+    empty.write_text("text,label\n")  # not empty: "it is empty" was wrong
+    _refused(capsys, ["finetune", str(empty), "--model", str(tiny), "--out", str(out)],
+             "holds no examples (no record: only a header, or blank lines)", out)
+
+
+def test_refuses_a_text_the_tokenizer_leaves_nothing_of(tmp_path, tiny, capsys):
+    """A text of only zero-width spaces was trained on as [CLS] [SEP], where a blank one is refused."""
+    rows = sentiment_rows(6, seed=0)
+    rows[1]["text"] = "\u200b"
+    rows[4]["text"] = "\u200b \u0301"
+    train = write_jsonl(tmp_path / "t.jsonl", rows)
+    out = tmp_path / "out"
+    _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(out)],
+             f"TRAIN {train}: 2 bad record(s): line 2 has no tokens (only characters the tokenizer drops); "
+             "line 5 has no tokens", out)
 
 
 @pytest.mark.parametrize("label", [1.5, None, ["pos"], True, {"a": 1}])
@@ -685,7 +710,10 @@ def test_a_pair_needs_three_positions_and_epochs_have_a_ceiling(tmp_path, tiny, 
     rows = [dict(r, pair="and so it was") for r in sentiment_rows(8, seed=3)]
     train = write_jsonl(tmp_path / "pairs.jsonl", rows)
     _refused(capsys, ["finetune", str(train), "--text-pair-field", "pair", "--model", str(tiny), "--out",
-                      str(tmp_path / "o"), "--max-length", "2"], "max_length (--max-length) must be a whole number >= 3, got 2")
+                      str(tmp_path / "o"), "--max-length", "4"], "max_length (--max-length) must be a whole number >= 5, got 4")
+    # a single text needs room for one token: at 2 ([CLS] [SEP]) it trained on nothing of the text
+    _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(tmp_path / "o"), "--max-length",
+                      "2"], "max_length (--max-length) must be a whole number >= 3, got 2")
     model, _ = trained
     _refused(capsys, ["predict", str(model), str(train), "--text-pair-field", "pair", "--max-length", "2"],
              "--max-length must be 3..512 for text pairs, got 2")

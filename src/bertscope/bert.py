@@ -54,7 +54,7 @@ from .core.classifier import BertForSequenceClassification
 from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
-from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts
+from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts, tokenless
 from .errors import InputError, InputTypeError, NonFiniteError, as_whole_number, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
@@ -191,8 +191,8 @@ class Bert:
         DEFAULT_BATCH_TOKENS for the device) and at most ``batch_size`` texts,
         if given; the packed path computes nothing on padding. Rows come back in input order.
         With ``normalize`` each row has unit L2 norm (as all-MiniLM-L6-v2's card prescribes).
-        An empty or whitespace-only text gets a zero vector (as ``bertscope embed`` gives an
-        empty line). Texts longer than the model's ``max_seq_length`` are cut, with a
+        An empty or whitespace-only text, or one of only characters the tokenizer drops (U+200B,
+        control characters), gets a zero vector (as ``bertscope embed`` gives an empty line). Texts longer than the model's ``max_seq_length`` are cut, with a
         :class:`~bertscope.core.tokenizer.TruncationWarning`. A text that is not a string, or
         not valid Unicode, is an :class:`~bertscope.errors.InputError`.
 
@@ -209,6 +209,8 @@ class Bert:
         if n_cut:
             warn_caller(f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
                         f"(first: text {real[truncated.index(True)] + 1})", TruncationWarning)
+        kept = [k for k, row in enumerate(ids) if not tokenless(row)]  # U+200B alone: empty too
+        real, ids = [real[k] for k in kept], [ids[k] for k in kept]
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)
         if real:
             out[real] = self.embed_ids(ids, batch_size=batch_size, normalize=normalize,
@@ -285,6 +287,10 @@ class Bert:
             raise InputError(f"max_length must be a whole number 2..{self.config.max_position_embeddings}, "
                              f"got {max_length!r}")
         ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)
+        empty = next((i for i, row in enumerate(ids) if tokenless(row, pair=pairs is not None)), None)
+        if empty is not None:
+            raise InputError(f"text {empty + 1} has no tokens (only characters the tokenizer drops): a "
+                             "classifier has nothing to read (leave it out)")
         if any(truncated):
             warn_caller(f"{sum(truncated)} text(s) longer than {limit} tokens were truncated "
                         f"(first: text {truncated.index(True) + 1})", TruncationWarning)

@@ -18,8 +18,9 @@ model was fine-tuned at (--max-length to change) are cut.
 Output (stdout, or --out FILE, written atomically): a tab-separated table with a header, one
 row per record: line, status, label, then one probability column per label. With --json, JSON
 Lines: {"line": 3, "status": "ok", "label": "pos", "probs": {"neg": 0.02, "pos": 0.98}}.
-A bad record gets no prediction and a status, as in `bertscope embed`: empty, undecodable (not
-UTF-8), bad_json, no_field, not_text; a cut text has status truncated (it is predicted). A blank
+A bad record gets no prediction and a status, as in `bertscope embed`: empty (blank, or only
+characters the tokenizer drops, such as U+200B), undecodable (not UTF-8), bad_json, no_field,
+not_text; a cut text has status truncated (it is predicted). A blank
 line is a record of status empty (in a CSV/TSV file too), so the output of a text or JSON Lines
 file has one row per input line. If records fail and none holds a text (a blank line fails
 nothing), INPUT is refused: the wrong --text-field, or the wrong file. A file of blank lines
@@ -60,6 +61,8 @@ CHUNK = 1024  # records classified per progress update
 def predictions(bert, records, *, max_length: int | None = None, batch_tokens: int | None = None,
                 progress=None) -> list[dict]:
     """One dict per record, in order: line, status, label and probs (None for a bad record)."""
+    from ..core.tokenizer import tokenless
+
     labels = bert.labels
     limit = bert.max_seq_length if max_length is None else max_length
     rows: list[dict] = []
@@ -68,11 +71,17 @@ def predictions(bert, records, *, max_length: int | None = None, batch_tokens: i
         good = [r for r in chunk if r.status == "ok"]
         pairs = [r.pair or "" for r in good] if any(r.pair is not None for r in good) else None
         ids, types, cut = bert.tokenizer.encode_segments([r.text for r in good], pairs, max_length=limit)
-        probs = bert.classify_ids(ids, types, batch_tokens=batch_tokens) if good else None
+        # only characters the tokenizer drops (U+200B...): empty, as a blank line is
+        dropped = {k for k, row in enumerate(ids) if tokenless(row, pair=pairs is not None)}
+        empty = {id(good[k]) for k in dropped}
+        keep = [k for k in range(len(good)) if k not in dropped]
+        ids, types, cut = [ids[k] for k in keep], [types[k] for k in keep], [cut[k] for k in keep]
+        probs = bert.classify_ids(ids, types, batch_tokens=batch_tokens) if ids else None
         k = 0
         for r in chunk:
-            if r.status != "ok":
-                rows.append({"line": r.line, "status": r.status, "label": None, "probs": None})
+            if r.status != "ok" or id(r) in empty:
+                rows.append({"line": r.line, "status": "empty" if id(r) in empty else r.status, "label": None,
+                             "probs": None})
                 continue
             p = probs[k]
             rows.append({"line": r.line, "status": "truncated" if cut[k] else "ok",

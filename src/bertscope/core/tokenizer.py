@@ -20,7 +20,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from ..errors import CheckpointError, InputError, InputTypeError, as_whole_number, warn_caller
 
-__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens"]
+__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens", "tokenless"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,13 @@ def no_tokens(what: str = "the text") -> InputError:
     characters the tokenizer drops, such as U+200B): there is no word to show or explain."""
     return InputError(f"{what} has no tokens (it holds only characters the tokenizer drops: spaces, "
                       "control characters, accents without a letter)")
+
+
+def tokenless(ids: Sequence[int], pair: bool = False) -> bool:
+    """Whether an encoded text (or pair) holds no token but [CLS] and [SEP]: its characters were
+    all dropped by the tokenizer (U+200B, control characters, a lone accent). Such a text is
+    empty, as a blank line is: ``embed`` gives it zeros, ``predict`` no class."""
+    return len(ids) <= (3 if pair else 2)
 
 
 def check_texts(texts: object, what: str = "texts") -> list[str]:

@@ -34,7 +34,8 @@ are numbered across the files in order). A row's status is one of
 
     ok           the text's embedding
     truncated    longer than the model's max_seq_length: the embedding of its first tokens
-    empty        an empty or whitespace-only line (or JSON field, or Parquet value): a zero vector
+    empty        an empty or whitespace-only line (or JSON field, or Parquet value), or one of only
+                 characters the tokenizer drops (U+200B, control characters): a zero vector
     undecodable  bytes that are not UTF-8 text (or hold NUL bytes, as binary data does; or, in
                  JSON Lines, a string with an escaped lone surrogate such as "\udcff"): a zero vector
     bad_json     (JSON Lines) a line that is not valid JSON: a zero vector
@@ -90,6 +91,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..core.tokenizer import tokenless
 from ..errors import InputError, InputTypeError, as_whole_number
 from ..files import TEMP_SUFFIX, move_into_place, write_atomic
 from .heap import release_free_memory
@@ -279,9 +281,13 @@ def embed_texts(bert, texts: list[str], statuses: list[str], *, batch_tokens: in
     todo = [i for i, s in enumerate(statuses) if s == "ok"]
     if todo:
         ids, cut = bert.tokenizer.encode_ids([texts[i] for i in todo], max_length=bert.max_seq_length)
-        for i, c in zip(todo, cut):
-            if c:
+        for i, c, row in zip(todo, cut, ids):
+            if tokenless(row):  # only characters the tokenizer drops (U+200B...): empty, as a blank line
+                statuses[i] = "empty"
+            elif c:
                 statuses[i] = "truncated"
+        ids = [row for row in ids if not tokenless(row)]
+        todo = [i for i in todo if statuses[i] != "empty"]
         for a in range(0, len(todo), _CHUNK):  # chunks of texts sorted and embedded together
             part = todo[a:a + _CHUNK]
             emb[part] = bert.embed_ids(ids[a:a + _CHUNK], batch_tokens=batch_tokens, normalize=normalize,

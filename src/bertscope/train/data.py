@@ -319,7 +319,12 @@ def read_examples(path: str | Path, *, text_field: str = "text", pair_field: str
     """
     records = read_records(path, text_field=text_field, pair_field=pair_field, label_field=label_field)
     if not records:
-        raise InputError(f"{what} {path} holds no examples (it is empty)")
+        try:
+            empty = Path(path).stat().st_size == 0
+        except OSError:
+            empty = True
+        raise InputError(f"{what} {path} holds no examples ("
+                         + ("it is empty)" if empty else "no record: only a header, or blank lines)"))
     problems: list[str] = []
     for r in records:
         if r.status != "ok":

@@ -43,6 +43,7 @@ from ..bert import Bert, load
 from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
 from ..core.model import evaluating
+from ..core.tokenizer import tokenless
 from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
@@ -119,7 +120,8 @@ class FinetuneConfig:
         if self.epochs > MAX_EPOCHS:  # every epoch's batches are planned up front, for the schedule
             raise InputError(f"{_named('epochs')} must be at most {MAX_EPOCHS:,} (fine-tuning takes a few), "
                              f"got {self.epochs:,}")
-        whole("max_length", 3 if self.pair_field else 2)  # [CLS] A [SEP] B [SEP]: 3 special tokens
+        # room for one token of each text besides [CLS] A [SEP] (B [SEP]): under that, nothing is learnt
+        whole("max_length", 5 if self.pair_field else 3)
         whole("save_every", 0)
         check_seed(self.seed)
         if self.batch_tokens is not None:
@@ -347,9 +349,17 @@ def _load_state(path: Path) -> dict:
     return state
 
 
-def _tokenize(bert: Bert, examples: list[Example], max_length: int) -> tuple[list[list[int]], list[list[int]], int]:
+def _tokenize(bert: Bert, examples: list[Example], max_length: int, what: str,
+              path: object) -> tuple[list[list[int]], list[list[int]], int]:
+    """Ids, segment ids and the number of texts cut. A text (or pair) of only characters the
+    tokenizer drops (U+200B...) is refused, with its line, as an empty one is when it is read."""
     pairs = [e.pair or "" for e in examples] if any(e.pair is not None for e in examples) else None
     ids, types, cut = bert.tokenizer.encode_segments([e.text for e in examples], pairs, max_length=max_length)
+    bad = [e.line for e, row in zip(examples, ids) if tokenless(row, pair=pairs is not None)]
+    if bad:
+        shown = "; ".join(f"line {n} has no tokens (only characters the tokenizer drops)" for n in bad[:3])
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise InputError(f"{what} {path}: {len(bad)} bad record(s): {shown}{more}")
     return ids, types, sum(cut)
 
 
@@ -376,7 +386,7 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
     except CheckpointError:
         raise
     if cfg.max_length > positions:
-        raise InputError(f"--max-length {cfg.max_length} is over the model's {positions} positions")
+        raise InputError(f"{_named('max_length')} {cfg.max_length} is over the model's {positions} positions")
     data = _read_data(cfg)
     fingerprint = {"train": _fingerprint(cfg.train), "dev": _fingerprint(cfg.dev)}
     paths = {k: None if v is None else str(Path(v).expanduser().resolve())  # resume from any folder
@@ -403,8 +413,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
                                               id2label=data.labels.id2label, encoder=base.encoder)
         bert = Bert(config=base.config, model=model, tokenizer=base.tokenizer, path=folder,
                     max_seq_length=cfg.max_length, name=base.name)
-        train_ids, train_types, cut = _tokenize(bert, data.train, cfg.max_length)
-        dev_ids, dev_types, _ = _tokenize(bert, data.dev, cfg.max_length)
+        train_ids, train_types, cut = _tokenize(bert, data.train, cfg.max_length, "TRAIN", cfg.train)
+        dev_ids, dev_types, _ = _tokenize(bert, data.dev, cfg.max_length, "DEV", cfg.dev)
         lengths = [len(t) for t in train_ids]
         plans = [epoch_batches(lengths, cfg.tokens_per_batch, cfg.batch_size, cfg.seed, e)
                  for e in range(cfg.epochs)]

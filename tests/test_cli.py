@@ -194,3 +194,30 @@ def test_an_output_path_under_a_file_says_it_is_a_file(tmp_path, capsys):
     assert len(err) == 1 and f"'{f}' is a file, not a folder to write 'v.html' in" in err[0], err
     with pytest.raises(InputError, match="is a file, not a folder to write x.json in"):
         write_text_atomic(f / "x.json", "{}")
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["PYTHONUNBUFFERED", "buffered"])
+def test_output_cut_short_by_the_file_system_is_an_error_not_a_short_file(tmp_path, unbuffered):
+    """Under PYTHONUNBUFFERED=1 (many containers set it) Python's stdout ignores a short write: a
+    table written to a full disk lost its end and the command exited 0. A file-size limit cuts
+    the write as a full disk does (a short write, then an error)."""
+    import os
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+
+    out = tmp_path / "out.txt"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with open(out, "wb") as f:
+        r = subprocess.run([sys.executable, "-m", "bertscope", "params"], stdout=f, stderr=subprocess.PIPE,
+                           env=env, preexec_fn=limit, text=True, timeout=300)
+    assert (r.returncode, r.stderr) == (2, "bertscope: error: cannot write standard output: File too large\n")
+    assert out.stat().st_size == 300
+    with open("/dev/full", "wb") as f:  # a full disk: every write fails
+        r = subprocess.run([sys.executable, "-m", "bertscope", "params"], stdout=f, stderr=subprocess.PIPE,
+                           env=env, text=True, timeout=300)
+    assert (r.returncode, r.stderr) == (2, "bertscope: error: cannot write standard output: no space left on the "
+                                           "device\n")

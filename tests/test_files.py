@@ -3,6 +3,7 @@ and `heads --out` and `experiments --out` use it: a failure leaves the old folde
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -158,6 +159,35 @@ def test_an_unwritable_folder_names_the_file_asked_for_not_the_temporary():
         write_text_atomic("/proc/bertscope-out.json", "{}")
     assert e.value.filename == "/proc/bertscope-out.json" and TEMP_SUFFIX not in str(e.value), e.value
     assert e.value.strerror and e.value.strerror in str(e.value)  # the system's reason, untouched
+
+
+def _disk_full(f) -> None:
+    f.write(b"part of it")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # what a write to a full disk raises: no file name
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-folder", "existing-folder"])
+def test_a_full_disk_names_the_file_asked_for_alone_or_in_a_folder(tmp_path, existing):
+    """A full disk's error carries no file name, and the CLI said "OSError: [Errno 28] No space
+    left on device" naming nothing (`finetune`, `experiments`). It now names the file the write
+    was for: not the temporary, not the staging folder."""
+    from bertscope.files import write_atomic
+
+    with pytest.raises(OSError) as e:
+        write_atomic(tmp_path / "one.json", _disk_full)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "one.json")
+    out = tmp_path / "report"
+    if existing:
+        out.mkdir()
+
+    def fill(stage: Path) -> list[Path]:
+        return [write_text_atomic(stage / "a.json", "{}"), write_atomic(stage / "img" / "b.png", _disk_full)]
+
+    with pytest.raises(OSError) as e:
+        write_folder_atomic(out, fill)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(out / "img" / "b.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["report"] if existing else [])
+    assert not existing or not any(out.iterdir())
 
 
 def test_a_new_folder_appears_whole(tmp_path):

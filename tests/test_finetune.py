@@ -769,3 +769,29 @@ def test_field_spans_split_as_pythons_csv_does():
                     if not bad:  # the field alone reads as csv read it in the line
                         alone = next(csv.reader([raw[a:b]], delimiter=delim), [])
                         assert (alone[0] if alone else "") == cell, raw
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["disk-full", "other-failure"])
+def test_a_full_disk_while_saving_the_training_state_names_the_file(tmp_path, tiny, capsys, monkeypatch, full):
+    """torch's zip writer reports a write that failed for lack of space as a RuntimeError
+    ("unexpected pos 64 vs 0"), which the CLI printed as such; with the disk (nearly) full, it is
+    now one line naming the file. Any other failure of torch.save is left as it was."""
+    from bertscope.train import loop
+
+    def cut_short(obj, f, *a, **k):
+        f.write(b"PK\x03\x04")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(loop.torch, "save", cut_short)
+    monkeypatch.setattr(loop, "nearly_full", lambda path: full)
+    train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(12, seed=0))
+    out = tmp_path / "run"
+    code = main(["finetune", str(train), "--model", str(tiny), "--out", str(out), "--epochs", "1",
+                 "--max-length", "16", "--save-every", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if full:
+        assert code == 2 and err[-1] == f"bertscope: error: cannot write {out / 'training_state.pt'}: no space " \
+                                         "left on the device", err
+    else:
+        assert code == 1 and "RuntimeError: [enforce fail" in err[-1], err
+    assert not out.exists() or not any(out.iterdir())  # no temporary left behind

@@ -16,7 +16,8 @@ from .errors import InputError, InputTypeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "open_stream_fd", "read_input_bytes", "read_lines",
+__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "nearly_full", "open_stream_fd", "read_input_bytes",
+           "read_lines",
            "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
@@ -94,10 +95,22 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         if before_rename is not None:
             before_rename()
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename is None or e.filename == tmp):
+            e.filename, e.filename2 = str(path), None  # a full disk names the file asked for
         raise
     return path
+
+
+def nearly_full(path: str | os.PathLike, margin: int = 64 << 20) -> bool:
+    """Whether the file system that holds ``path`` has under ``margin`` bytes free: the cause to
+    name for a failed write whose error carries no errno (numpy's "N requested and M written",
+    torch's "unexpected pos"). Ask while the failed temporary still takes its space."""
+    try:
+        return shutil.disk_usage(Path(path).parent).free < margin
+    except OSError:
+        return False
 
 
 def open_stream_fd(path: str | os.PathLike) -> int | None:
@@ -208,7 +221,13 @@ def write_folder_atomic(path: str | os.PathLike, fill: Callable[[Path], Iterable
     else:
         stage = Path(tempfile.mkdtemp(prefix=".bertscope-stage-", suffix=TEMP_SUFFIX, dir=path))
     try:
-        rel = [Path(p).resolve().relative_to(stage.resolve()) for p in fill(stage)]
+        try:
+            written = fill(stage)
+        except OSError as e:  # a file of the stage: named by where it was going
+            if isinstance(e.filename, str) and Path(e.filename).is_relative_to(stage):
+                e.filename = str(path / Path(e.filename).relative_to(stage))
+            raise
+        rel = [Path(p).resolve().relative_to(stage.resolve()) for p in written]
         if before_commit is not None:
             before_commit()
         if fresh:

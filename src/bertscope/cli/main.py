@@ -9,7 +9,9 @@ prints one line too. ``--debug`` shows the traceback before that line; the exit 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import io
 import logging
 import signal
 import sys
@@ -82,6 +84,58 @@ def _resumable(args: argparse.Namespace) -> bool:
         return bool(check(args))
     except Exception:  # an unreadable folder: no hint rather than a traceback
         return False
+
+
+STDOUT_NAME = "standard output"
+
+
+class _StdoutFile(io.FileIO):
+    """File descriptor 1, whose errors name it (an OSError from a write has no file name). Once
+    ``discard`` is set, what is still buffered is dropped: a write that failed was reported."""
+
+    discard = False
+    failed = False  # a write failed (and the command said so)
+
+    def write(self, b) -> int:
+        if self.discard:
+            return len(b)
+        try:
+            return super().write(b)
+        except OSError as e:
+            self.failed = True
+            if e.filename is None:
+                e.filename = STDOUT_NAME
+            raise
+
+
+def _checked_stdout():
+    """A stdout that reports a failed write, or None to keep the one there is.
+
+    Under PYTHONUNBUFFERED=1 (set in many containers) Python's stdout ignores a short write: a
+    table written to a full disk lost its end, and the command exited 0. This one buffers, so a
+    short write is retried until the disk says why. It flushes at each line where the stdout it
+    stands for did (a terminal, or PYTHONUNBUFFERED). Only the process's own stdout is replaced
+    (not a test's capture)."""
+    out = sys.stdout
+    try:
+        if out is not sys.__stdout__ or out.fileno() != 1:
+            return None
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+    out.flush()
+    unbuffered = isinstance(getattr(out, "buffer", None), io.RawIOBase)
+    return io.TextIOWrapper(io.BufferedWriter(_StdoutFile(1, "wb", closefd=False)), encoding=out.encoding,
+                            errors=out.errors, line_buffering=out.line_buffering or unbuffered)
+
+
+def _write_failure(e: OSError) -> str | None:
+    """The one line for a failed write that is not the user's doing to fix by other input: a
+    full disk, named by the file (or standard output); None for other errors."""
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return f"cannot write {e.filename or 'the output'}: no space left on the device"
+    if e.filename == STDOUT_NAME:
+        return f"cannot write {STDOUT_NAME}: {e.strerror or e}"
+    return None
 
 
 class _LogLine(logging.Formatter):
@@ -194,6 +248,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                          else _LogLine())
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     warnings.showwarning = _warning_line
+    stdout = _checked_stdout()
+    if stdout is None:
+        return _run(args, parser)
+    sys.stdout = stdout
+    try:
+        code = _run(args, parser)
+        stdout.buffer.raw.discard = stdout.buffer.raw.failed  # said once, by the command's own line
+        try:
+            stdout.flush()
+        except BrokenPipeError:
+            pass
+        except OSError as e:
+            print(f"bertscope: error: {_write_failure(e) or _one_line(e)}", file=sys.stderr)
+            code = code or 2
+        return code
+    finally:
+        sys.stdout = sys.__stdout__
+        stdout.buffer.raw.discard = True  # after a failure, what was not written is dropped
+        stdout.detach()
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The command, with every failure turned into one line on stderr and an exit status."""
     previous = _stop_on_sigterm()
     try:
         check_arguments(args, _command_parser(parser, args.command))
@@ -212,16 +289,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143 if isinstance(e, _Terminated) else 130
     except BrokenPipeError:
         return 0
-    except Exception as e:  # an unexpected failure still gets one line, not a traceback
+    except OSError as e:
+        line = _write_failure(e)
+        if line is None:
+            return _unexpected(e, args.debug)
         if args.debug:
             traceback.print_exc()
-        msg = _one_line(e)[:300]
-        print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)",
-              file=sys.stderr)
-        return 1
+        print(f"bertscope: error: {line}", file=sys.stderr)
+        return 2
+    except Exception as e:  # an unexpected failure still gets one line, not a traceback
+        return _unexpected(e, args.debug)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _unexpected(e: BaseException, debug: bool) -> int:
+    """An unexpected failure still gets one line, not a traceback."""
+    if debug:
+        traceback.print_exc()
+    msg = _one_line(e)[:300]
+    print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -93,7 +93,7 @@ import numpy as np
 
 from ..core.tokenizer import tokenless
 from ..errors import InputError, InputTypeError, as_whole_number
-from ..files import TEMP_SUFFIX, move_into_place, write_atomic
+from ..files import TEMP_SUFFIX, move_into_place, nearly_full, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
                        resolve_inputs)
@@ -309,10 +309,7 @@ def write_error(path: Path, e: OSError) -> InputError:
     message, "N requested and M written", carries no errno, so the free space decides)."""
     no_space = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
     if not no_space and e.errno is None and "written" in str(e):
-        try:
-            no_space = shutil.disk_usage(path.parent).free < (64 << 20)
-        except OSError:
-            pass
+        no_space = nearly_full(path)
     reason = "no space left on the device" if no_space else (e.strerror or str(e))
     return InputError(f"cannot write {path}: {reason}")
 

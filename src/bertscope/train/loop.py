@@ -24,6 +24,7 @@ folder and metrics.json are written and the state file is removed.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -47,7 +48,7 @@ from ..core.tokenizer import tokenless
 from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
-from ..files import TEMP_SUFFIX, write_atomic, write_text_atomic
+from ..files import TEMP_SUFFIX, nearly_full, write_atomic, write_text_atomic
 from .batches import epoch_batches
 from .data import Example, LabelSet, read_examples
 from .metrics import accuracy, macro_f1
@@ -336,7 +337,15 @@ def _model_folder(cfg: FinetuneConfig) -> Path:
 
 
 def _save_state(path: Path, state: dict) -> None:
-    write_atomic(path, lambda f: torch.save(state, f), fsync=True)
+    def write(f) -> None:
+        try:
+            torch.save(state, f)
+        except RuntimeError as e:  # torch's zip writer says "unexpected pos ..." for a full disk
+            if nearly_full(path):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from e  # write_atomic names the file
+            raise
+
+    write_atomic(path, write, fsync=True)
 
 
 def _load_state(path: Path) -> dict:

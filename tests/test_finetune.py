@@ -330,7 +330,7 @@ def test_int_labels_are_a_label_set(tmp_path, tiny):
 def test_refuses_max_length_over_the_positions(tmp_path, tiny, good_train, capsys):
     out = tmp_path / "out"
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--max-length", "257"],
-             "--max-length 257 is over the model's 256 positions", out)
+             "max_length (--max-length) must be at most the model's 256 positions, got 257", out)
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2 ** 64)])

@@ -395,7 +395,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
     except CheckpointError:
         raise
     if cfg.max_length > positions:
-        raise InputError(f"{_named('max_length')} {cfg.max_length} is over the model's {positions} positions")
+        raise InputError(f"{_named('max_length')} must be at most the model's {positions} positions, "
+                         f"got {cfg.max_length}")
     data = _read_data(cfg)
     fingerprint = {"train": _fingerprint(cfg.train), "dev": _fingerprint(cfg.dev)}
     paths = {k: None if v is None else str(Path(v).expanduser().resolve())  # resume from any folder

@@ -19,6 +19,7 @@ import pytest
 import bertscope.files
 from bertscope.cli.main import main
 from bertscope.errors import InputError
+from bertscope.files import same_file
 from bertscope.fast.embedjob import (KILL_HOOK_ENV, LOCK_FILE, JobOptions, prepare_embed_job, read_embeddings,
                                      run_embed_job)
 
@@ -244,7 +245,7 @@ def test_a_lock_taken_on_a_file_a_finished_job_just_removed_is_taken_again(tmp_p
     second = embedjob._Lock(tmp_path)
     monkeypatch.undo()
     try:
-        assert opened and embedjob._same_file(second.fd, tmp_path / LOCK_FILE)
+        assert opened and same_file(second.fd, tmp_path / LOCK_FILE)
         with pytest.raises(InputError, match=rf"in use by another running job \(pid {os.getpid()}\)"):
             embedjob._Lock(tmp_path)  # job C
     finally:

@@ -5,6 +5,7 @@ HF's default labels, the caller's random state)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -210,3 +211,38 @@ def test_a_settings_message_names_it_as_python_and_the_cli_know_it(kw, said):
     with pytest.raises(bertscope.InputError) as e:
         FinetuneConfig(train="t.csv", **kw).check()
     assert str(e.value) == said
+
+
+def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, rows_file, monkeypatch):
+    """Two runs trained into one folder at once (a --resume started while the first ran on), both
+    writing training_state.pt. The lock here is held by this process, as a running run holds it."""
+    from bertscope.files import FolderLock
+    from bertscope.train import finetune, loop
+
+    out = tmp_path / "run"
+
+    steps = []
+
+    def interrupt(info):
+        steps.append(info)
+        if len(steps) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # a run stopped in its second step: resumable
+        finetune(small(rows_file, tiny), out, on_step=interrupt)
+    assert sorted(p.name for p in out.iterdir()) == ["training_state.pt"]  # its lock went with it
+    running = FolderLock(out / ".lock", lambda pid: AssertionError("taken"))
+    try:
+        in_use = re.escape(f"out (--out): {out} is in use by another fine-tuning run (pid {os.getpid()})")
+        with monkeypatch.context() as m:  # refused before the model or the data is read
+            m.setattr(loop, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+            with pytest.raises(InputError, match=in_use):
+                finetune(small(rows_file, tiny), out, resume=True)
+        with monkeypatch.context() as m:  # two runs that checked at the same moment: the lock decides
+            m.setattr(loop, "lock_holder", lambda path: None)
+            with pytest.raises(InputError, match=in_use):
+                finetune(small(rows_file, tiny), out, resume=True)
+    finally:
+        running.close()
+    result = finetune(small(rows_file, tiny), out, resume=True)  # free again: it resumes
+    assert result.resumed_from_step == 1 and ".lock" not in [p.name for p in out.iterdir()]

@@ -16,8 +16,8 @@ from .errors import InputError, InputTypeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TEMP_SUFFIX", "move_into_place", "movie_review_rows", "nearly_full", "open_stream_fd", "read_input_bytes",
-           "read_lines",
+__all__ = ["TEMP_SUFFIX", "FolderLock", "lock_holder", "move_into_place", "movie_review_rows", "nearly_full",
+           "open_stream_fd", "read_input_bytes", "read_lines", "same_file",
            "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
@@ -101,6 +101,86 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
             e.filename, e.filename2 = str(path), None  # a full disk names the file asked for
         raise
     return path
+
+
+class FolderLock:
+    """An exclusive flock on the file ``path`` (made if need be), which holds the pid of the
+    process that holds it: one job at a time in an output folder. Released by :meth:`close`,
+    or when the process ends, however it ends.
+
+    ``in_use(pid)`` makes the error raised when another process holds it. A job that finishes
+    removes the file (``close(remove=True)``) while it still holds the lock, so its folder keeps
+    only its outputs. A job that was waiting on that same file then finds its lock is on a file
+    no longer there, and takes the lock again on a new one: two jobs never both hold it."""
+
+    def __init__(self, path: Path, in_use: Callable[[str], Exception]) -> None:
+        self.fd: int | None = None
+        self.path = Path(path)
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock, said once in the log
+            log.warning("no file locking on this platform; do not run two jobs on %s", self.path.parent)
+            return
+        for _ in range(100):  # again only while another job removes the file under us
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise InputError(f"cannot write in {self.path.parent} ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pid = _pid_in(fd)
+                os.close(fd)
+                raise in_use(pid) from None
+            if same_file(fd, self.path):
+                break
+            os.close(fd)  # locked a file that a finished job had just removed: lock the new one
+        else:
+            raise InputError(f"cannot lock {self.path}: it keeps being removed")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def close(self, remove: bool = False) -> None:
+        if self.fd is not None:
+            if remove:  # while still held: no other job can be between its open and its flock
+                self.path.unlink(missing_ok=True)
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid written in the lock file ``path`` while a process holds it ("?" if it wrote none
+    yet); None when no process holds it."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: no job holds it
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except OSError:
+        return _pid_in(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_in(fd: int) -> str:
+    """The pid the holder of a lock wrote in it ("?" if none yet)."""
+    return os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """True if the open descriptor ``fd`` is the file at ``path`` now."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def nearly_full(path: str | os.PathLike, margin: int = 64 << 20) -> bool:

@@ -93,7 +93,7 @@ import numpy as np
 
 from ..core.tokenizer import tokenless
 from ..errors import InputError, InputTypeError, as_whole_number
-from ..files import TEMP_SUFFIX, move_into_place, nearly_full, write_atomic
+from ..files import TEMP_SUFFIX, FolderLock, lock_holder, move_into_place, nearly_full, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
                        resolve_inputs)
@@ -420,25 +420,7 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
 
 def _running_job(out: Path) -> str | None:
     """The pid written in OUTPUT/.lock while a job holds its lock; None when no job runs there."""
-    try:
-        import fcntl
-
-        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
-    except (ImportError, OSError):
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: no job holds it
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    except OSError:
-        return _pid_in(fd)
-    finally:
-        os.close(fd)
-
-
-def _pid_in(fd: int) -> str:
-    """The pid the job holding the lock wrote in it ("?" if none yet)."""
-    return os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+    return lock_holder(out / LOCK_FILE)
 
 
 def _in_use(out: Path, pid: str) -> InputError:
@@ -446,58 +428,11 @@ def _in_use(out: Path, pid: str) -> InputError:
                       "choose another --out")
 
 
-class _Lock:
-    """An exclusive flock on OUTPUT/.lock, held for the whole job (released by close or exit).
-
-    A finished job removes the file (``close(remove=True)``) while it still holds the lock, so a
-    finished folder holds only the job's files. A job that was waiting on that same file then
-    finds its lock is on a file no longer there, and takes the lock again on a new one: two jobs
-    can never both hold OUTPUT."""
+class _Lock(FolderLock):
+    """An exclusive lock on OUTPUT/.lock, held for the whole job (see :class:`FolderLock`)."""
 
     def __init__(self, out: Path) -> None:
-        self.fd: int | None = None
-        self.path = out / LOCK_FILE
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock, said once in the log
-            log.warning("no file locking on this platform; do not run two jobs on %s", out)
-            return
-        for _ in range(100):  # again only while another job removes the file under us
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise InputError(f"cannot write in {out} ({e.strerror or e})") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                pid = _pid_in(fd)
-                os.close(fd)
-                raise _in_use(out, pid) from None
-            if _same_file(fd, self.path):
-                break
-            os.close(fd)  # locked a file that a finished job had just removed: lock the new one
-        else:
-            raise InputError(f"cannot lock {self.path}: it keeps being removed")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-
-    def close(self, remove: bool = False) -> None:
-        if self.fd is not None:
-            if remove:  # while still held: no other job can be between its open and its flock
-                self.path.unlink(missing_ok=True)
-            os.close(self.fd)  # closing the descriptor releases the flock
-            self.fd = None
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """True if the open descriptor ``fd`` is the file at ``path`` now."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    here = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+        super().__init__(out / LOCK_FILE, lambda pid: _in_use(out, pid))
 
 
 @dataclass

@@ -48,7 +48,7 @@ from ..core.tokenizer import tokenless
 from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
-from ..files import TEMP_SUFFIX, nearly_full, write_atomic, write_text_atomic
+from ..files import TEMP_SUFFIX, FolderLock, lock_holder, nearly_full, write_atomic, write_text_atomic
 from .batches import epoch_batches
 from .data import Example, LabelSet, read_examples
 from .metrics import accuracy, macro_f1
@@ -60,6 +60,7 @@ __all__ = ["FinetuneConfig", "FinetuneResult", "KILL_HOOK_ENV", "METRICS_FILE", 
 log = logging.getLogger(__name__)
 
 STATE_FILE = FINETUNE_STATE_FILE
+LOCK_FILE = ".lock"  # held by the run that trains in the folder (files.FolderLock)
 METRICS_FILE = "metrics.json"
 STATE_FORMAT = 1
 # Test hook: SIGKILL this process right after the checkpoint of this global step is written.
@@ -280,7 +281,8 @@ def _check_out(out: Path, resume: bool) -> None:
             raise InputError(f"{_named('resume')}: the run in {out} is already complete (it has {METRICS_FILE} "
                              f"and no {STATE_FILE})")
         raise InputError(f"{_named('resume')}: {out} holds no interrupted run (no {STATE_FILE})")
-    if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) for p in out.iterdir()):
+    if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) and p.name != LOCK_FILE
+                            for p in out.iterdir()):
         raise InputError(f"{_named('out')}: {out} exists and is not empty; pass {_named('resume')} to "
                          "continue the run in it, "
                          "or choose a new folder")
@@ -379,16 +381,37 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
     """Fine-tune ``cfg.model`` on ``cfg.train`` and write the classifier folder ``out``.
 
     Everything is checked before any work or any file is written: the settings, ``out`` (not
-    a file; empty or absent unless ``resume``), the model's positions against ``max_length``,
-    and the data (records, labels, the dev labels against the train's). ``on_start(total, done)``
-    is called once training begins, ``on_step`` after every step, ``on_epoch`` with each epoch's
-    metrics. Returns the metrics and the trained model (eval mode).
+    a file; empty or absent unless ``resume``; no other run in it now), the model's positions
+    against ``max_length``, and the data (records, labels, the dev labels against the train's).
+    ``on_start(total, done)`` is called once training begins, ``on_step`` after every step,
+    ``on_epoch`` with each epoch's metrics. Returns the metrics and the trained model (eval mode).
+
+    A run holds ``out/.lock`` while it trains: a second run in the same folder (a ``resume``
+    started while the first still runs) is refused, naming the first one's pid.
     """
+    held: list[FolderLock] = []
+    try:
+        return _finetune(cfg, out, resume, on_step, on_epoch, on_start, held)
+    finally:
+        for lock in held:
+            lock.close(remove=True)  # the folder keeps only the run's outputs
+
+
+def _in_use(out: Path) -> Callable[[str], InputError]:
+    return lambda pid: InputError(f"{_named('out')}: {out} is in use by another fine-tuning run (pid {pid}); wait "
+                                  "for it to finish, or choose another folder")
+
+
+def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_epoch, on_start,
+              held: list[FolderLock]) -> FinetuneResult:
     if not isinstance(cfg, FinetuneConfig):
         raise InputTypeError(f"finetune takes a FinetuneConfig(train=...), not {type(cfg).__name__}")
     cfg.check()
     out = Path(out)
     _check_out(out, resume)
+    pid = lock_holder(out / LOCK_FILE)
+    if pid is not None:  # said now, before the model and the data are read
+        raise _in_use(out)(pid)
     folder = _model_folder(cfg)
     try:
         positions = read_config(folder).max_position_embeddings
@@ -461,6 +484,7 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"{_named('out')}: {out} cannot be created ({e.strerror})") from None
+        held.append(FolderLock(out / LOCK_FILE, _in_use(out)))  # two runs that started at once: one goes on
         if on_start is not None:
             on_start(total, step)
         encoder = PackedEncoder()

@@ -57,6 +57,20 @@ def test_heads_truncation_is_warned_once(tmp_path, capsys):
     assert any("line 3 is not UTF-8 text" in w for w in warns) and any("was truncated" in w for w in warns), warns
 
 
+@pytest.mark.parametrize("name, kind", [("c.jsonl", "JSON Lines"), ("c.csv", "CSV"), ("c.JSON", "JSON")])
+@pytest.mark.parametrize("engine", [[], ["--engine", "ray", "--workers", "1"]], ids=["local", "ray"])
+def test_heads_refuses_a_file_of_records_whose_syntax_it_would_read_as_text(tmp_path, capsys, name, kind, engine):
+    """A .jsonl corpus was read line by line: its braces, quotes and field names were analysed as
+    the texts ("over 2 texts (22 tokens)" for '{"text":"hi"}' and '{"text":"yo"}')."""
+    corpus = tmp_path / name
+    corpus.write_text('{"text": "hi"}\n{"text": "yo"}\n')
+    assert main(["heads", str(corpus), *engine]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"bertscope: error: heads reads a text file, one text per line; {corpus} is {kind} by its name, "
+                   "and its syntax would be read as text: write its texts one per line first"
+                   + (f" (for JSON Lines: jq -r .text {corpus} > texts.txt)" if kind == "JSON Lines" else "")), err
+
+
 def test_heads_out_must_be_a_folder(tmp_path, capsys):
     corpus = tmp_path / "in.txt"
     corpus.write_text("The cat sat.\n")

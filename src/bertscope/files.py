@@ -17,7 +17,7 @@ from .errors import InputError, InputTypeError
 log = logging.getLogger(__name__)
 
 __all__ = ["TEMP_SUFFIX", "FolderLock", "lock_holder", "move_into_place", "movie_review_rows", "nearly_full",
-           "open_stream_fd", "read_input_bytes", "read_lines", "same_file",
+           "open_stream_fd", "read_input_bytes", "read_lines", "refuse_records", "same_file",
            "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
@@ -383,6 +383,20 @@ def update_section(path: str | os.PathLike, name: str, markdown: str, *, title: 
     else:
         doc = (doc.rstrip() + "\n\n" if doc.strip() else doc) + block + "\n"
     return write_text_atomic(path, doc)
+
+
+RECORD_KINDS = {".jsonl": "JSON Lines", ".ndjson": "JSON Lines", ".json": "JSON", ".csv": "CSV", ".tsv": "TSV",
+                ".parquet": "Parquet"}  # by the name's ending: files whose lines are records, not texts
+
+
+def refuse_records(path: str | os.PathLike, who: str) -> None:
+    """InputError for a reader of one text per line given a file of records (JSON Lines, CSV...):
+    its syntax (braces, quotes, field names) would be read as the texts."""
+    kind = RECORD_KINDS.get(Path(path).suffix.lower())
+    if kind is not None:
+        how = f" (for JSON Lines: jq -r .text {path} > texts.txt)" if kind == "JSON Lines" else ""
+        raise InputError(f"{who} reads a text file, one text per line; {path} is {kind} by its name, and its "
+                         f"syntax would be read as text: write its texts one per line first{how}")
 
 
 def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str]]:

@@ -10,7 +10,8 @@ from .progress import add_progress_args, bar
 
 HELP = """\
 For every layer and head, over a corpus (a UTF-8 text file, one text per line, blank lines
-skipped): mean attention to [CLS], to [SEP], to punctuation, to the token itself, to the
+skipped; a .jsonl, .json, .csv, .tsv or .parquet file is refused, its syntax would be read as
+text: write its texts one per line first): mean attention to [CLS], to [SEP], to punctuation, to the token itself, to the
 previous and to the next token (after Clark et al. 2019); entropy in nats and its gap to
 uniform (ln T - entropy); mean attention distance in tokens; and a pattern class after
 Kovaleva et al. 2019 (vertical, diagonal, vertical+diagonal, block, heterogeneous) by stated
@@ -72,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..files import read_lines
+    from ..files import read_lines, refuse_records
     from ..understand.headstats import CLASSES, STAT_LABELS, STATS, head_stats
 
+    refuse_records(args.corpus, "heads")
     engine = engine_options(args)
     out = check_output_dir(args.out) if args.out is not None else None
     if out is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..files import bad_lines_warning, text_lines
+from ..files import bad_lines_warning, refuse_records, text_lines
 from ..fast.jobinput import InputFile, InputPlan, plan_input, read_shard_bytes, resolve_inputs
 from ..understand.headstats import HeadStats, HeadSums, head_sums
 from .cluster import EngineOptions, check_address, check_engine_options, map_shards, ray_session, require_ray, unwrap_error
@@ -52,6 +52,7 @@ class HeadSumsWorker:
 
 
 def _plan_corpus(corpus: str | os.PathLike, shard_lines: int) -> InputPlan:
+    refuse_records(corpus, "heads")
     files = resolve_inputs(corpus)
     if len(files) != 1 or files[0].kind == "parquet":
         raise InputError(f"the corpus {corpus} must be one text file (one text per line)")

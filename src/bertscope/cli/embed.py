@@ -19,15 +19,17 @@ any URI pyarrow reads (s3://, gs://, hdfs://). Line numbers count on across the 
 order; _job.json lists the files and the manifest each shard's first line.
 Each file is a text file (one text per line), JSON Lines (one JSON object per line, the text in
 field "text" or the one --field names) if its name ends in .jsonl, .ndjson or .json, or if
---field is given (a folder holding .jsonl files and others is then refused: name the files with
-a glob), or Parquet (.parquet: the text in column "text" or --field). A .json file must be JSON
-Lines: a single JSON document (one that starts with "[", or whose first line is not a whole
-JSON object) is refused.
+--field is given, or Parquet (.parquet: the text in column "text" or --field). All the files of
+one INPUT must be of one kind: a folder that mixes them (text and .jsonl files, say; or, with
+--field, .jsonl files and others) is refused: name the files you mean with a glob. A .json
+file must be JSON Lines: a single JSON document (one that starts with "[", or whose first line
+is not a whole JSON object) is refused.
 
-A bad line never stops the job: it gets a zero vector and a status -- empty, undecodable (not
-UTF-8 text, or NUL bytes), bad_json (not valid JSON), no_field (not an object with the field), not_text (the field
-is not a string) -- and over-long texts are cut to the model's max_seq_length (truncated); each
-is reported with its line numbers, here and in the manifest. But if NO line holds a text (every
+A bad line never stops the job: it gets a zero vector and a status -- empty (blank, or only
+characters the tokenizer drops, such as U+200B), undecodable (not UTF-8 text, or NUL bytes),
+bad_json (not valid JSON), no_field (not an object with the field), not_text (the field is not a
+string) -- and over-long texts are cut to the model's max_seq_length (truncated); each is
+reported with its line numbers, here and in the manifest. But if NO line holds a text (every
 non-blank line fails), the input is refused at once: that is the wrong --field or file; so is a
 file with a NUL byte in its first 8,000 bytes (binary data, or UTF-16 text).
 Each shard is written to a temporary file and renamed, so a crash never leaves a half-written

@@ -75,6 +75,8 @@ def test_ablate_cli(capsys):
 @pytest.mark.parametrize("args, fragment", [
     (["--sweep", "--token", "dog"], "use one or the other"),  # --token used to be ignored by --sweep
     (["--layer", "0", "--head", "1", "--top", "3"], "--top is for --sweep"),  # and --top without it
+    # neither: the library's words, "heads=[(layer, head)]; in the CLI --layer L --head H", were shown
+    ([], "bertscope: error: name a head to silence with --layer L --head H (repeat both for more), or give --sweep"),
 ])
 def test_ablate_refuses_flags_it_would_ignore(args, fragment, capsys):
     assert main(["ablate", "The cat sat.", *args]) == 2

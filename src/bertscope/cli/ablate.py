@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if len(args.layer) != len(args.head):
         raise InputError(f"give --layer and --head in pairs ({len(args.layer)} --layer, {len(args.head)} --head)")
+    if not args.sweep and not args.layer:
+        raise InputError("name a head to silence with --layer L --head H (repeat both for more), or give "
+                         "--sweep to silence each head in turn and rank them")
     if args.sweep and args.layer:
         raise InputError("--sweep silences every head in turn; do not name heads with it")
     if args.sweep and args.token is not None:

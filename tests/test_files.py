@@ -305,3 +305,14 @@ def test_experiments_out_failure_leaves_the_old_files(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert snapshot(out) == before
+
+
+def test_a_link_to_a_folder_not_made_yet_is_written_through(tmp_path):
+    """A dangling link as OUT failed in the rename with "Not a directory: '.out.32wpm6ea.tmp' ->
+    'out'", naming the staging folder. It is written through, as a file's link is."""
+    (tmp_path / "out").symlink_to(tmp_path / "target")
+    paths = write_folder_atomic(tmp_path / "out", fill_with({"a.json": "A"}))
+    assert paths == [tmp_path / "target" / "a.json"] and (tmp_path / "out").is_symlink()
+    write_folder_atomic(tmp_path / "out", fill_with({"b.json": "B"}))  # now a link to a folder
+    assert snapshot(tmp_path / "out") == {"a.json": b"A", "b.json": b"B"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "target"]

@@ -289,10 +289,15 @@ def write_folder_atomic(path: str | os.PathLike, fill: Callable[[Path], Iterable
       version (``os.replace``: no file is ever half-written). Should a rename fail, the ones
       already done are undone, old versions restored from hard links kept for the purpose.
 
+    A symbolic link is written through: the folder it points to gets the outputs (made if it is
+    not there yet), and the link stays.
+
     Returns the outputs' final paths, in the order ``fill`` gave them. ``before_commit`` runs
     between filling and committing (a test hook).
     """
     path = Path(path)
+    if path.is_symlink():  # to a folder, or to nothing yet: written through, as write_atomic does
+        path = Path(os.path.realpath(path))
     fresh = not path.exists()
     parent = path.parent if str(path.parent) else Path(".")
     if fresh:

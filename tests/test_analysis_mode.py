@@ -144,3 +144,18 @@ def test_overlapping_eval_blocks_keep_dropout_off_until_the_last_one_leaves(bert
         np.testing.assert_array_equal(seen["reading"], bert.embed([TEXT]))
     finally:
         m.eval()
+
+
+def test_a_model_put_back_in_training_mode_inside_a_block_reads_with_dropout_off(bert):
+    """A block entered while another held the model only counted itself in, so a model.train()
+    in between (a user's, or a training loop's in another thread) left dropout on for it."""
+    from bertscope.core.model import evaluating
+
+    m = bert.model
+    try:
+        with evaluating(m):
+            m.train()
+            with evaluating(m):
+                assert not any(x.training for x in m.modules())
+    finally:
+        m.eval()

@@ -841,3 +841,13 @@ def test_negative_layers_and_heads_count_from_the_end_everywhere(bert, capsys):
     assert outs[0] == outs[1]
     assert main(["explain", IT_ANIMAL, "--method", "norm", "--token", "it", "--layer", "-7"]) == 2
     assert "--layer -7 does not exist (the model has layers 0..5, or -6..-1" in capsys.readouterr().err
+
+
+def test_a_text_cut_to_nothing_by_truncation_is_truncated_not_empty(bert):
+    """The rule for texts of only dropped characters looked at the ids after truncation, so at
+    max_length 2 every text was called one "with no tokens (only characters the tokenizer drops)"."""
+    with pytest.warns(bertscope.TruncationWarning):
+        probs = _tiny_classifier(bert).classify(["hello world", "a cat"], max_length=2)
+    assert probs.shape == (2, 2)
+    with pytest.raises(InputError, match="text 2 has no tokens"):  # the rule itself still holds
+        _tiny_classifier(bert).classify(["hello world", "\u200b"])

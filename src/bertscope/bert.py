@@ -209,7 +209,8 @@ class Bert:
         if n_cut:
             warn_caller(f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
                         f"(first: text {real[truncated.index(True)] + 1})", TruncationWarning)
-        kept = [k for k, row in enumerate(ids) if not tokenless(row)]  # U+200B alone: empty too
+        # U+200B alone is empty too (a text that truncation cut that short is not)
+        kept = [k for k, row in enumerate(ids) if not tokenless(row) or truncated[k]]
         real, ids = [real[k] for k in kept], [ids[k] for k in kept]
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)
         if real:
@@ -287,7 +288,8 @@ class Bert:
             raise InputError(f"max_length must be a whole number 2..{self.config.max_position_embeddings}, "
                              f"got {max_length!r}")
         ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)
-        empty = next((i for i, row in enumerate(ids) if tokenless(row, pair=pairs is not None)), None)
+        empty = next((i for i, row in enumerate(ids) if tokenless(row, pair=pairs is not None) and not truncated[i]),
+                     None)
         if empty is not None:
             raise InputError(f"text {empty + 1} has no tokens (only characters the tokenizer drops): a "
                              "classifier has nothing to read (leave it out)")

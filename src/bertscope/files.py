@@ -137,8 +137,12 @@ class FolderLock:
             os.close(fd)  # locked a file that a finished job had just removed: lock the new one
         else:
             raise InputError(f"cannot lock {self.path}: it keeps being removed")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:  # a full disk: the lock is not left held by a descriptor no one has
+            os.close(fd)
+            raise
         self.fd = fd
 
     def close(self, remove: bool = False) -> None:

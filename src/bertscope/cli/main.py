@@ -13,6 +13,7 @@ import errno
 import importlib
 import io
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -117,6 +118,8 @@ def _checked_stdout():
     stands for did (a terminal, or PYTHONUNBUFFERED). Only the process's own stdout is replaced
     (not a test's capture)."""
     out = sys.stdout
+    if os.name != "posix":  # a Windows console's own stdout object is kept
+        return None
     try:
         if out is not sys.__stdout__ or out.fileno() != 1:
             return None
@@ -259,13 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             stdout.flush()
         except BrokenPipeError:
             pass
+        except KeyboardInterrupt:
+            print("bertscope: interrupted", file=sys.stderr)
+            code = code or 130
         except OSError as e:
             print(f"bertscope: error: {_write_failure(e) or _one_line(e)}", file=sys.stderr)
             code = code or 2
         return code
     finally:
         sys.stdout = sys.__stdout__
-        stdout.buffer.raw.discard = True  # after a failure, what was not written is dropped
+        stdout.buffer.raw.discard = True  # flushed above, or a failure said: what is left is dropped
         stdout.detach()
 
 

@@ -72,7 +72,7 @@ def predictions(bert, records, *, max_length: int | None = None, batch_tokens: i
         pairs = [r.pair or "" for r in good] if any(r.pair is not None for r in good) else None
         ids, types, cut = bert.tokenizer.encode_segments([r.text for r in good], pairs, max_length=limit)
         # only characters the tokenizer drops (U+200B...): empty, as a blank line is
-        dropped = {k for k, row in enumerate(ids) if tokenless(row, pair=pairs is not None)}
+        dropped = {k for k, row in enumerate(ids) if tokenless(row, pair=pairs is not None) and not cut[k]}
         empty = {id(good[k]) for k in dropped}
         keep = [k for k in range(len(good)) if k not in dropped]
         ids, types, cut = [ids[k] for k in keep], [types[k] for k in keep], [cut[k] for k in keep]

@@ -54,7 +54,7 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
             hold = _EVAL_HOLDS.get(m)
             if hold is None:
                 hold = _EVAL_HOLDS[m] = [0, m.training]
-                m.training = False
+            m.training = False  # on every entry: a model.train() meanwhile must not turn dropout on
             hold[0] += 1
     try:
         yield model

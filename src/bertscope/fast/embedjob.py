@@ -282,11 +282,11 @@ def embed_texts(bert, texts: list[str], statuses: list[str], *, batch_tokens: in
     if todo:
         ids, cut = bert.tokenizer.encode_ids([texts[i] for i in todo], max_length=bert.max_seq_length)
         for i, c, row in zip(todo, cut, ids):
-            if tokenless(row):  # only characters the tokenizer drops (U+200B...): empty, as a blank line
+            if tokenless(row) and not c:  # only characters the tokenizer drops (U+200B...): empty
                 statuses[i] = "empty"
             elif c:
                 statuses[i] = "truncated"
-        ids = [row for row in ids if not tokenless(row)]
+        ids = [row for i, row in zip(todo, ids) if statuses[i] != "empty"]
         todo = [i for i in todo if statuses[i] != "empty"]
         for a in range(0, len(todo), _CHUNK):  # chunks of texts sorted and embedded together
             part = todo[a:a + _CHUNK]

@@ -366,7 +366,7 @@ def _tokenize(bert: Bert, examples: list[Example], max_length: int, what: str,
     tokenizer drops (U+200B...) is refused, with its line, as an empty one is when it is read."""
     pairs = [e.pair or "" for e in examples] if any(e.pair is not None for e in examples) else None
     ids, types, cut = bert.tokenizer.encode_segments([e.text for e in examples], pairs, max_length=max_length)
-    bad = [e.line for e, row in zip(examples, ids) if tokenless(row, pair=pairs is not None)]
+    bad = [e.line for e, row, c in zip(examples, ids, cut) if tokenless(row, pair=pairs is not None) and not c]
     if bad:
         shown = "; ".join(f"line {n} has no tokens (only characters the tokenizer drops)" for n in bad[:3])
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""

@@ -246,3 +246,33 @@ def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, ro
         running.close()
     result = finetune(small(rows_file, tiny), out, resume=True)  # free again: it resumes
     assert result.resumed_from_step == 1 and ".lock" not in [p.name for p in out.iterdir()]
+
+
+def test_a_run_that_finished_while_another_waited_to_lock_its_folder_is_not_trained_over(
+        tmp_path, tiny, rows_file, monkeypatch):
+    """The folder was checked before the model loaded and locked after: a run that finished in
+    between left its folder to the second, which trained over its model. It is checked again
+    once the lock is held."""
+    from bertscope.files import FolderLock
+    from bertscope.train import finetune, loop
+
+    out = tmp_path / "run"
+    steps = []
+
+    def interrupt(info):
+        steps.append(info)
+        if len(steps) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(small(rows_file, tiny), out, on_step=interrupt)
+
+    def the_other_run_finishes_first(path, in_use):
+        (out / "training_state.pt").unlink()
+        (out / "metrics.json").write_text("{}")
+        return FolderLock(path, in_use)
+
+    monkeypatch.setattr(loop, "FolderLock", the_other_run_finishes_first)
+    with pytest.raises(InputError, match="the run in .* is already complete"):
+        finetune(small(rows_file, tiny), out, resume=True)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]  # left as the other run made it

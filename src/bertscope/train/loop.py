@@ -485,6 +485,7 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
         except OSError as e:
             raise InputError(f"{_named('out')}: {out} cannot be created ({e.strerror})") from None
         held.append(FolderLock(out / LOCK_FILE, _in_use(out)))  # two runs that started at once: one goes on
+        _check_out(out, resume)  # again, now that no other run can change the folder: one may have finished
         if on_start is not None:
             on_start(total, step)
         encoder = PackedEncoder()

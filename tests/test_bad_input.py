@@ -843,11 +843,19 @@ def test_negative_layers_and_heads_count_from_the_end_everywhere(bert, capsys):
     assert "--layer -7 does not exist (the model has layers 0..5, or -6..-1" in capsys.readouterr().err
 
 
-def test_a_text_cut_to_nothing_by_truncation_is_truncated_not_empty(bert):
+def test_a_classifier_reads_one_token_of_each_text_at_least(bert):
     """The rule for texts of only dropped characters looked at the ids after truncation, so at
-    max_length 2 every text was called one "with no tokens (only characters the tokenizer drops)"."""
-    with pytest.warns(bertscope.TruncationWarning):
-        probs = _tiny_classifier(bert).classify(["hello world", "a cat"], max_length=2)
+    max_length 2 every text was called one "with no tokens (only characters the tokenizer drops)".
+    At 2 a classifier reads [CLS] [SEP] only, nothing of the text: refused, as finetune refuses it."""
+    clf = _tiny_classifier(bert)
+    with pytest.raises(InputError, match=re.escape("max_length must be a whole number 3..512 (room for one")):
+        clf.classify(["hello world", "a cat"], max_length=2)
+    with pytest.raises(InputError, match=re.escape("max_length must be a whole number 5..512 for pairs")):
+        clf.classify(["hello world"], pairs=["a cat"], max_length=4)
+    with pytest.warns(bertscope.TruncationWarning, match="1 text"):  # cut to [CLS] hello [SEP]: read
+        probs = clf.classify(["hello world", "cat"], max_length=3)
     assert probs.shape == (2, 2)
+    with pytest.warns(bertscope.TruncationWarning):
+        assert clf.classify(["hello world"], pairs=["a black cat"], max_length=5).shape == (1, 2)
     with pytest.raises(InputError, match="text 2 has no tokens"):  # the rule itself still holds
         _tiny_classifier(bert).classify(["hello world", "\u200b"])

@@ -715,8 +715,10 @@ def test_a_pair_needs_three_positions_and_epochs_have_a_ceiling(tmp_path, tiny, 
     _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(tmp_path / "o"), "--max-length",
                       "2"], "max_length (--max-length) must be a whole number >= 3, got 2")
     model, _ = trained
-    _refused(capsys, ["predict", str(model), str(train), "--text-pair-field", "pair", "--max-length", "2"],
-             "--max-length must be 3..512 for text pairs, got 2")
+    _refused(capsys, ["predict", str(model), str(train), "--text-pair-field", "pair", "--max-length", "4"],
+             "--max-length must be 5..512 for text pairs (room for one token of each text), got 4")
+    _refused(capsys, ["predict", str(model), str(train), "--max-length", "2"],  # read [CLS] [SEP] only
+             "--max-length must be 3..512 (room for one token of each text), got 2")
     with pytest.raises(bertscope.InputError, match=r"from 3 \(\[CLS\] and two \[SEP\] for a pair\)"):
         bertscope.load(tiny).tokenizer.encode_segments(["a b c"], ["d e f"], max_length=2)
     _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(tmp_path / "o"),

@@ -54,7 +54,7 @@ from .core.classifier import BertForSequenceClassification
 from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
-from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts, tokenless
+from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts, least_read_length, tokenless
 from .errors import InputError, InputTypeError, NonFiniteError, as_whole_number, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
@@ -284,9 +284,11 @@ class Bert:
         if empty is not None:  # no neutral answer exists for a class (embed gives empty texts zeros)
             raise InputError(f"text {empty + 1} is empty: a classifier has nothing to read (leave it out)")
         limit = self.max_seq_length if max_length is None else as_whole_number(max_length)
-        if limit is None or not 2 <= limit <= self.config.max_position_embeddings:
-            raise InputError(f"max_length must be a whole number 2..{self.config.max_position_embeddings}, "
-                             f"got {max_length!r}")
+        low = least_read_length(pairs is not None)  # one token of each text besides the specials
+        if limit is None or not low <= limit <= self.config.max_position_embeddings:
+            raise InputError(f"max_length must be a whole number {low}..{self.config.max_position_embeddings}"
+                             f"{' for pairs' if pairs is not None else ''} (room for one token of each "
+                             f"text), got {max_length!r}")
         ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)
         empty = next((i for i, row in enumerate(ids) if tokenless(row, pair=pairs is not None) and not truncated[i]),
                      None)

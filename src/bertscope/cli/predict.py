@@ -48,7 +48,8 @@ def register(sub) -> None:
                    help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV); "
                         "a classifier fine-tuned on pairs needs it, and predict warns when it is left out")
     p.add_argument("--max-length", type=int, default=None, metavar="N",
-                   help="cut texts to N tokens (default: the length the model was fine-tuned at)")
+                   help="cut texts to N tokens, 3 at least (5 for pairs: one token of each text); "
+                        "default: the length the model was fine-tuned at")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default: 2048 on CPU, 16384 on a GPU)")
     add_progress_args(p)
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..bert import load
+    from ..core.tokenizer import least_read_length
     from ..errors import InputError
     from ..files import why_not_a_file, write_text_atomic
     from ..train.data import file_format, read_records
@@ -181,10 +183,12 @@ def run(args: argparse.Namespace) -> int:
     if not bert.is_classifier:
         raise InputError(f"{args.model_dir} is not a classifier (its config.json does not name "
                          "BertForSequenceClassification); fine-tune one with: bertscope finetune")
-    low = 3 if args.text_pair_field is not None else 2  # [CLS] A [SEP] B [SEP]: 3 special tokens
+    pairs = args.text_pair_field is not None
+    low = least_read_length(pairs)  # one token of each text besides [CLS] A [SEP] (B [SEP])
     if args.max_length is not None and not low <= args.max_length <= bert.config.max_position_embeddings:
         raise InputError(f"--max-length must be {low}..{bert.config.max_position_embeddings}"
-                         f"{' for text pairs' if low == 3 else ''}, got {args.max_length}")
+                         f"{' for text pairs' if pairs else ''} (room for one token of each text), "
+                         f"got {args.max_length}")
     trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
     if trained_pair is not None and args.text_pair_field is None:
         print(f"bertscope: warning: {args.model_dir} was fine-tuned on text pairs (its metrics.json: "

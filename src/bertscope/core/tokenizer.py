@@ -60,6 +60,12 @@ def tokenless(ids: Sequence[int], pair: bool = False) -> bool:
     return len(ids) <= (3 if pair else 2)
 
 
+def least_read_length(pair: bool = False) -> int:
+    """The shortest ``max_length`` that leaves a classifier one token of each text: [CLS] A [SEP]
+    takes 3, [CLS] A [SEP] B [SEP] takes 5. Under it a text is read as nothing."""
+    return 5 if pair else 3
+
+
 def check_texts(texts: object, what: str = "texts") -> list[str]:
     """A list of texts from a caller, checked: a sequence of str, each valid Unicode.
 

@@ -44,7 +44,7 @@ from ..bert import Bert, load
 from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_config
 from ..core.classifier import BertForSequenceClassification
 from ..core.model import evaluating
-from ..core.tokenizer import tokenless
+from ..core.tokenizer import least_read_length, tokenless
 from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
@@ -123,7 +123,7 @@ class FinetuneConfig:
             raise InputError(f"{_named('epochs')} must be at most {MAX_EPOCHS:,} (fine-tuning takes a few), "
                              f"got {self.epochs:,}")
         # room for one token of each text besides [CLS] A [SEP] (B [SEP]): under that, nothing is learnt
-        whole("max_length", 5 if self.pair_field else 3)
+        whole("max_length", least_read_length(bool(self.pair_field)))
         whole("save_every", 0)
         check_seed(self.seed)
         if self.batch_tokens is not None:

@@ -198,3 +198,18 @@ def test_doctor_json_keeps_the_warnings_it_logged(tmp_path, monkeypatch, capsys,
     said = [w for w in res["precisions"]["fp32"]["warnings"] if "could not cache the kernel choice" in w]
     assert len(said) == 1 and "set BERTSCOPE_CACHE_DIR to a writable folder" in said[0]
     assert [r.getMessage() for r in caplog.records if "could not cache" in r.getMessage()] == said
+
+
+def test_doctor_says_which_candidate_rows_time_one_step_not_a_layer():
+    """The 8-bit conversion's row showed seconds a fifth of the int8 kernel's, under a heading
+    that said every row timed one layer: it times the conversions alone."""
+    from bertscope.cli.doctor import _timings
+
+    choice = {"gemm": "onednn", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn", "int8_cast": "direct",
+              "timings": {"gemm": {"blas": 0.30, "onednn": 0.21}, "int8_cast": {"direct": 0.10, "int32": 0.14},
+                          "int8_kernel": {"onednn": 0.52, "int_mm": 0.63}},
+              "ratios": {"int8_cast": {"direct": 1.0, "int32": 1.5}}}
+    rows = {line.split()[0]: line for line in _timings(choice)}
+    assert rows["int8_cast"].endswith("[the 8-bit conversions of one layer's inputs, alone]")
+    assert "direct 0.1000 (1.00) *" in rows["int8_cast"] and "int32 0.1400 (1.50)" in rows["int8_cast"]
+    assert "[" not in rows["gemm"] and "[" not in rows["int8_kernel"]  # these time a whole layer

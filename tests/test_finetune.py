@@ -330,7 +330,7 @@ def test_int_labels_are_a_label_set(tmp_path, tiny):
 def test_refuses_max_length_over_the_positions(tmp_path, tiny, good_train, capsys):
     out = tmp_path / "out"
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--max-length", "257"],
-             "max_length (--max-length) must be at most the model's 256 positions, got 257", out)
+             "--max-length must be at most the model's 256 positions, got 257", out)
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2 ** 64)])
@@ -354,7 +354,7 @@ def test_refuses_an_existing_non_empty_out_without_resume(tmp_path, tiny, good_t
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out)],
-             "exists and is not empty; pass resume (--resume) to continue")
+             "exists and is not empty; pass --resume to continue")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--resume"],
              "holds no interrupted run")
@@ -593,7 +593,7 @@ def test_resume_takes_the_same_files_by_another_path(tmp_path, tiny, monkeypatch
                     {"BERTSCOPE_TRAIN_KILL_AFTER_STEP": "2"})
     assert cut2.returncode == -9
     refused = _run_cli(["finetune", str(renamed), "--out", str(tmp_path / "run2"), "--resume", *common])
-    assert refused.returncode == 2 and "resume (--resume): train (TRAIN) is" in refused.stderr
+    assert refused.returncode == 2 and "--resume: TRAIN is" in refused.stderr
 
 
 def test_an_unclosed_quote_is_refused_not_merged_and_a_stray_one_is_kept(tmp_path, trained, capsys):
@@ -710,10 +710,10 @@ def test_a_pair_needs_three_positions_and_epochs_have_a_ceiling(tmp_path, tiny, 
     rows = [dict(r, pair="and so it was") for r in sentiment_rows(8, seed=3)]
     train = write_jsonl(tmp_path / "pairs.jsonl", rows)
     _refused(capsys, ["finetune", str(train), "--text-pair-field", "pair", "--model", str(tiny), "--out",
-                      str(tmp_path / "o"), "--max-length", "4"], "max_length (--max-length) must be a whole number >= 5, got 4")
+                      str(tmp_path / "o"), "--max-length", "4"], "--max-length must be a whole number >= 5, got 4")
     # a single text needs room for one token: at 2 ([CLS] [SEP]) it trained on nothing of the text
     _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(tmp_path / "o"), "--max-length",
-                      "2"], "max_length (--max-length) must be a whole number >= 3, got 2")
+                      "2"], "--max-length must be a whole number >= 3, got 2")
     model, _ = trained
     _refused(capsys, ["predict", str(model), str(train), "--text-pair-field", "pair", "--max-length", "4"],
              "--max-length must be 5..512 for text pairs (room for one token of each text), got 4")
@@ -722,7 +722,7 @@ def test_a_pair_needs_three_positions_and_epochs_have_a_ceiling(tmp_path, tiny, 
     with pytest.raises(bertscope.InputError, match=r"from 3 \(\[CLS\] and two \[SEP\] for a pair\)"):
         bertscope.load(tiny).tokenizer.encode_segments(["a b c"], ["d e f"], max_length=2)
     _refused(capsys, ["finetune", str(train), "--model", str(tiny), "--out", str(tmp_path / "o"),
-                      "--epochs", "1000000000"], "epochs (--epochs) must be at most 10,000")
+                      "--epochs", "1000000000"], "--epochs must be at most 10,000")
 
 
 def test_predict_on_a_fine_tune_that_did_not_finish_says_so(tmp_path, tiny, capsys):

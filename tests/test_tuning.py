@@ -105,6 +105,31 @@ def test_choice_is_measured_once_then_read_from_the_cache(cache, small_model, mo
     assert len(calls) == 1 and enc.gemm.prefer == first.gemm
 
 
+def test_choices_unused_for_a_month_are_removed_when_one_is_saved(cache, small_model, monkeypatch):
+    """The cache was never pruned: each torch upgrade, model shape or VM host left a file that
+    could never be read again (a choice is measured again after a week)."""
+
+    from bertscope.fast.tuning import PRUNE_S, RECHECK_S
+
+    assert PRUNE_S > RECHECK_S  # what is removed would have been measured again anyway
+    cache.mkdir(parents=True)
+    old = time.time() - PRUNE_S - 3600
+    gone = [cache / "0123456789abcdef.json", cache / ".0123456789abcdef.json.x1y2.tmp"]  # a choice, a killed write
+    kept = [cache / "fedcba9876543210.json",  # written within the month
+            cache / "notes.json", cache / "0123456789ABCDEF.json"]  # not named as the cache names its files
+    for path in gone + kept:
+        path.write_text("{}")
+    for path in gone + kept[1:]:
+        os.utime(path, (old, old))
+    (cache / "aaaaaaaaaaaaaaaa.json").mkdir()  # a folder under a choice's name is left alone
+    os.utime(cache / "aaaaaaaaaaaaaaaa.json", (old, old))
+    counting(monkeypatch)
+    first = choose(small_model, budget_s=0.2, candidates=FAST)  # measured, saved: the folder is pruned
+    assert not any(p.exists() for p in gone)
+    assert all(p.exists() for p in kept) and Path(first.path).exists()
+    assert (cache / "aaaaaaaaaaaaaaaa.json").is_dir()
+
+
 def test_choice_is_measured_again_when_the_key_changes(cache, small_model, monkeypatch):
     calls = counting(monkeypatch)
     first = choose(small_model, budget_s=0.2, candidates=FAST)

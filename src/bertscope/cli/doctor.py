@@ -91,6 +91,11 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# races that time one step of a layer, not the layer: their seconds are not comparable with the rows'
+_PART = {"int8_cast": "the 8-bit conversions of one layer's inputs, alone",
+         "int8_act": "W1's activation step, alone"}
+
+
 def _timings(choice: dict) -> list[str]:
     lines = []
     winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
@@ -103,7 +108,8 @@ def _timings(choice: dict) -> list[str]:
             mark = " *" if winners.get(step) == cand else ""
             ratio = f" ({rel[cand]:.2f})" if cand in rel else ""
             cells.append(f"{cand} {t:.4f}{ratio}{mark}" if isinstance(t, float) else f"{cand} {t}")
-        lines.append(f"    {step:<13} " + "   ".join(cells))
+        part = f"   [{_PART[step]}]" if step in _PART else ""
+        lines.append(f"    {step:<13} " + "   ".join(cells) + part)
     for step, why in choice.get("not_raced", {}).items():
         lines.append(f"    {step:<13} not raced: {why}; kept {winners.get(step, '')} (--budget S races it)")
     return lines
@@ -177,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
             if c.get("gemm_gflops"):
                 print(f"  fp32 GEMM rate when measured: {c['gemm_gflops']:.1f} GFLOP/s (a cached choice is measured "
                       f"again if this machine's moves {HOST_SPEED_CHANGE}x either way)")
-            print(f"  candidates (median s per 1,000 tokens, one layer; batch sizes: the first {BATCH_RACE_LAYERS} "
-                  "layers; in brackets the median of each round's time over the first's, which decides; * = chosen):")
+            print(f"  candidates (median s per 1,000 tokens, one layer unless [said]; batch sizes: the first "
+                  f"{BATCH_RACE_LAYERS} layers; in brackets the median of each round's time over the first's, which decides; * = chosen):")
             for line in _timings(c):
                 print(line)
         cal = e.get("int8_calibration")

@@ -14,6 +14,7 @@ import importlib
 import io
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
@@ -164,6 +165,22 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
+_SETTING = re.compile(r"\b([a-z][a-z0-9_]*) \((--[a-z][a-z0-9-]*|[A-Z][A-Z0-9_]*)\)")
+
+
+def _as_typed(message: str) -> str:
+    """A library message in the command line's words: the library names a setting both ways,
+    ``max_length (--max-length)`` or ``train (TRAIN)``; here only the flag or argument is said."""
+    def said(m: re.Match) -> str:
+        name, flag = m.group(1), m.group(2)
+        if flag.startswith("--"):
+            ours = flag == "--" + name.replace("_", "-") or flag.endswith("-" + name.replace("_", "-"))
+        else:
+            ours = flag == name.upper()
+        return flag if ours else m.group(0)
+    return _SETTING.sub(said, message)
+
+
 def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
     """Accept --debug anywhere before a bare '--' (before or after the command)."""
     out, debug, literal = [], False, False
@@ -284,7 +301,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except BertscopeError as e:
         if args.debug:  # the traceback, then the same line and exit status as without --debug
             traceback.print_exc()
-        print(f"bertscope: error: {_one_line(e)}", file=sys.stderr)
+        print(f"bertscope: error: {_as_typed(_one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated): what was written is kept
         if previous is not None:  # a second SIGTERM from here on is not raised as a traceback

@@ -70,7 +70,9 @@ the model's shape, dtype and precision, and this module's format version. A file
 is ignored (measured again and replaced), and so is one older than ``RECHECK_S`` (a week): what a
 machine does fastest can change under the same key (a VM moved to another host, a new microcode, a
 different BLAS build), so the choice is measured again now and then. ``bertscope doctor --retune``
-measures it at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults.
+measures it at once; ``BERTSCOPE_TUNE=0`` skips measuring and uses the plain defaults. Each save
+removes the folder's choices that nothing has written for ``PRUNE_S`` (30 days): a torch upgrade,
+a model shape no longer used or a VM's old host leaves one file behind, never to be read again.
 
 The host check: the key cannot tell two hosts apart that a VM presents as the same CPU (the
 family number does tell a Zen 1 "AMD EPYC" from a Zen 5 one, family 23 from 26). Two
@@ -114,6 +116,7 @@ import logging
 import os
 import platform
 import random
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -128,8 +131,8 @@ from ..files import write_text_atomic
 from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
-__all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "RECHECK_S",
-           "BUSY_SHARE", "TuningError", "busy_limit", "busy_note", "too_busy", "cache_dir", "choice_key", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
+__all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "PRUNE_S", "RECHECK_S",
+           "BUSY_SHARE", "TuningError", "busy_limit", "busy_note", "too_busy", "cache_dir", "choice_key", "prune_cache", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_id", "cpu_name", "describe_cpu", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
@@ -147,6 +150,7 @@ HOPELESS = 2.0  # a candidate this many times the fastest one's time in a round 
 BUDGET_S = 2.0  # seconds; BERTSCOPE_TUNE_BUDGET (or doctor --budget) sets another
 MIN_ROUNDS = 3  # rounds every race runs, whatever its share of the budget
 RECHECK_S = 7 * 24 * 3600  # a cached choice older than this is measured again
+PRUNE_S = 30 * 24 * 3600  # a cache file untouched this long (a torch, model or CPU gone) is removed
 HOST_SPEED_CHANGE = 2.0  # a cached choice is measured again when the GEMM rate moved this much either way
 PROBE_SHAPE = (512, 768, 768)  # the host check's GEMM: rows, in, out (a BERT-base linear on 512 tokens)
 PROBE_S = 0.1
@@ -421,6 +425,33 @@ def forget_choice(key: dict) -> bool:
         return False
 
 
+_CACHE_NAME = re.compile(r"[0-9a-f]{16}\.json|\.[0-9a-f]{16}\.json\..+\.tmp")  # a choice, or one half-written
+
+
+def prune_cache(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove the choices in ``folder`` that nothing has written for :data:`PRUNE_S` (30 days),
+    and temporary files that a killed write left; only files named as this module names them.
+    A choice is measured again after a week anyway, so what is removed would never be read: each
+    torch upgrade, model shape or VM host leaves one file behind. Returns what was removed."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if (_CACHE_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+                    and now - entry.stat(follow_symlinks=False).st_mtime > PRUNE_S):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:  # another process removed or replaced it: nothing to do
+            continue
+    if removed:
+        log.info("removed %d kernel choice(s) unused for %d days from %s", len(removed), PRUNE_S // 86400, folder)
+    return removed
+
+
 def save_choice(choice: KernelChoice) -> None:
     """Cache ``choice`` on disk, unless it was measured while other processes took more than
     :data:`BUSY_SHARE` of the CPUs (then it holds for this process only, and the next one
@@ -432,6 +463,7 @@ def save_choice(choice: KernelChoice) -> None:
     try:
         write_text_atomic(path, json.dumps(choice.to_json(), indent=1))
         choice.path = str(path)
+        prune_cache(path.parent)
     except (OSError, BertscopeError) as e:  # a read-only home, a file in the folder's place: the
         log.warning("could not cache the kernel choice in %s (%s): each run measures it again (a few "  # it still holds
                     "seconds); set BERTSCOPE_CACHE_DIR to a writable folder, or BERTSCOPE_TUNE=0 to use the "

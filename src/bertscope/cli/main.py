@@ -53,7 +53,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     text = str(message)
     if text.startswith("bertscope: "):  # the library names itself for Python users; the CLI once
         text = text[len("bertscope: "):]
-    print(f"bertscope: warning: {_one_line(text)}", file=sys.stderr)
+    print(f"bertscope: warning: {_as_typed(_one_line(text))}", file=sys.stderr)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -146,7 +146,7 @@ class _LogLine(logging.Formatter):
     """Log records as the CLI's own warnings and errors read: "bertscope: warning: ..."."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"bertscope: {record.levelname.lower()}: {_one_line(record.getMessage())}"
+        line = f"bertscope: {record.levelname.lower()}: {_as_typed(_one_line(record.getMessage()))}"
         if record.exc_info and record.exc_info[1] is not None:  # the exception in brief; --debug shows all
             e = record.exc_info[1]
             line += f" ({type(e).__name__}: {_one_line(e)})" if str(e).strip() else f" ({type(e).__name__})"

@@ -225,12 +225,15 @@ def test_served_app(browser, bert, hf_model):
         page.select_option("#bs-measure", "attention")
         settle(page)
 
-        page.fill("#bs-text", "x" * 2001)  # over the limit: the page shows the server's message
+        page.fill("#bs-text", "x" * 2001)  # over the limit: the page says so, and sends nothing
         assert page.inner_text("#bs-text-count") == "2,001 / 2,000 characters"  # the counter knows the limit
         assert "bs-over" in page.get_attribute("#bs-text-count", "class")
+        sent: list[str] = []
+        page.on("request", lambda r: sent.append(r.url) if "/api/analyze" in r.url else None)
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
-        assert "limit" in page.inner_text("#bs-error")
+        assert page.inner_text("#bs-error") == "A text has 2,001 characters; this server takes at most 2,000."
+        assert not sent  # it used to send it, for a 413 and an error in the console
         # in view, beside the form: it used to sit below the old result, far under the fold
         assert page.eval_on_selector("#bs-error", "e => { const r = e.getBoundingClientRect(); "
                                      "return r.top >= 0 && r.bottom <= innerHeight; }")
@@ -248,6 +251,57 @@ def test_served_app(browser, bert, hf_model):
     page.click("#bs-submit")
     page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
     assert "did not answer: is bertscope serve still running?" in page.inner_text("#bs-error")
+    page.close()
+
+
+def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(browser):
+    """A failed render left the last picture on screen under the new error (the text line and
+    the controls describing another text); value zeroing was offered for texts it refuses; a
+    ticked pair box without a second text ran a single text; a right-to-left mark in a text
+    reordered the note after it."""
+    long_text = "the quick brown fox jumps over the lazy dog " * 20  # 182 tokens, under 2,000 characters
+    with served() as base:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(base + "/")
+        page.wait_for_selector("html[data-ready='form']", state="attached", timeout=30_000)
+        page.fill("#bs-text", IT_ANIMAL)
+        page.click("#bs-submit")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        page.select_option("#bs-measure", "value-zeroing")
+        settle(page)
+        vz = "#bs-measure option[value='value-zeroing']"
+        assert not page.eval_on_selector(vz, "o => o.disabled")
+
+        page.fill("#bs-text", long_text)  # too long for value zeroing: the page goes back to the weights
+        page.click("#bs-submit")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert page.input_value("#bs-measure") == "attention" and page.is_hidden("#bs-error")
+        assert page.eval_on_selector(vz, "o => o.disabled")
+        assert "(texts up to 128 tokens; this one has 182)" in page.eval_on_selector(vz, "o => o.textContent")
+
+        page.check("#bs-pair")  # a pair without its second text: said, and nothing is sent
+        page.click("#bs-submit")
+        page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
+        assert page.inner_text("#bs-error").startswith("A sentence pair needs a second text")
+        page.uncheck("#bs-pair")
+        page.fill("#bs-text", "")  # the browser's own "fill out this field" replaces the old error
+        page.click("#bs-submit")
+        assert page.is_hidden("#bs-error")
+
+        page.fill("#bs-text", "abc \u202e def")  # a right-to-left override stays inside its text
+        page.click("#bs-submit")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert page.eval_on_selector_all("#bs-texts bdi", "els => els.map(e => e.textContent)") == ["abc \u202e def"]
+        assert page.locator("#bs-head-view .bs-panel").count() == 1
+    # the server has stopped: a layer not fetched yet cannot be drawn, and the old layer's
+    # picture does not stay under the error
+    page.select_option("#bs-layer", "4")
+    page.wait_for_selector("html[data-rendered='error']", state="attached", timeout=30_000)
+    assert "did not answer" in page.inner_text("#bs-error")
+    assert page.inner_text("#bs-head-view") == "" and page.locator("#bs-head-view canvas").count() == 0
+    assert not errors, errors
     page.close()
 
 
@@ -649,7 +703,34 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
     page.keyboard.press("Enter")
     assert shown_values(page), "Enter on a focused token pins its numbers"
     assert page.eval_on_selector(f"{col}[data-i='3']", "e => e.classList.contains('bs-pinned')")
+    # the pinned state is told to assistive technology, not only drawn
+    assert page.eval_on_selector_all(f"{col}[aria-pressed='true']", "els => els.map(e => e.dataset.i)") == ["3"]
     assert page.get_attribute(".bs-tab[data-view='qk']", "role") == "tab"
+    assert page.get_attribute(".bs-tab[data-view='head']", "aria-controls") == "bs-head-view"
+    assert page.get_attribute("#bs-head-view", "role") == "tabpanel"
+    # the tab list: one tab stop, the arrows move between tabs and show each view
+    assert page.eval_on_selector_all(".bs-tab", "els => els.map(e => e.tabIndex)") == [0, -1, -1, -1]
+    page.focus(".bs-tab[data-view='head']")
+    page.keyboard.press("ArrowRight")
+    settle(page)
+    assert page.evaluate("() => document.activeElement.dataset.view") == "model"
+    assert page.is_visible("#bs-model-view") and page.is_hidden("#bs-head-view")
+    # a thumbnail is reached with Tab and opened with Enter: layer 2's head 5 in the head view
+    thumbs = page.locator("#bs-model-view canvas.bs-thumb")
+    assert thumbs.count() > 0 and thumbs.first.get_attribute("tabindex") == "0"
+    label = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.getAttribute('aria-label'))")
+    pick = next(i for i, a in enumerate(label) if "layer 2" in a and "head 5" in a)
+    thumbs.nth(pick).focus()
+    page.keyboard.press("Enter")
+    settle(page)
+    assert page.is_visible("#bs-head-view") and page.input_value("#bs-layer") == "2"
+    assert page.eval_on_selector_all(".bs-head[aria-pressed='true']", "els => els.map(e => e.dataset.head)") == ["5"]
+    page.keyboard.press("End")  # focus is back on the page, not on a tab: End does nothing to the tabs
+    page.focus(".bs-tab[data-view='head']")
+    page.keyboard.press("End")
+    page.keyboard.press("ArrowRight")  # wraps around to the first
+    settle(page)
+    assert page.evaluate("() => document.activeElement.dataset.view") == "head"
     page.click(".bs-tab[data-view='qk']")
     settle(page)
     bar, top = page.evaluate("() => [document.getElementById('bs-controls').offsetHeight, "

@@ -228,6 +228,93 @@ def test_analyzer_cache_is_bounded_by_bytes(bert):
     assert len(tiny) == 0 and tiny.nbytes == 0
 
 
+def test_a_cached_answer_does_not_wait_for_another_requests_computation(bert):
+    """The cache was read inside the computation's lock: a cached text's attention took 7.8 s
+    instead of 0.01 while another request's ALTI map was computed."""
+    import threading
+
+    from bertscope.see.server import Analyzer
+
+    a = Analyzer(bert)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(b, text, pair, names):
+        started.set()
+        assert release.wait(600)  # longer than the reader's guard below: only the test releases it
+        return {names[0]: np.zeros((1, 2, 2), np.float32)}
+
+    cached = a([IT_ANIMAL])
+    busy = threading.Thread(target=a.measure, args=(slow, "alti", [IT_ANIMAL]))
+    busy.start()
+    try:
+        assert started.wait(60)
+        answers = []
+        reader = threading.Thread(target=lambda: answers.append(a([IT_ANIMAL])))
+        reader.start()
+        reader.join(30)  # a guard against a hang, not a timing: it returns while `slow` still waits
+        assert not reader.is_alive() and busy.is_alive() and not release.is_set()
+        assert answers[0] is cached
+    finally:
+        release.set()
+        busy.join(60)
+    # a request that waited for the same computation takes its result, computing nothing again
+    calls = []
+    a.measure(lambda b, t, p, n: calls.append(t) or {n[0]: np.ones((1, 2, 2), np.float32)}, "norm", ["x"])
+    a.measure(lambda b, t, p, n: calls.append(t) or {n[0]: np.ones((1, 2, 2), np.float32)}, "norm", ["x"])
+    assert calls == ["x"]
+
+
+def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebacks(tmp_path):
+    """A Ctrl-C during a long request waited silently; a second printed two uvicorn tracebacks
+    and then waited for the computation anyway."""
+    import os
+    import re
+    import signal
+    import time
+
+    marker = tmp_path / "started"
+    code = ("import importlib, pathlib, sys, time\n"
+            "ex = importlib.import_module('bertscope.explain')  # the package, not bertscope.explain()\n"
+            "def slow(b, text, wanted, pair=None):\n"
+            f"    pathlib.Path({str(marker)!r}).write_text('x')\n"
+            "    time.sleep(120)\n"
+            "ex.map_measures = slow\n"
+            "from bertscope.cli.main import main\n"
+            "sys.exit(main(['serve', '--port', '0', '--measure', 'alti']))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    err_path = tmp_path / "err.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, stdout=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"on (http://\S+?)/ ", err_path.read_text())) and time.monotonic() < deadline:
+            assert proc.poll() is None, err_path.read_text()
+            time.sleep(0.1)
+        assert m, err_path.read_text()
+        # over 512 tokens: the page says it was cut; the terminal said so per request and measure
+        body = {"text": "b " * 600, "layer": 0, "heads": [0], "kind": "measure", "measure": "alti"}
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(request, m.group(1), "POST", "/api/attention", body, None, 120)
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert marker.exists(), err_path.read_text()
+            proc.send_signal(signal.SIGINT)
+            while "waiting for" not in err_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert proc.poll() is None  # the first Ctrl-C waits for the request
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(60) == 130
+            status, _ = pending.result(60)
+            assert status == 500  # cut short, as a stop at once must
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err_path.read_text().strip().splitlines()
+    assert lines[1:] == ["bertscope: warning: stopping: waiting for 1 request(s) to finish (Ctrl-C again stops "
+                         "at once)", "bertscope: warning: stopped with 1 request(s) unfinished",
+                         "bertscope: interrupted"], lines
+
+
 def test_port_in_use_and_bad_host_are_one_line_errors(capsys):
     import socket
 
@@ -356,6 +443,17 @@ def test_serve_warns_when_listening_on_every_interface():
     assert lines[1].startswith("bertscope: error: cannot listen on 0.0.0.0:")
     r = _serve_cli("--host", "127.0.0.1", "--port", str(port))  # no warning for loopback
     assert "warning" not in r.stderr
+
+
+def test_the_banner_names_an_address_a_browser_opens():
+    """With --host 0.0.0.0 it printed http://0.0.0.0:PORT/, which not every browser opens."""
+    from bertscope.cli.serve import where
+
+    assert where("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
+    assert where("::1", 8000) == "http://[::1]:8000/"
+    assert where("0.0.0.0", 8000) == "http://127.0.0.1:8000/ and this machine's other addresses"
+    assert where("::", 80) == "http://[::1]:80/ and this machine's other addresses"
+    assert where("bert.example.org", 8000) == "http://bert.example.org:8000/"
 
 
 def test_serve_without_fastapi_fails_before_anything():

@@ -20,7 +20,8 @@ reach it through DNS rebinding. Binding to every interface (0.0.0.0 or ::) print
 The page's Measure switch also offers norm, norm-residual, value-zeroing, alti and rollout
 (bertscope explain's map methods), each computed when first chosen; --measure offers only those
 named (repeatable or a comma list; "attention" alone: none). value-zeroing is refused above 128 tokens.
-Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C.
+Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C: it finishes the
+requests running (and says so); a second Ctrl-C stops at once.
 
 examples:
   bertscope serve                       # then open http://127.0.0.1:8000/
@@ -48,10 +49,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
+    import warnings
 
+    from ..core.tokenizer import TruncationWarning
     from ..errors import InputError
-    from ..see.server import bind, is_all_interfaces, require_serve_extra
+    from ..see.server import StoppedAtOnce, bind, is_all_interfaces, require_serve_extra
     from ..see.server import run as serve
 
     if not 0 <= args.port <= 65535:
@@ -73,16 +77,31 @@ def run(args: argparse.Namespace) -> int:
     try:
         bert = load_model(args)
         port = sock.getsockname()[1]  # the real one when --port 0 let the system choose
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"bertscope: serving {bert.name} on http://{host}:{port}/ (Ctrl-C stops)",
+        print(f"bertscope: serving {bert.name} on {where(args.host, port)} (Ctrl-C stops)",
               file=sys.stderr, flush=True)
+        # the page says when a text was cut to fit the model; the terminal need not, per request
+        warnings.filterwarnings("ignore", category=TruncationWarning)
         serve(bert, host=args.host, max_chars=args.max_chars, sock=sock,
               allowed_hosts=tuple(args.allow_host),
               measures=(lambda b, text, pair, wanted: map_measures(b, text, wanted, pair=pair)) if names else None,
               measure_info=[measure_info(m) for m in names])
+    except StoppedAtOnce:  # a second Ctrl-C: not to wait at exit for the computations it cut short
+        print("bertscope: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
     finally:
         sock.close()
     return 0
+
+
+def where(host: str, port: int) -> str:
+    """The address the banner gives: a URL a browser opens. 0.0.0.0 and :: are where the server
+    listens, not addresses every browser opens: it names the loopback one, and the others."""
+    from ..see.server import is_all_interfaces
+
+    shown = ("::1" if ":" in host else "127.0.0.1") if is_all_interfaces(host) else host
+    url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/"
+    return url + (" and this machine's other addresses" if shown != host else "")
 
 
 def _check_host(host: str) -> str:

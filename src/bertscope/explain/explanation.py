@@ -291,12 +291,14 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
 
 
 def measure_info(name: str) -> dict[str, object]:
-    """What a view needs to know of a map method: {"name", "per_head", "share"}; share: its rows
-    sum to 1 (every map method but ``norm``, whose values are vector lengths)."""
+    """What a view needs to know of a map method: {"name", "per_head", "share", "max_tokens"};
+    share: its rows sum to 1 (every map method but ``norm``, whose values are vector lengths);
+    max_tokens: the longest text it computes (value zeroing's limit), or None."""
     check_method(name)
     if name not in MAP_METHODS:
         raise InputError(f"{name} attributes one output to the words; it has no token x token map to show")
-    return {"name": name, "per_head": name in HEAD_METHODS, "share": name != "norm"}
+    return {"name": name, "per_head": name in HEAD_METHODS, "share": name != "norm",
+            "max_tokens": VALUE_ZEROING_MAX_TOKENS if name == "value-zeroing" else None}
 
 
 def parse_measures(values: list[str] | None) -> list[str]:

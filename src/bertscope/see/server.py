@@ -48,6 +48,8 @@ passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope s
 import base64
 import ipaddress
 import json
+import logging
+import signal
 import socket
 import threading
 from collections import OrderedDict
@@ -58,6 +60,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import BertscopeError, InputError
+
+log = logging.getLogger(__name__)
 from ..bert import Bert
 from .report import ReportText, alignment_meta, analyze, render_page
 
@@ -162,7 +166,9 @@ class Analyzer:
 
     The cache keeps the most recently used analyses, at most ``size`` of them and at most
     ``max_bytes`` bytes of attention arrays in all (float32 (N, H, T, T) per text: 144 MB for a
-    512-token text on BERT-base); one analysis over ``max_bytes`` on its own is not cached.
+    512-token text on BERT-base); one analysis over ``max_bytes`` on its own is not cached. A
+    cached result is answered at once, even while another request's computation runs (an ALTI
+    map of 512 tokens takes seconds): only computations wait for each other.
     """
 
     def __init__(self, bert: Bert, size: int = CACHE_ENTRIES, max_bytes: int = CACHE_BYTES) -> None:
@@ -170,7 +176,8 @@ class Analyzer:
         self.size = size
         self.max_bytes = max_bytes
         self.nbytes = 0  # bytes held by the cache now
-        self._lock = threading.Lock()
+        self._compute = threading.Lock()  # one computation at a time
+        self._guard = threading.Lock()  # the cache's dict and byte count, held only briefly
         self._cache: OrderedDict[tuple, list] = OrderedDict()
 
     def __len__(self) -> int:
@@ -187,21 +194,31 @@ class Analyzer:
         return self._cached(key, lambda: [np.ascontiguousarray(compute(self.bert, t, pair, [name])[name],
                                                                dtype=np.float32) for t in texts])
 
-    def _cached(self, key: tuple, make: Callable[[], list]) -> list:
-        with self._lock:
+    def _hit(self, key: tuple) -> list | None:
+        with self._guard:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
+            return hit
+
+    def _cached(self, key: tuple, make: Callable[[], list]) -> list:
+        hit = self._hit(key)
+        if hit is not None:
+            return hit
+        with self._compute:
+            hit = self._hit(key)  # computed by the request this one waited for
+            if hit is not None:
                 return hit
             result = make()
             size = _nbytes(result)
             if size > self.max_bytes or self.size < 1:
                 return result  # too large to keep: computed again next time
-            self._cache[key] = result
-            self.nbytes += size
-            while len(self._cache) > self.size or self.nbytes > self.max_bytes:
-                _, old = self._cache.popitem(last=False)
-                self.nbytes -= _nbytes(old)
+            with self._guard:
+                self._cache[key] = result
+                self.nbytes += size
+                while len(self._cache) > self.size or self.nbytes > self.max_bytes:
+                    _, old = self._cache.popitem(last=False)
+                    self.nbytes -= _nbytes(old)
             return result
 
 
@@ -516,4 +533,54 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
     app = create_app(bert, max_chars=max_chars, host=host, allowed_hosts=allowed_hosts,
                      measures=measures, measure_info=measure_info)
     config = uvicorn.Config(app, log_level=log_level)
-    uvicorn.Server(config).run(sockets=[sock])
+    quiet = _QuietWhenForced()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(quiet)
+    try:
+        _stopping_server(uvicorn, quiet)(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        if quiet.forced:
+            raise StoppedAtOnce() from None
+        raise
+    finally:
+        uvicorn_log.removeFilter(quiet)
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C stopped the server without waiting for the requests running. Their
+    computations go on in worker threads that the interpreter would wait for at exit: a process
+    that ends here should leave with ``os._exit`` (``bertscope serve`` does; it has nothing
+    unwritten)."""
+
+
+class _QuietWhenForced(logging.Filter):
+    """Once a second Ctrl-C has stopped the server at once, what it cut short is not a failure
+    to report: uvicorn logs each request's CancelledError, and the app's lifespan's, as errors
+    with tracebacks. The stop itself is said once (see :func:`_stopping_server`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forced = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.forced or record.levelno < logging.ERROR
+
+
+def _stopping_server(uvicorn, quiet: _QuietWhenForced):
+    """uvicorn's Server, saying what a stop waits for: on the first Ctrl-C (or SIGTERM) it
+    finishes the requests running, which can take seconds (an ALTI map of 512 tokens), and said
+    nothing meanwhile; a second Ctrl-C stops it at once."""
+
+    class StoppingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            running = len(self.server_state.tasks)
+            if self.should_exit and sig == signal.SIGINT:
+                quiet.forced = True
+                if running:
+                    log.warning("stopped with %d request(s) unfinished", running)
+            elif not self.should_exit and running:
+                log.warning("stopping: waiting for %d request(s) to finish (Ctrl-C again stops at once)",
+                            running)
+            super().handle_exit(sig, frame)
+
+    return StoppingServer

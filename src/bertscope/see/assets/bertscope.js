@@ -570,6 +570,7 @@
     // keyboard: Tab reaches each column's first token, the arrows move along the column, focus
     // shows a token's lines, Enter or Space pins its numbers (one tab stop per column, not 512)
     d.setAttribute("role", "button");
+    d.setAttribute("aria-pressed", "false");
     return d;
   }
 
@@ -817,7 +818,7 @@
       ctx.globalAlpha = 1;
     }
     // undo the last highlight, then mark the pinned and focused tokens and shade the other side
-    for (const d of view.marked) { d.classList.remove("bs-pinned", "bs-focus"); d.style.background = ""; }
+    for (const d of view.marked) { d.classList.remove("bs-pinned", "bs-focus"); d.style.background = ""; d.setAttribute("aria-pressed", "false"); }
     view.marked = [];
     const divs = (side) => (side === "left" ? view.leftDivs : view.rightDivs);
     const pinned = focusFor(t, state.focus);
@@ -825,6 +826,7 @@
     if (pinPos >= 0) {
       const d = divs(pinned.side)[pinPos];
       d.classList.add("bs-pinned");
+      d.setAttribute("aria-pressed", "true");  // a screen reader hears which token is pinned
       view.marked.push(d);
     }
     readout.textContent = "";
@@ -1203,7 +1205,7 @@
       tip.hidden = false;
     });
     canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-    canvas.addEventListener("click", () => {
+    const open = () => {
       tip.hidden = true;
       state.layer = l;
       col.pick();
@@ -1211,6 +1213,13 @@
       state.focus = null;
       syncControls();
       render();
+    };
+    canvas.addEventListener("click", open);
+    // the keyboard reaches every thumbnail too: Tab to it, Enter or Space opens its head view
+    canvas.tabIndex = 0;
+    canvas.setAttribute("role", "button");
+    canvas.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); }
     });
   }
 
@@ -1384,17 +1393,26 @@
     const measure = $("bs-measure");
     measure.textContent = "";
     measure.add(new Option("attention weights", "attention"));
-    for (const m of meta.measures || []) measure.add(new Option(m.name + (m.per_head ? "" : " (per layer)"), m.name));
+    const longest = Math.max(...meta.texts.map((x) => x.tokens.length));
+    for (const m of meta.measures || []) {
+      const opt = new Option(m.name + (m.per_head ? "" : " (per layer)"), m.name);
+      if (m.max_tokens && longest > m.max_tokens) {  // the server would refuse it: say why here
+        opt.disabled = true;
+        opt.textContent += ` (texts up to ${m.max_tokens} tokens; this one has ${longest})`;
+      }
+      measure.add(opt);
+    }
     $("bs-measure-label").hidden = !(meta.measures && meta.measures.length);
     const texts = $("bs-texts");
     texts.textContent = "";
     meta.texts.forEach((x, t) => {
       const d = el("div");
       if (meta.texts.length > 1) d.appendChild(el("b", "", "AB"[t]));
+      // <bdi>: a right-to-left mark in a text stays inside it, never reorders the notes after it
       if (x.segments) {
-        d.append(el("b", "", "A"), document.createTextNode(x.text + "  "), el("b", "", "B"),
-          document.createTextNode((x.pair || "") + "  (one sentence pair: [CLS] A [SEP] B [SEP])"));
-      } else d.appendChild(document.createTextNode(x.text));
+        d.append(el("b", "", "A"), el("bdi", "", x.text), document.createTextNode("  "), el("b", "", "B"),
+          el("bdi", "", x.pair || ""), document.createTextNode("  (one sentence pair: [CLS] A [SEP] B [SEP])"));
+      } else d.appendChild(el("bdi", "", x.text));
       if (x.truncated) d.appendChild(document.createTextNode("  (truncated to fit the model)"));
       texts.appendChild(d);
     });
@@ -1421,7 +1439,11 @@
     const T = meta ? Math.max(...meta.texts.map((x) => x.tokens.length)) : 0;
     $("bs-span-start").value = String(state.span ? state.span[0] : 0);
     $("bs-span-end").value = String(state.span ? state.span[1] : T);
-    document.querySelectorAll(".bs-tab").forEach((b) => b.setAttribute("aria-selected", String(b.dataset.view === state.view)));
+    document.querySelectorAll(".bs-tab").forEach((b) => {
+      const on = b.dataset.view === state.view;
+      b.setAttribute("aria-selected", String(on));
+      b.tabIndex = on ? 0 : -1;  // one tab stop for the list; the arrows move within it
+    });
     const shownHeads = state.view === "qk" ? [state.heads[0]] : state.heads;
     document.querySelectorAll(".bs-head").forEach((b) => b.setAttribute("aria-pressed", String(shownHeads.includes(Number(b.dataset.head)))));
     ["head", "model", "matrix", "qk"].forEach((v) => { $(`bs-${v}-view`).hidden = v !== state.view; });
@@ -1472,7 +1494,16 @@
   }
 
   function wireControls() {
-    document.querySelectorAll(".bs-tab").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; syncControls(); render(); }));
+    const tabs = [...document.querySelectorAll(".bs-tab")];
+    tabs.forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; syncControls(); render(); }));
+    tabs.forEach((b, i) => b.addEventListener("keydown", (e) => {  // a tab list's keys: arrows, Home, End
+      const to = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: tabs.length - 1 }[e.key];
+      if (to === undefined) return;
+      e.preventDefault();
+      const next = tabs[(to + tabs.length) % tabs.length];
+      next.focus();
+      next.click();
+    }));
     $("bs-layer").addEventListener("change", (e) => { state.layer = Number(e.target.value); render(); });
     $("bs-mode").addEventListener("change", (e) => { state.mode = e.target.value; syncControls(); render(); });
     $("bs-measure").addEventListener("change", (e) => {
@@ -1524,6 +1555,10 @@
     } catch (err) {
       setProgress("");
       showError(String(err.message || err));
+      if (gen === renderGen) {  // no picture of another text, layer or measure stays under the error
+        ["head", "model", "matrix", "qk"].forEach((v) => { $(`bs-${v}-view`).textContent = ""; });
+        document.documentElement.dataset.rendered = "error";
+      }
     }
   }
 
@@ -1537,6 +1572,8 @@
     state.hover = null;
     state.qkQuery = null;
     if (state.measure !== "attention" && !measureInfo()) state.measure = "attention";
+    const mi = measureInfo(), longest = Math.max(...meta.texts.map((x) => x.tokens.length));
+    if (mi && mi.max_tokens && longest > mi.max_tokens) state.measure = "attention";  // too long for it
     if (meta.texts.length < 2) { state.modelText = 0; state.qkText = 0; }
     const opts = meta.options || {};
     state.span = opts.span ? [opts.span[0], opts.span[1]] : null;
@@ -1570,10 +1607,22 @@
         form.requestSubmit();
       }
     }));
+    $("bs-text").addEventListener("invalid", () => showError(""));  // the browser says what is missing
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       const text = $("bs-text").value, textB = $("bs-text-b").value.trim() ? $("bs-text-b").value : null;
-      const pair = $("bs-pair").checked && textB !== null;
+      const over = counters.map(([id]) => [...$(id).value].length).find((n) => maxChars && n > maxChars);
+      if (over) {  // the counter is red: the server would answer 413
+        showError(`A text has ${over.toLocaleString()} characters; this server takes at most ${maxChars.toLocaleString()}.`);
+        document.documentElement.dataset.ready = "error";
+        return;
+      }
+      if ($("bs-pair").checked && textB === null) {
+        showError("A sentence pair needs a second text: write one, or untick the sentence-pair box.");
+        document.documentElement.dataset.ready = "error";
+        return;
+      }
+      const pair = $("bs-pair").checked;
       const request = { text, text_b: pair ? null : textB, pair: pair ? textB : null };
       const status = $("bs-form-status");
       status.textContent = "computing…";

@@ -221,3 +221,23 @@ def test_output_cut_short_by_the_file_system_is_an_error_not_a_short_file(tmp_pa
                            env=env, text=True, timeout=300)
     assert (r.returncode, r.stderr) == (2, "bertscope: error: cannot write standard output: no space left on the "
                                            "device\n")
+
+
+def test_view_leaves_value_zeroing_out_of_all_for_a_long_text_and_names_the_rest(tmp_path, capsys):
+    """`view --measure all` could never work on a text over 128 tokens: value zeroing refused the
+    whole page, where explain --compare leaves it out."""
+    import re
+
+    long_text = " ".join(["word"] * 200)  # 202 tokens with [CLS] and [SEP]
+    out = tmp_path / "l.html"
+    assert main(["view", long_text, "--measure", "all", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == ("bertscope: warning: value-zeroing is limited to 128 tokens (it reruns every layer once per "
+                   "token); this text has 202: left out of the page's measures")
+    config = json.loads(re.search(r'<script id="bertscope-config" type="application/json">(.*?)</script>',
+                                  out.read_text(), re.S).group(1))
+    assert [m["name"] for m in config["meta"]["measures"]] == ["norm", "norm-residual", "alti", "rollout"]
+    # named on its own it is refused, with what to ask for instead
+    assert main(["view", long_text, "--measure", "alti,value-zeroing", "--out", str(tmp_path / "m.html")]) == 2
+    assert capsys.readouterr().err.strip().endswith("this text has 202: leave it out (--measure alti)")
+    assert not (tmp_path / "m.html").exists()

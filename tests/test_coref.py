@@ -85,6 +85,23 @@ def test_reader_refuses_dtd_and_non_wsc():
         read_wsc("/nonexistent/file.xml")
 
 
+def test_a_utf16_or_utf32_file_is_read_by_its_byte_order_mark_and_its_dtd_still_refused():
+    """A UTF-16 file (legal XML, encoding="UTF-16" declared) was read as UTF-8 and refused with
+    Python's codec message; a DTD inside it escaped the byte search for <!DOCTYPE."""
+    xml = ('<?xml version="1.0" encoding="{enc}"?>\n<collection>\n'
+           + _schema_xml("The trophy does not fit in the suitcase because", "it", "is too big.", "trophy", "suitcase", "A")
+           + "</collection>\n")
+    plain, _ = parse_wsc(xml.format(enc="UTF-8").encode("utf-8"), "t.xml")
+    for enc in ("UTF-16", "UTF-32", "UTF-8"):
+        codec = "utf-8-sig" if enc == "UTF-8" else enc.lower()  # each with its byte-order mark
+        schemas, warns = parse_wsc(xml.format(enc=enc).encode(codec), "t.xml")
+        assert schemas == plain and not warns, enc
+    with pytest.raises(InputError, match="declares a DTD"):
+        parse_wsc('<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "b">]><collection></collection>'.encode("utf-16"))
+    with pytest.raises(InputError, match=r"is not readable as x-no-such-codec \(.*\); save it as UTF-8$"):
+        parse_wsc(b'<?xml version="1.0" encoding="x-no-such-codec"?><collection></collection>', "t.xml")
+
+
 def test_hit_and_mas_by_hand():
     assert float(hit(torch.tensor([0.3, 0.1]), 0)) == 1.0
     assert float(hit(torch.tensor([0.3, 0.1]), 1)) == 0.0

@@ -551,6 +551,26 @@ def test_predict_names_a_parquet_file_or_a_json_array_for_what_it_is(trained, tm
     assert err.count("\n") == 0 and "is one JSON document (an array), not JSON Lines; predict reads JSON Lines" in err
 
 
+def test_predict_and_finetune_refuse_a_utf16_or_binary_file_as_embed_does(trained, tmp_path, capsys):
+    """predict read a UTF-16 file as lines: the first text lost as "undecodable", a phantom empty
+    line at the end, exit 0; a binary file with one text line predicted it and went on."""
+    out, _ = trained
+    texts = "a fine film\nrather dull\n"
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_text(texts, encoding="utf-16")  # with its byte-order mark, as Windows writes it
+    mostly_binary = tmp_path / "mostly.txt"
+    mostly_binary.write_bytes(b"a fine film\n" + bytes(range(256)) * 4)
+    for path, extra in ((utf16, "; it is UTF-16 text: convert it to UTF-8 first"), (mostly_binary, "")):
+        for cmd in (["predict", str(out), str(path)], ["embed", str(path), "--out", str(tmp_path / "e.npy")]):
+            assert main([*cmd, "--quiet"]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith(f"bertscope: error: {path} looks like a binary file, not text (a NUL byte on line")
+            assert err.endswith(extra) and err.count("\n") == 0, err
+    csv16 = tmp_path / "train.csv"
+    csv16.write_text("text,label\na fine film,pos\nrather dull,neg\n", encoding="utf-16")
+    _refused(capsys, ["finetune", str(csv16), "--out", str(tmp_path / "o")], "it is UTF-16 text: convert it to UTF-8 first")
+
+
 def test_a_diverging_run_stops_at_its_first_non_finite_loss(tmp_path, tiny, good_train, capsys):
     """A learning rate far too high: the run stops with one line at the first NaN/inf loss and
     writes no model (it used to train on, report the majority class's accuracy, and fail at

@@ -35,9 +35,18 @@ def test_plot_png_and_svg(tmp_path):
     assert text.lstrip().startswith("<?xml") and "<svg" in text and "layer 5" in text
 
 
+def test_plot_counts_negative_layers_and_heads_from_the_end_as_trace_does(tmp_path):
+    """plot refused --layer -1, which trace and explain take as the last layer."""
+    r = _cli(IT_ANIMAL, "--layer", "-1", "--head", "-1", "--out", str(tmp_path / "last.svg"))
+    assert r.returncode == 0, r.stderr
+    assert "layer 5, head 11" in (tmp_path / "last.svg").read_text()  # named from 0
+
+
 def test_plot_user_errors(tmp_path):
     r = _cli(IT_ANIMAL, "--layer", "9", "--out", str(tmp_path / "x.png"))
-    assert r.returncode == 2 and "--layer must be 0..5" in r.stderr
+    assert r.returncode == 2 and "--layer must be a whole number from 0 to 5 (or -6 to -1" in r.stderr
+    r = _cli(IT_ANIMAL, "--head", "-13", "--out", str(tmp_path / "x.png"))
+    assert r.returncode == 2 and "--head must be a whole number from 0 to 11 (or -12 to -1" in r.stderr
     r = _cli(IT_ANIMAL, "--out", str(tmp_path / "x.gif"))
     assert r.returncode == 2 and ".png" in r.stderr
     assert not list(tmp_path.iterdir())

@@ -37,8 +37,8 @@ def register(sub) -> None:
     p = sub.add_parser("plot", help="save an attention heatmap (PNG, SVG, PDF)", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", metavar="TEXT", help="the text to run through the model")
-    p.add_argument("--layer", type=int, default=None, metavar="L", help="layer, from 0 (default 0)")
-    p.add_argument("--head", type=int, default=None, metavar="H", help="head, from 0 (default 0)")
+    p.add_argument("--layer", type=int, default=None, metavar="L", help="layer, from 0; -1 is the last (default 0)")
+    p.add_argument("--head", type=int, default=None, metavar="H", help="head, from 0; -1 is the last (default 0)")
     p.add_argument("--measure", default="attention", metavar="M",
                    help="attention (default), norm, norm-residual, value-zeroing, alti or rollout")
     p.add_argument("--grid", action="store_true", help="all layers x heads instead of one head")
@@ -57,7 +57,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import math
 
-    from ..errors import InputError
+    from ..errors import InputError, as_index
     from ..see.figures import FORMATS, grid_figure, head_figure, require_matplotlib, save_figure
     from ..see.report import analyze, parse_span
 
@@ -90,11 +90,10 @@ def run(args: argparse.Namespace) -> int:
     require_matplotlib()  # before the model loads
     bert = load_model(args)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
-    if not args.grid:
-        if not 0 <= args.layer < N:
-            raise InputError(f"--layer must be 0..{N - 1}, got {args.layer}")
-        if args.head is not None and not 0 <= args.head < H:
-            raise InputError(f"--head must be 0..{H - 1}, got {args.head}")
+    if not args.grid:  # -1 is the last, as for trace and explain; the figure names it from 0
+        args.layer = as_index("--layer", args.layer, N)
+        if args.head is not None:
+            args.head = as_index("--head", args.head, H)
     [rt] = analyze(bert, [args.text], qk=False)
     if measure != "attention":
         from ..see.report import with_measures

@@ -31,7 +31,8 @@ With --measure the page also offers other measures of what each token takes from
 (Kobayashi et al. 2021), value-zeroing (Mohebbi et al. 2023), alti (Ferrando et al. 2022) and
 rollout (Abnar & Zuidema 2020), per layer. A "Measure" switch on the page picks one; head choices
 are switched off for the per-layer ones. Repeat --measure or give a comma list; "all" is every
-one. value-zeroing reruns every layer once per token: texts over 128 tokens are refused.
+one. value-zeroing reruns every layer once per token: over 128 tokens it is refused when named,
+and left out of "all" with a warning.
 
 With --model-b, TEXT runs through two models instead (A = --model, B = --model-b), side by side
 with the difference: e.g. a base model and its fine-tune, to see which heads fine-tuning changed.
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         from ..bert import load
 
         bert_b = load(args.model_b)
+    if measures is not None and "value-zeroing" in names:
+        _fit_value_zeroing(args, names, bert, bert_b)
     report = build_report(bert, args.text, args.text_b, pair=args.pair, span=args.span, qk=args.qk, bert_b=bert_b,
                           measures=measures)
     with writing(out):
@@ -110,3 +113,28 @@ def run(args: argparse.Namespace) -> int:
     size = path.stat().st_size
     print(f"wrote {path} ({size / 1e6:.1f} MB); open {path.as_uri()} in a browser")
     return 0
+
+
+def _fit_value_zeroing(args: argparse.Namespace, names: list[str], bert, bert_b) -> None:
+    """Value zeroing reruns every layer once per token, so it stops at a length: over it, named
+    on its own it is refused with the others to ask for instead; from "all" it is left out, with
+    a warning (as explain --compare leaves it out)."""
+    import sys
+
+    from ..errors import InputError
+    from ..explain import VALUE_ZEROING_MAX_TOKENS
+
+    pair = None if args.pair is None else [args.pair]
+    T = max([bert.encode([args.text], pairs=pair).lengths[0]]
+            + ([bert.encode([args.text_b]).lengths[0]] if args.text_b is not None else [])
+            + ([bert_b.encode([args.text], pairs=pair).lengths[0]] if bert_b is not None else []))
+    if T <= VALUE_ZEROING_MAX_TOKENS:
+        return
+    why = (f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer once per "
+           f"token); this text has {T}")
+    others = [m for m in names if m != "value-zeroing"]
+    named = any(part.strip() == "value-zeroing" for value in args.measure for part in value.split(","))
+    if named:
+        raise InputError(why + (f": leave it out (--measure {','.join(others)})" if others else ""))
+    names.remove("value-zeroing")  # the closure above reads this list
+    print(f"bertscope: warning: {why}: left out of the page's measures", file=sys.stderr)

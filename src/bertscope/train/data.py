@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from ..files import read_input_bytes, split_lines
+from ..files import read_input_bytes, refuse_binary, split_lines
 
 __all__ = ["Example", "LabelSet", "Record", "STATUSES", "read_examples", "read_records", "file_format"]
 
@@ -279,11 +279,13 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
     except in a text file, where every line is a record, and with ``keep_blank``: a blank line
     is then a record with status "empty" and ``blank`` set (as `bertscope embed` counts lines).
 
-    A missing or unreadable file, or a CSV/TSV header without the named columns, is an InputError.
+    A missing or unreadable file, a binary or UTF-16 one (a NUL byte near its start), or a CSV/TSV
+    header without the named columns, is an InputError.
     """
     path = Path(path)
     fmt = file_format(path, lines_ok=lines_ok)
     data = read_input_bytes(path)
+    refuse_binary(str(path), data)  # UTF-16 or binary: refused as embed refuses it, not read as lines
     if fmt == "jsonl":
         if data.lstrip().removeprefix(b"\xef\xbb\xbf").startswith(b"["):
             raise InputError(f"{path} is one JSON document (an array), not JSON Lines, one JSON object per "

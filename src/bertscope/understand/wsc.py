@@ -34,6 +34,9 @@ __all__ = ["BUNDLED_SCHEMAS", "Schema", "parse_wsc", "read_wsc", "schema_spans",
 BUNDLED_SCHEMAS = Path(__file__).resolve().parent / "data" / "pronouns.xml"
 
 _DECL = re.compile(rb"<\?xml[^>]*encoding=[\"']([A-Za-z0-9._-]+)[\"']")
+# byte-order marks, longest first (UTF-32 LE's begins with UTF-16 LE's); each codec reads its mark
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xef\xbb\xbf", "utf-8-sig"),
+         (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
 # An opening or closing <schema> tag. [^<>]* stops at the next "<", so every scan is bounded
 # by the distance to the next tag and the whole file is read in one linear pass (a lazy
 # "<schema>.*?</schema>" rescans the rest of the file for each unclosed tag: quadratic).
@@ -123,15 +126,19 @@ def _schema(elem: ET.Element, number: int, line: int) -> Schema:
 
 
 def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[str]]:
-    """Schemas from WSC XML bytes, and one warning per schema that could not be used."""
-    if re.search(rb"<!(DOCTYPE|ENTITY)", data, re.I):
-        raise InputError(f"{name} declares a DTD or entities; bertscope refuses those (remove the <!DOCTYPE>)")
-    m = _DECL.search(data[:200])
-    encoding = m.group(1).decode("ascii") if m else "utf-8"
+    """Schemas from WSC XML bytes, and one warning per schema that could not be used. The
+    encoding is the byte-order mark's (UTF-8, UTF-16 or UTF-32, as XML reads one), else the
+    declaration's, else UTF-8."""
+    bom = next((codec for mark, codec in _BOMS if data.startswith(mark)), None)
+    m = None if bom else _DECL.search(data[:200])
+    encoding = bom or (m.group(1).decode("ascii") if m else "utf-8")
     try:
         text = data.decode(encoding)
     except (LookupError, UnicodeDecodeError) as e:
-        raise InputError(f"{name} is not readable as {encoding} ({e})") from None
+        raise InputError(f"{name} is not readable as {encoding} ({e}); save it as UTF-8") from None
+    text = text.removeprefix("\ufeff")
+    if re.search(r"<!(DOCTYPE|ENTITY)", text, re.I):  # in the text: a UTF-16 file hid it from a byte search
+        raise InputError(f"{name} declares a DTD or entities; bertscope refuses those (remove the <!DOCTYPE>)")
     spans, opened = schema_spans(text)
     if not spans:
         raise InputError(f"{name} has no <schema>...</schema> elements: is it in the WSC XML format?")

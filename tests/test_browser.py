@@ -145,6 +145,18 @@ def explore(page, ref: dict, words: list[str]) -> None:
     settle(page)
     frm, to, val = matrix_readout(page, "0", 0.7, 0.7)
     assert abs(val - ref["words"][3, 1, int(frm), int(to)]) <= TOL
+    # the keyboard reads every cell too: Tab to the heatmap, then the arrows (and End)
+    page.focus("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
+    for key in ("ArrowDown", "ArrowDown", "ArrowRight", "ArrowRight", "ArrowRight", "ArrowUp", "ArrowLeft"):
+        page.keyboard.press(key)
+    out = page.locator("#bs-matrix-view .bs-panel[data-panel='0'] .bs-mreadout")
+    assert out.get_attribute("aria-live") == "polite"
+    keyed = [float(out.get_attribute(k)) for k in ("data-from", "data-to", "data-value")]
+    assert keyed[:2] == [1, 2] and abs(keyed[2] - ref["words"][3, 1, 1, 2]) <= TOL
+    page.keyboard.press("End")  # the row's last column
+    last = ref["words"].shape[-1] - 1
+    assert float(out.get_attribute("data-to")) == last
+    assert abs(float(out.get_attribute("data-value")) - ref["words"][3, 1, 1, last]) <= TOL
 
     # model view: every layer x head; clicking one opens it in the head view
     page.click(".bs-tab[data-view='model']")

@@ -1045,25 +1045,45 @@
       corner.title = `labels on every ${ordinal(step)} row and column (point at a cell for its tokens)`;
     }
     panel.appendChild(legend(vmax, diverging, scaleLine));
-    const out = el("div", "bs-mreadout", "Point at a cell for its exact value.");
+    const out = el("div", "bs-mreadout", "Point at a cell for its exact value (or Tab to the heatmap and use the arrows).");
+    out.setAttribute("aria-live", "polite");  // what the arrow keys reach is read out
     panel.appendChild(out);
     const tip = $("bs-tip");
-    canvas.addEventListener("mousemove", (e) => {
-      const r = canvas.getBoundingClientRect();
-      const b = Math.floor((e.clientX - r.left) / cell), a = Math.floor((e.clientY - r.top) / cell);
-      if (a < 0 || b < 0 || a >= n || b >= n) { tip.hidden = true; return; }
+    const read = (a, b) => {  // row a attends to column b: the readout below the heatmap
       const w = M[a * n + b];
       const text = `${labels[a]} → ${labels[b]}: ${diverging ? fmtSigned(w, source.exact ? 4 : 3) : fmt(w)}`;
       out.textContent = text;
       out.dataset.from = String(p.keep[a]);
       out.dataset.to = String(p.keep[b]);
       out.dataset.value = String(w);
-      tip.textContent = text;
+      return text;
+    };
+    canvas.addEventListener("mousemove", (e) => {
+      const r = canvas.getBoundingClientRect();
+      const b = Math.floor((e.clientX - r.left) / cell), a = Math.floor((e.clientY - r.top) / cell);
+      if (a < 0 || b < 0 || a >= n || b >= n) { tip.hidden = true; return; }
+      tip.textContent = read(a, b);
       tip.style.left = `${e.clientX + 14}px`;
       tip.style.top = `${e.clientY + 12}px`;
       tip.hidden = false;
     });
     canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
+    // the keyboard reads every cell too: Tab to the heatmap, the arrows move, Home/End go to a row's ends
+    let at = null;
+    canvas.tabIndex = 0;
+    canvas.setAttribute("role", "application");
+    canvas.setAttribute("aria-label", `${title} heatmap: the arrow keys move from cell to cell; each value is read below it`);
+    canvas.addEventListener("focus", () => { if (!at) { at = [0, 0]; read(0, 0); } });
+    canvas.addEventListener("keydown", (e) => {
+      if (!at || !n) return;
+      const [a, b] = at, last = n - 1;
+      const to = { ArrowUp: [a - 1, b], ArrowDown: [a + 1, b], ArrowLeft: [a, b - 1], ArrowRight: [a, b + 1],
+        Home: [a, 0], End: [a, last] }[e.key];
+      if (!to) return;
+      e.preventDefault();
+      at = [Math.max(0, Math.min(last, to[0])), Math.max(0, Math.min(last, to[1]))];
+      read(at[0], at[1]);
+    });
     return panel;
   }
 

@@ -1,7 +1,7 @@
 # bertscope: the two commands of the README's Quick start are `make demo` and `make test`.
 # Each installs what it needs into .venv (torch 2.13.0 first, pinned: on this project's machines
-# the default index gives a CPU build, where an unpinned torch would pull a multi-GB CUDA build). `make demo` installs the plot and serve extras too, so every
-# example in the README runs.
+# the default index gives a CPU build; an unpinned torch would pull a multi-GB CUDA build).
+# `make demo` installs the plot and serve extras too, so every example in the README runs.
 
 PYTHON ?= python3
 VENV   ?= .venv

@@ -307,6 +307,22 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
         assert page.eval_on_selector_all("#bs-texts bdi", "els => els.map(e => e.textContent)") == ["abc \u202e def"]
         assert page.locator("#bs-head-view .bs-panel").count() == 1
+
+        # a superseded render that fails later (a slow measure's request dropped) leaves the newer
+        # picture alone: no error over it, no view cleared
+        held = []
+        page.route("**/api/attention", lambda route: held.append(route) if '"alti"' in (route.request.post_data or "")
+                   else route.continue_())
+        page.select_option("#bs-measure", "alti")  # waits on the held request
+        page.wait_for_function("() => document.documentElement.dataset.rendered === '0'", timeout=30_000)
+        page.select_option("#bs-measure", "attention")  # drawn from what the page holds
+        settle(page)
+        assert len(held) == 1
+        held[0].abort()
+        page.wait_for_timeout(500)  # lets the aborted fetch's rejection run; asserts no speed
+        assert page.is_hidden("#bs-error") and page.get_attribute("html", "data-rendered") == "1"
+        assert page.locator("#bs-head-view .bs-panel").count() == 1
+        page.unroute("**/api/attention")
     # the server has stopped: a layer not fetched yet cannot be drawn, and the old layer's
     # picture does not stay under the error
     page.select_option("#bs-layer", "4")
@@ -727,17 +743,19 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
     settle(page)
     assert page.evaluate("() => document.activeElement.dataset.view") == "model"
     assert page.is_visible("#bs-model-view") and page.is_hidden("#bs-head-view")
-    # a thumbnail is reached with Tab and opened with Enter: layer 2's head 5 in the head view
-    thumbs = page.locator("#bs-model-view canvas.bs-thumb")
-    assert thumbs.count() > 0 and thumbs.first.get_attribute("tabindex") == "0"
-    label = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.getAttribute('aria-label'))")
-    pick = next(i for i, a in enumerate(label) if "layer 2" in a and "head 5" in a)
-    thumbs.nth(pick).focus()
+    # the thumbnails are one tab stop; the arrows move among them, Enter opens one: layer 2's
+    # head 5 in the head view, with the focus on its tokens (not back at the page's start)
+    stops = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.tabIndex)")
+    assert len(stops) == 6 * 14 and stops.count(0) == 1 and stops[0] == 0  # 12 heads, mean, rollout
+    page.focus("#bs-model-view canvas.bs-thumb[tabindex='0']")
+    for key in ["ArrowDown"] * 2 + ["ArrowRight"] * 6 + ["ArrowLeft"]:
+        page.keyboard.press(key)
+    assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == "layer 2, head 5"
     page.keyboard.press("Enter")
     settle(page)
     assert page.is_visible("#bs-head-view") and page.input_value("#bs-layer") == "2"
     assert page.eval_on_selector_all(".bs-head[aria-pressed='true']", "els => els.map(e => e.dataset.head)") == ["5"]
-    page.keyboard.press("End")  # focus is back on the page, not on a tab: End does nothing to the tabs
+    assert page.evaluate("() => document.activeElement.classList.contains('bs-tok')")
     page.focus(".bs-tab[data-view='head']")
     page.keyboard.press("End")
     page.keyboard.press("ArrowRight")  # wraps around to the first

@@ -241,3 +241,9 @@ def test_view_leaves_value_zeroing_out_of_all_for_a_long_text_and_names_the_rest
     assert main(["view", long_text, "--measure", "alti,value-zeroing", "--out", str(tmp_path / "m.html")]) == 2
     assert capsys.readouterr().err.strip().endswith("this text has 202: leave it out (--measure alti)")
     assert not (tmp_path / "m.html").exists()
+    # a text over the model's positions: said once, where the measures' own encoding said it again
+    assert main(["view", " ".join(["word"] * 600), "--measure", "all", "--out", str(tmp_path / "n.html")]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "bertscope: warning: value-zeroing is limited to 128 tokens (it reruns every layer once per token); this "
+        "text has 512 (cut from 602): left out of the page's measures",
+        "bertscope: warning: 1 text(s) longer than 512 tokens were truncated (first: text 1)"]

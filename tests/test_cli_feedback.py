@@ -322,15 +322,21 @@ def test_an_unknown_flag_points_to_the_help_of_its_command(capsys, argv, hint):
 
 def test_a_library_setting_is_named_by_its_flag_on_the_command_line(tmp_path, capsys):
     """The library names a setting both ways, "max_length (--max-length)"; the command line said
-    that too, where the user had typed only the flag."""
-    from bertscope.cli.main import _as_typed
+    that too, where the user had typed only the flag. Only settings the library named so are
+    shortened: a path or word the user wrote that looks like "x (X)" stays as written."""
+    from bertscope.errors import as_typed, setting
 
     train = tmp_path / "t.jsonl"
     train.write_text('{"text": "good", "label": "pos"}\n{"text": "bad", "label": "neg"}\n')
     assert main(["finetune", str(train), "--out", str(tmp_path / "o"), "--max-length", "2", "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == "bertscope: error: --max-length must be a whole number >= 3, got 2"
-    # only a setting and its own flag or argument is shortened; a phrase before a flag stays
-    assert _as_typed("pair_field (--text-pair-field) x; train (TRAIN) y") == "--text-pair-field x; TRAIN y"
-    for kept in ("the output folder (--out) must", "the Ray engine (--engine ray) needs",
-                 "shared=False (--per-panel) scales", "mask of 1 (token) and 0 (PAD)"):
-        assert _as_typed(kept) == kept
+    assert main(["finetune", str(train), "--out", str(tmp_path / "o"), "--resume", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().startswith("bertscope: error: --resume: ")
+    odd = tmp_path / "old data (DATA).txt"  # the user's own words, shaped like a setting
+    assert main(["embed", str(odd), "--out", str(tmp_path / "x.npy")]) == 2
+    assert str(odd) in capsys.readouterr().err
+    assert main(["attend", "hello world", "--token", "total (TOTAL)"]) == 2
+    assert "'total (TOTAL)' is not in the text" in capsys.readouterr().err
+    assert as_typed(f"{setting('pair_field', '--text-pair-field')} x; {setting('train', 'TRAIN')} y; "
+                    "total (TOTAL), the output folder (--out)") == \
+        "--text-pair-field x; TRAIN y; total (TOTAL), the output folder (--out)"

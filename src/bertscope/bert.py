@@ -173,14 +173,15 @@ class Bert:
         return self.fast.forward(self.encoder, *args)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
-               max_length: int | None = None):
+               max_length: int | None = None, *, warn: bool = True):
         """Tokenize texts for this model (see :meth:`BertTokenizer.encode`).
 
         Texts are cut to ``max_length`` tokens, by default the model's positions (512 for BERT),
         which is longer than the ``max_seq_length`` that :meth:`embed` cuts to (256 for the
         bundled all-MiniLM-L6-v2, as sentence-transformers does). To pool exactly what
-        :meth:`embed` pools, pass ``max_length=bert.max_seq_length``."""
-        return self.tokenizer.encode(texts, pairs=pairs, max_length=max_length)
+        :meth:`embed` pools, pass ``max_length=bert.max_seq_length``. ``warn=False`` cuts
+        without the :class:`TruncationWarning` (for a caller that warned already)."""
+        return self.tokenizer.encode(texts, pairs=pairs, max_length=max_length, warn=warn)
 
     def embed(self, texts: Sequence[str], batch_size: int | None = None, normalize: bool = True,
               *, batch_tokens: int | None = None) -> np.ndarray:

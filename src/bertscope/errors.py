@@ -9,7 +9,7 @@ import sys
 import warnings
 
 __all__ = ["BertscopeError", "CheckpointError", "InputError", "InputTypeError", "NonFiniteError", "as_count",
-           "as_index", "as_whole_number", "check_seed", "warn_caller"]
+           "as_index", "as_typed", "as_whole_number", "check_seed", "setting", "warn_caller"]
 
 
 class BertscopeError(Exception):
@@ -33,6 +33,26 @@ class NonFiniteError(BertscopeError):
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_SAID: dict[str, str] = {}  # "max_length (--max-length)" -> "--max-length", as messages named them
+
+
+def setting(name: str, flag: str) -> str:
+    """A setting as both callers know it, for a message the library and the CLI share:
+    ``setting("max_length", "--max-length")`` is "max_length (--max-length)". The CLI prints
+    only the flag (:func:`as_typed`)."""
+    both = f"{name} ({flag})"
+    _SAID[both] = flag
+    return both
+
+
+def as_typed(message: str) -> str:
+    """``message`` in the command line's words: each setting named by :func:`setting` becomes
+    its flag alone, "--max-length must be ..."; nothing else in it changes (a path or word the
+    user wrote that happens to look like "x (X)" stays as written)."""
+    for both, flag in _SAID.items():
+        if both in message:
+            message = message.replace(both, flag)
+    return message
 
 
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:

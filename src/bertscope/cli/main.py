@@ -14,7 +14,6 @@ import importlib
 import io
 import logging
 import os
-import re
 import signal
 import sys
 import traceback
@@ -22,7 +21,7 @@ import warnings
 from typing import NoReturn, Sequence
 
 from .. import __version__
-from ..errors import BertscopeError
+from ..errors import BertscopeError, as_typed
 
 COMMAND_MODULES = [
     "params", "attend",  # core
@@ -53,7 +52,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     text = str(message)
     if text.startswith("bertscope: "):  # the library names itself for Python users; the CLI once
         text = text[len("bertscope: "):]
-    print(f"bertscope: warning: {_as_typed(_one_line(text))}", file=sys.stderr)
+    print(f"bertscope: warning: {as_typed(_one_line(text))}", file=sys.stderr)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -146,7 +145,7 @@ class _LogLine(logging.Formatter):
     """Log records as the CLI's own warnings and errors read: "bertscope: warning: ..."."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"bertscope: {record.levelname.lower()}: {_as_typed(_one_line(record.getMessage()))}"
+        line = f"bertscope: {record.levelname.lower()}: {as_typed(_one_line(record.getMessage()))}"
         if record.exc_info and record.exc_info[1] is not None:  # the exception in brief; --debug shows all
             e = record.exc_info[1]
             line += f" ({type(e).__name__}: {_one_line(e)})" if str(e).strip() else f" ({type(e).__name__})"
@@ -163,22 +162,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
-
-
-_SETTING = re.compile(r"\b([a-z][a-z0-9_]*) \((--[a-z][a-z0-9-]*|[A-Z][A-Z0-9_]*)\)")
-
-
-def _as_typed(message: str) -> str:
-    """A library message in the command line's words: the library names a setting both ways,
-    ``max_length (--max-length)`` or ``train (TRAIN)``; here only the flag or argument is said."""
-    def said(m: re.Match) -> str:
-        name, flag = m.group(1), m.group(2)
-        if flag.startswith("--"):
-            ours = flag == "--" + name.replace("_", "-") or flag.endswith("-" + name.replace("_", "-"))
-        else:
-            ours = flag == name.upper()
-        return flag if ours else m.group(0)
-    return _SETTING.sub(said, message)
 
 
 def _split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
@@ -301,7 +284,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except BertscopeError as e:
         if args.debug:  # the traceback, then the same line and exit status as without --debug
             traceback.print_exc()
-        print(f"bertscope: error: {_as_typed(_one_line(e))}", file=sys.stderr)
+        print(f"bertscope: error: {as_typed(_one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated): what was written is kept
         if previous is not None:  # a second SIGTERM from here on is not raised as a traceback

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if measure != "attention":
         from ..see.report import with_measures
 
-        rt = with_measures(rt, map_measures(bert, args.text, [measure]))
+        rt = with_measures(rt, map_measures(bert, args.text, [measure], warn=False))  # analyze() warned
     span = parse_span(args.span, len(rt.tokens))
     words = not args.tokens
     if args.grid:

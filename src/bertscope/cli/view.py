@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
         names = [m for m in parse_measures(args.measure) if m != "attention"]  # the weights are always shown
         if names:
-            measures = lambda b, text, pair: map_measures(b, text, names, pair=pair)  # noqa: E731
+            # analyze() beside it says once that a long text was cut
+            measures = lambda b, text, pair: map_measures(b, text, names, pair=pair, warn=False)  # noqa: E731
     out = check_output_file(args.out, "--out", (".html", ".htm"))
     bert = load_model(args)
     bert_b = None
@@ -124,14 +125,19 @@ def _fit_value_zeroing(args: argparse.Namespace, names: list[str], bert, bert_b)
     from ..errors import InputError
     from ..explain import VALUE_ZEROING_MAX_TOKENS
 
-    pair = None if args.pair is None else [args.pair]
-    T = max([bert.encode([args.text], pairs=pair).lengths[0]]
-            + ([bert.encode([args.text_b]).lengths[0]] if args.text_b is not None else [])
-            + ([bert_b.encode([args.text], pairs=pair).lengths[0]] if bert_b is not None else []))
+    def tokens(model, text: str, pair: str | None) -> tuple[int, int]:  # (as the page reads it, uncut)
+        n = model.tokenizer.count_tokens([text])[0]  # counted, not encoded: no truncation warning here
+        if pair is not None:  # [CLS] A [SEP] B [SEP]
+            n += model.tokenizer.count_tokens([pair])[0] - 1
+        return min(n, model.tokenizer.max_length), n
+
+    T, whole = max([tokens(bert, args.text, args.pair)]
+                   + ([tokens(bert, args.text_b, None)] if args.text_b is not None else [])
+                   + ([tokens(bert_b, args.text, args.pair)] if bert_b is not None else []))
     if T <= VALUE_ZEROING_MAX_TOKENS:
         return
     why = (f"value-zeroing is limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer once per "
-           f"token); this text has {T}")
+           f"token); this text has {T}" + (f" (cut from {whole})" if whole > T else ""))
     others = [m for m in names if m != "value-zeroing"]
     named = any(part.strip() == "value-zeroing" for value in args.measure for part in value.split(","))
     if named:

@@ -191,8 +191,11 @@ class BertTokenizer:
         texts: Sequence[str],
         pairs: Sequence[str] | None = None,
         max_length: int | None = None,
+        *,
+        warn: bool = True,
     ) -> Batch:
-        """Tokenize and pad a batch; texts over ``max_length`` tokens are cut with a warning."""
+        """Tokenize and pad a batch; texts over ``max_length`` tokens are cut with a warning
+        (``warn=False``: without, for a caller that encoded the same texts and warned already)."""
         texts = check_texts(texts)
         if pairs is not None:
             pairs = check_texts(pairs, "pairs")
@@ -210,7 +213,7 @@ class BertTokenizer:
                 self._tok.no_truncation()
         truncated = [bool(e.overflowing) for e in encs]
         n_cut = sum(truncated)
-        if n_cut:
+        if n_cut and warn:
             first = truncated.index(True)
             warn_caller(f"{n_cut} text(s) longer than {limit} tokens were truncated (first: text {first + 1})",
                         TruncationWarning)

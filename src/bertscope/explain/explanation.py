@@ -322,17 +322,18 @@ def parse_measures(values: list[str] | None) -> list[str]:
 
 @torch.no_grad()
 def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
-                 pair: str | None = None) -> dict[str, np.ndarray]:
+                 pair: str | None = None, *, warn: bool = True) -> dict[str, np.ndarray]:
     """Several map methods of one text (or one sentence pair [CLS] text [SEP] pair [SEP]) from one
     reference forward: name -> float32 (L, H, T, T) or (L, T, T), as :func:`explain` gives them.
 
     ``value-zeroing`` is refused (InputError) above :data:`VALUE_ZEROING_MAX_TOKENS` tokens,
-    before any work: it runs every layer once per token.
+    before any work: it runs every layer once per token. A text over the model's positions is
+    cut, with a TruncationWarning unless ``warn=False`` (a caller that analysed it and warned).
     """
     for name in names:
         if name not in MAP_METHODS:
             raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
-    batch = bert.encode([text], pairs=None if pair is None else [pair])  # as analyze() cuts: maps line up
+    batch = bert.encode([text], pairs=None if pair is None else [pair], warn=warn)  # as analyze() cuts
     if "value-zeroing" in names:
         _check_value_zeroing(batch.lengths[0])
     model = bert.model

@@ -92,7 +92,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.tokenizer import tokenless
-from ..errors import InputError, InputTypeError, as_whole_number
+from ..errors import InputError, InputTypeError, as_whole_number, setting
 from ..files import TEMP_SUFFIX, FolderLock, lock_holder, move_into_place, nearly_full, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
@@ -570,7 +570,7 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
         raise InputError(f"shard_rows must be a whole number, got {shard_rows!r}")
     shard_rows = as_whole_number(shard_rows)
     if field_name is not None and not isinstance(field_name, str):
-        raise InputError(f"field_name (--field) must be a string, got {field_name!r}")
+        raise InputError(f"{setting('field_name', '--field')} must be a string, got {field_name!r}")
     if fmt not in ("npy", "parquet"):
         raise InputError(f"unknown format {fmt!r}; choose npy or parquet")
     if fmt == "parquet":

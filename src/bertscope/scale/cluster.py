@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..errors import BertscopeError, InputError
+from ..errors import BertscopeError, InputError, setting
 
 __all__ = ["EngineOptions", "check_address", "check_engine_options", "map_shards", "pool_size",
            "ray_session", "require_ray", "unwrap_error"]
@@ -75,11 +75,11 @@ def require_ray():
 def check_engine_options(opts: EngineOptions) -> None:
     """Refuse impossible sizes before anything starts (one line each)."""
     if opts.workers is not None and (not isinstance(opts.workers, int) or opts.workers < 1):
-        raise InputError(f"workers (--workers) must be at least 1, not {opts.workers}")
+        raise InputError(f"{setting('workers', '--workers')} must be at least 1, not {opts.workers}")
     if not opts.cpus_per_worker > 0:
-        raise InputError(f"cpus_per_worker (--cpus-per-worker) must be above 0, not {opts.cpus_per_worker}")
+        raise InputError(f"{setting('cpus_per_worker', '--cpus-per-worker')} must be above 0, not {opts.cpus_per_worker}")
     if not opts.gpus_per_worker >= 0:
-        raise InputError(f"gpus_per_worker (--gpus-per-worker) must be 0 or more, not {opts.gpus_per_worker}")
+        raise InputError(f"{setting('gpus_per_worker', '--gpus-per-worker')} must be 0 or more, not {opts.gpus_per_worker}")
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -104,11 +104,11 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
         try:
             import grpc  # noqa: F401  (Ray Client's transport)
         except ImportError:
-            raise InputError(f"address (--address) {address} uses Ray Client, which needs: "
+            raise InputError(f"{setting('address', '--address')} {address} uses Ray Client, which needs: "
                              "pip install 'ray[client]'") from None
     hp = _host_port(address)
     if hp is None:
-        raise InputError(f"address (--address) must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+        raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
     try:
         with socket.create_connection(hp, timeout=timeout):
             pass

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError, as_index, warn_caller
+from ..errors import InputError, as_index, setting, warn_caller
 from ..core.words import word_attention
 from ..files import write_bytes_atomic
 from .report import ReportText
@@ -152,7 +152,7 @@ def _check_vmax(vmax: object) -> None:
     except (TypeError, ValueError):
         v = float("nan")
     if not (math.isfinite(v) and v > 0):
-        raise InputError(f"vmax (--vmax) must be a finite number above 0, got {vmax!r}")
+        raise InputError(f"{setting('vmax', '--vmax')} must be a finite number above 0, got {vmax!r}")
 
 
 def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = True,
@@ -170,7 +170,7 @@ def head_figure(rt: ReportText, layer: int, head: int | None, *, words: bool = T
         raise InputError(f"{measure} gives one map per layer, not per head; leave out --head")
     head = 0 if head is None else head
     N, H = att.shape[:2]
-    layer, head = as_index("layer (--layer)", layer, N), as_index("head (--head)", head, H)
+    layer, head = as_index(setting("layer", "--layer"), layer, N), as_index(setting("head", "--head"), head, H)
     _check_vmax(vmax)
     M = att[layer, head]  # (U, U)
     U = len(labels)
@@ -217,7 +217,7 @@ def grid_figure(rt: ReportText, *, words: bool = True, span: tuple[int, int] | N
     N, H = att.shape[:2]
     _check_vmax(vmax)
     if vmax is not None and not shared:
-        raise InputError("vmax (--vmax) fixes one scale for every panel; shared=False (--per-panel) scales "
+        raise InputError(f"{setting('vmax', '--vmax')} fixes one scale for every panel; shared=False (--per-panel) scales "
                          "each panel to its own maximum: give one or the other")
     common = float(vmax) if vmax is not None else max(float(att.max()), 1e-9)
     fig = Figure(figsize=(1.15 * H + 1.6, 1.15 * N + 0.8), layout="constrained")

@@ -42,7 +42,7 @@ import torch
 
 from .aggregate import attention_rollout
 from ..files import as_path, write_bytes_atomic
-from ..errors import InputError, as_whole_number
+from ..errors import InputError, as_whole_number, setting
 from ..core.tokenizer import check_text, check_texts, no_tokens
 from ..core.words import group_words
 from ..bert import Bert, analysis, check_bert
@@ -276,12 +276,12 @@ def parse_span(span: str | tuple[int, int] | None, T: int | None) -> tuple[int, 
     if isinstance(span, str):
         parts = span.split(":")
         if len(parts) != 2:
-            raise InputError(f"span (--span) must be START:END (token positions, e.g. 10:60), got {span!r}")
+            raise InputError(f"{setting('span', '--span')} must be START:END (token positions, e.g. 10:60), got {span!r}")
         try:
             lo = int(parts[0]) if parts[0].strip() else None
             hi = int(parts[1]) if parts[1].strip() else None
         except ValueError:
-            raise InputError(f"span (--span) must be START:END with whole numbers, got {span!r}") from None
+            raise InputError(f"{setting('span', '--span')} must be START:END with whole numbers, got {span!r}") from None
     else:
         try:
             lo, hi = span

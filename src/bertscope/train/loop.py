@@ -45,7 +45,7 @@ from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_conf
 from ..core.classifier import BertForSequenceClassification
 from ..core.model import evaluating
 from ..core.tokenizer import least_read_length, tokenless
-from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed
+from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed, setting
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
 from ..files import TEMP_SUFFIX, FolderLock, lock_holder, nearly_full, write_atomic, write_text_atomic
@@ -150,10 +150,10 @@ class FinetuneConfig:
 _FLAGS = {"pair_field": "--text-pair-field", "train": "TRAIN"}  # flags other than --NAME-WITH-DASHES
 
 
-def _named(setting: str) -> str:
+def _named(name: str) -> str:
     """A setting as both callers know it: ``lr (--lr)``, ``pair_field (--text-pair-field)``,
     ``train (TRAIN)``."""
-    return f"{setting} ({_FLAGS.get(setting, '--' + setting.replace('_', '-'))})"
+    return setting(name, _FLAGS.get(name, "--" + name.replace("_", "-")))
 
 
 @dataclass(frozen=True)

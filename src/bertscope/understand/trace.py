@@ -22,7 +22,7 @@ from ..bert import Bert, analysis
 from ..core.masks import mask_to_bias
 from ..core.tokenizer import check_text
 from ..core.words import find_word, group_words, word_attention
-from ..errors import InputError, as_count, as_index, as_whole_number, check_seed
+from ..errors import InputError, as_count, as_index, as_whole_number, check_seed, setting
 
 __all__ = ["Trace", "trace"]
 
@@ -140,7 +140,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids  # (1, T)
     if pad:
         if ids.shape[1] + pad > cfg.max_position_embeddings:
-            raise InputError(f"pad (--pad) {pad} makes the input longer than {cfg.max_position_embeddings} positions")
+            raise InputError(f"{setting('pad', '--pad')} {pad} makes the input longer than {cfg.max_position_embeddings} positions")
         ids = F.pad(ids, (0, pad), value=bert.tokenizer.pad_id)  # (1, T)
         mask = F.pad(mask, (0, pad), value=0)  # (1, T)
         types = F.pad(types, (0, pad), value=0)  # (1, T)

@@ -1199,6 +1199,21 @@
       x.canvas.dataset.vmax = String(x.vmax);
       wireThumb(x, diverging);
     }
+    // one tab stop for the grid (not 72, or 144 on BERT-base): the arrows move between thumbnails
+    const at = new Map(thumbs.map((x) => [`${x.l},${x.k}`, x.canvas]));
+    for (const [i, x] of thumbs.entries()) {
+      x.canvas.tabIndex = i === 0 ? 0 : -1;
+      x.canvas.addEventListener("keydown", (e) => {
+        if (e.altKey || e.ctrlKey || e.metaKey) return;
+        const d = { ArrowRight: [0, 1], ArrowLeft: [0, -1], ArrowDown: [1, 0], ArrowUp: [-1, 0] }[e.key];
+        const next = d && at.get(`${x.l + d[0]},${x.k + d[1]}`);
+        if (!next) return;
+        e.preventDefault();
+        x.canvas.tabIndex = -1;
+        next.tabIndex = 0;
+        next.focus();
+      });
+    }
     legendSlot.appendChild(legend(common, diverging, scaleText(diverging, common, "every thumbnail"), !shared));
   }
 
@@ -1225,21 +1240,23 @@
       tip.hidden = false;
     });
     canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-    const open = () => {
+    const open = async (keyboard) => {
       tip.hidden = true;
       state.layer = l;
       col.pick();
       state.view = "head";
       state.focus = null;
       syncControls();
-      render();
+      await render();
+      if (!keyboard) return;  // focus goes on into the view it opened, not to the page's start
+      const tok = $("bs-head-view").querySelector(".bs-tok[tabindex='0']");
+      if (tok) tok.focus();
     };
-    canvas.addEventListener("click", open);
-    // the keyboard reaches every thumbnail too: Tab to it, Enter or Space opens its head view
-    canvas.tabIndex = 0;
+    canvas.addEventListener("click", () => open(false));
+    // the keyboard reaches every thumbnail too (see renderModelView): Enter or Space opens it
     canvas.setAttribute("role", "button");
     canvas.addEventListener("keydown", (e) => {
-      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); }
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(true); }
     });
   }
 
@@ -1517,6 +1534,7 @@
     const tabs = [...document.querySelectorAll(".bs-tab")];
     tabs.forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; syncControls(); render(); }));
     tabs.forEach((b, i) => b.addEventListener("keydown", (e) => {  // a tab list's keys: arrows, Home, End
+      if (e.altKey || e.ctrlKey || e.metaKey || e.shiftKey) return;  // Alt+Left is the browser's Back
       const to = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: tabs.length - 1 }[e.key];
       if (to === undefined) return;
       e.preventDefault();
@@ -1573,12 +1591,12 @@
         showError("");
       }
     } catch (err) {
+      if (gen !== renderGen) return;  // a render since has drawn (or is drawing) what is asked now
       setProgress("");
       showError(String(err.message || err));
-      if (gen === renderGen) {  // no picture of another text, layer or measure stays under the error
-        ["head", "model", "matrix", "qk"].forEach((v) => { $(`bs-${v}-view`).textContent = ""; });
-        document.documentElement.dataset.rendered = "error";
-      }
+      // no picture of another text, layer or measure stays under the error
+      ["head", "model", "matrix", "qk"].forEach((v) => { $(`bs-${v}-view`).textContent = ""; });
+      document.documentElement.dataset.rendered = "error";
     }
   }
 

@@ -50,13 +50,17 @@ def test_sweep_agrees_with_single_ablation(bert):
     l, h = ranked[0][:2]
     one = ablate(bert, text, [(l, h)])
     assert 1 - float(one.token_cosine.mean()) == pytest.approx(ranked[0][2], abs=1e-5)
+    assert eff.ranking(3) == ranked[:3]
+    for k in (-1, 0, "2", 2.5):  # -1 dropped the last head without a word; "2" raised TypeError
+        with pytest.raises(InputError, match="k must be a whole number >= 1"):
+            eff.ranking(k)
 
 
 def test_ablate_bad_input(bert):
     with pytest.raises(InputError, match="does not exist"):
         ablate(bert, "The cat sat.", [(99, 0)])
-    with pytest.raises(InputError, match="at least one head"):
-        ablate(bert, "The cat sat.", [])
+    with pytest.raises(InputError, match=r"at least one head .*\(bertscope\.understand\.ablate\.sweep\(bert, text\)"):
+        ablate(bert, "The cat sat.", [])  # it named a sweep() that bertscope does not export
 
 
 def test_ablate_cli(capsys):

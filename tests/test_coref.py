@@ -144,6 +144,25 @@ def test_evaluate_on_shipped_set(bert):
     assert res.chance == 0.5
 
 
+def test_evaluate_and_parse_wsc_check_what_they_are_given(bert):
+    """These raised TypeError or AttributeError from inside (a path for the schemas, a str for
+    parse_wsc, limit="3"), took limit=True as 1, or hid a bare BertModel behind "no schema
+    could be scored"."""
+    schemas, _ = read_wsc(PRONOUNS)
+    for call, fragment in (
+            (lambda: evaluate(bert, str(PRONOUNS)), "schemas must be a list of Schema, as read_wsc(path)"),
+            (lambda: evaluate(bert, schemas, limit="3"), "limit must be a whole number >= 1, got '3'"),
+            (lambda: evaluate(bert, schemas, limit=True), "limit must be a whole number >= 1, got True"),
+            (lambda: evaluate(bert, schemas, limit=2.5), "limit must be a whole number >= 1, got 2.5"),
+            (lambda: evaluate(bert, schemas, progress=1), "progress must be a function"),
+            (lambda: evaluate(bert.model, schemas), "evaluate() takes a loaded model, bertscope.load(...), not BertModel"),
+            (lambda: evaluate(bert, schemas[6:], limit=4), "no schema given is numbered 1..4 in its file"),
+            (lambda: parse_wsc(PRONOUNS.read_text()), "parse_wsc() reads the file's bytes")):
+        with pytest.raises(InputError, match=re.escape(fragment)):
+            call()
+    assert evaluate(bert, schemas, limit=4).numbers == [s.number for s in schemas if s.number <= 4]
+
+
 def test_coref_cli(tmp_path, capsys):
     assert main(["coref", str(PRONOUNS)]) == 0
     out = capsys.readouterr().out

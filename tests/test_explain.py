@@ -9,13 +9,15 @@ independent rollout, and HF-free properties (rows sum to 1, PAD gives and receiv
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 import bertscope
 from bertscope.errors import InputError
-from bertscope.explain import METHODS, Target, explain_batch, method_kind, similarity_target
+from bertscope.explain import METHODS, Target, explain_batch, map_measures, method_kind, similarity_target
 from bertscope.explain.decompose import attention_block_terms, head_vectors, mixed_vectors
 from bertscope.explain.gradients import embedding_function, grad_input, integrated_gradients
 from bertscope.explain.measures import (alti_layer_maps, map_methods, run_forward,
@@ -206,6 +208,18 @@ def test_gradient_methods_work_inside_a_callers_inference_mode(bert):
     assert np.abs(outside).max() > 0
 
 
+def test_a_model_loaded_in_inference_mode_refuses_the_gradient_methods_in_one_line(bundled_path):
+    """Its weights are inference tensors: torch raised "Inference tensors cannot be saved for
+    backward" 17 frames deep. The map methods still work on it."""
+    with torch.inference_mode():
+        frozen = bertscope.load(bundled_path)
+    for method in ("grad-input", "integrated-gradients"):
+        with pytest.raises(InputError, match=re.escape("this model was loaded inside torch.inference_mode(): "
+                                                       "its weights are inference tensors")):
+            bertscope.explain(frozen, IT_ANIMAL, method, text_b=TEXT_B)
+    assert bertscope.explain(frozen, IT_ANIMAL, "alti").maps.shape[0] == frozen.config.num_hidden_layers
+
+
 # --- properties: PAD, padding, the packed path -------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -320,12 +334,24 @@ def test_record_shapes_and_word_rules(bert):
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, layer=9), "layer must be a whole number from 0 to 5"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").sources(3, head=-13), "head must be a whole number from 0 to 11"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(__import__("torch").tensor(99)), "an index 0..14"),
-    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("zebra"), "no word 'zebra' in the text"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("zebra"), "the word 'zebra' is not in the text"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("didn't"), "splits \"didn't\" into the words didn ' t"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked(99), "an index 0..14 (or -15 to -1, counted from the end), got 99"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("it", k=-1), "k must be a whole number >= 1"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti").ranked("it", k=2.5), "k must be a whole number"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").ranked("it", layer=2.0), "layer must be a whole number"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "norm").ranked("it", head="1"), "head must be a whole number"),
+    # map_measures and build_report's measures: these raised TypeError or AttributeError, or gave
+    # maps of [CLS] [SEP] for an empty text, or read "alti" as the measures a, l, t, i
+    (lambda b: map_measures(b, "", ["alti"]), "the text is empty"),
+    (lambda b: map_measures(b, "\u200b", ["alti"]), "has no tokens"),
+    (lambda b: map_measures(b, IT_ANIMAL, "alti"),
+     "names must be a list of measures, e.g. ['alti'], not str"),
+    (lambda b: map_measures(b.model, IT_ANIMAL, ["alti"]),
+     "map_measures() takes a loaded model"),
+    (lambda b: bertscope.build_report(b, IT_ANIMAL, measures="alti"), "measures must be a function (bert, text, pair)"),
+    (lambda b: bertscope.build_report(b, IT_ANIMAL, measures=lambda *a: [1]), "must return {name: maps}, a dict"),
+    (lambda b: bertscope.build_report(b, IT_ANIMAL, qk="no"), "qk must be True, False or None"),
 ])
 def test_errors_are_one_sentence(bert, call, fragment):
     with pytest.raises(InputError) as e:
@@ -389,6 +415,14 @@ def test_explain_a_classifier(classifier, bert):
         bertscope.explain(classifier, SHORT, "grad-input", target="meh")
     with pytest.raises(InputError, match="class 5 does not exist"):
         bertscope.explain(classifier, SHORT, "grad-input", target=5)
+    # numpy's and torch's integers are indices too (they were "class np.int64(1) does not exist")
+    index = classifier.labels.index(other)
+    for idx in (np.int64(index), torch.tensor(index)):
+        np.testing.assert_array_equal(bertscope.explain(classifier, SHORT, "grad-input", target=idx).maps,
+                                      exp_other.maps)
+    for bad in (True, 1.0, np.float32(1)):
+        with pytest.raises(InputError, match="does not exist"):
+            bertscope.explain(classifier, SHORT, "grad-input", target=bad)
     maps = bertscope.explain(classifier, SHORT, "alti").maps  # map methods read the classifier's encoder
     np.testing.assert_array_equal(maps, bertscope.explain(bert, SHORT, "alti").maps)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -148,6 +149,22 @@ def test_a_text_with_no_tokens_is_skipped_with_a_warning(bert):
     assert any("line 2 has no tokens" in w for w in stats.warnings)
     with pytest.raises(InputError, match="has no tokens"):
         head_stats(bert, [(1, "\u200b")])
+
+
+def test_head_stats_refuses_pairs_that_are_not_numbered_texts_and_odd_options(bert):
+    """A pair of strings read its first string as a line number and dropped it without a word;
+    warnings="abc" became ['a', 'b', 'c']; progress=5 raised TypeError from inside."""
+    for texts, fragment in (([("a b", "c d")], "item 1 is a pair whose first element, 'a b', is not a line number"),
+                            (["ok", (0, "x")], "item 2 is a pair whose first element, 0, is not a line number"),
+                            ([(True, "x")], "first element, True, is not a line number")):
+        with pytest.raises(InputError, match=re.escape(fragment)):
+            head_stats(bert, texts)
+    with pytest.raises(InputError, match="warnings must be a list of strings"):
+        head_stats(bert, ["the cat sat"], warnings="abc")
+    with pytest.raises(InputError, match=re.escape("progress must be a function (done, total), got int")):
+        head_stats(bert, ["the cat sat"], progress=5)
+    stats = head_stats(bert, [(3, "the cat sat"), "a dog ran"], warnings=["the reader's note"])
+    assert stats.num_texts == 2 and "the reader's note" in stats.warnings
 
 
 def test_a_text_of_one_word_is_classed_by_its_shares_not_by_rounding():

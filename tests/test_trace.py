@@ -62,6 +62,24 @@ def test_trace_padding_does_not_change_real_tokens(bert):
     torch.testing.assert_close(a.weights, b.weights[:n], atol=1e-6, rtol=1e-5)
 
 
+def test_a_split_words_word_weights_are_its_sub_tokens_rows_averaged_and_the_repr_says_so(bert):
+    """For "ophthalmologist" (op ##ht ##hal ##mo ##logist) the repr named the token 'op' beside
+    top words that are the whole word's: the record now says whose rows they are."""
+    tr = trace(bert, "The ophthalmologist examined it", "ophthalmologist", 2, 0)
+    own = [i for i, w in enumerate(bert.encode(["The ophthalmologist examined it"]).tokens[0])
+           if i >= tr.token_index and i < tr.token_index + 5]
+    assert len(own) == 5 and tr.tokens[tr.token_index] == "op"
+    rows = tr.probs[0, 0][own].double().mean(0)  # (T,): the word's sub-tokens' rows, averaged
+    from bertscope.core.words import group_words
+
+    tw = group_words(bert.encode(["The ophthalmologist examined it"]), "The ophthalmologist examined it").token_words
+    by_word = torch.zeros(max(tw) + 1, dtype=torch.float64).index_add_(0, torch.tensor(tw), rows)
+    assert torch.allclose(tr.word_weights.double(), by_word, atol=1e-6)
+    assert not torch.allclose(tr.word_weights.double()[tw[tr.token_index]], tr.weights.double()[own].sum(), atol=1e-3)
+    assert "(token 2 of 10 of the word 'ophthalmologist')" in repr(tr)
+    assert "of the word" not in repr(trace(bert, IT_ANIMAL, "it", 2, 0))
+
+
 def test_trace_bad_input(bert):
     with pytest.raises(InputError, match=r"^layer must be a whole number from 0 to 5 \(or -6 to -1, counted from the end\), got 99$"):
         trace(bert, "The cat sat", "cat", 99, 0)  # worded as attend's results word it

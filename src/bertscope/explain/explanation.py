@@ -37,8 +37,8 @@ import torch
 from ..bert import Bert, check_bert
 from ..core.model import evaluating
 from ..core.tokenizer import Batch, check_text, no_tokens
-from ..core.words import group_words, word_attention
-from ..errors import InputError, as_count, as_index, as_whole_number
+from ..core.words import find_word, group_words, word_attention
+from ..errors import InputError, InputTypeError, as_count, as_index, as_whole_number
 from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
                         similarity_target)
 from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
@@ -120,12 +120,8 @@ class Explanation:
         word (its first occurrence; the match ignores case). InputError when there is no such
         word."""
         W = len(self.words)
-        if isinstance(word, str):
-            low = [w.lower() for w in self.words]
-            if word.lower() not in low:
-                shown = " ".join(self.words[:30]) + (" ..." if W > 30 else "")
-                raise InputError(f"no word {word!r} in the text; its words: {shown}")
-            return low.index(word.lower())
+        if isinstance(word, str):  # as attend and trace find it: "didn't" is split into didn ' t
+            return find_word(self.words, word)
         n = as_whole_number(word)
         if n is None or not -W <= n < W:
             raise InputError(f"word must be a word of the text or an index 0..{W - 1} (or -{W} to -1, "
@@ -330,10 +326,20 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
     before any work: it runs every layer once per token. A text over the model's positions is
     cut, with a TruncationWarning unless ``warn=False`` (a caller that analysed it and warned).
     """
+    check_bert(bert, "map_measures()")
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):  # "alti" read as a, l, t, i
+        raise InputTypeError(f"names must be a list of measures, e.g. [{names!r}], not {type(names).__name__}")
     for name in names:
         if name not in MAP_METHODS:
             raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
+    check_text(text)
+    if not text.strip():  # as explain() refuses it: maps over [CLS] [SEP] alone say nothing
+        raise InputError("the text is empty")
+    if pair is not None:
+        check_text(pair, "the pair text")
     batch = bert.encode([text], pairs=None if pair is None else [pair], warn=warn)  # as analyze() cuts
+    if batch.lengths[0] <= (3 if pair is not None else 2):
+        raise no_tokens("the text")
     if "value-zeroing" in names:
         _check_value_zeroing(batch.lengths[0])
     model = bert.model

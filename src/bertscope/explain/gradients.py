@@ -41,7 +41,7 @@ import torch
 
 from ..bert import Bert
 from ..core.model import evaluating
-from ..errors import InputError
+from ..errors import InputError, as_whole_number
 from ..fast.packing import pack, unpack
 
 __all__ = ["GRAD_METHODS", "EmbeddingFunction", "Target", "class_target", "embedding_function", "grad_input",
@@ -103,10 +103,11 @@ def class_target(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tens
             if label not in names:
                 raise InputError(f"unknown class {label!r}; the classifier's classes are: {', '.join(names)}")
             index = names.index(label)
-        elif isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(names):
-            raise InputError(f"class {label!r} does not exist (the classifier has classes 0..{len(names) - 1})")
-        else:
-            index = label
+        else:  # an int, or numpy's or a 0-d tensor's, as every other index of the API takes
+            index = as_whole_number(label)
+            if index is None or not 0 <= index < len(names):
+                raise InputError(f"class {label!r} does not exist (the classifier has classes "
+                                 f"0..{len(names) - 1}, or their names: {', '.join(names)})")
         classes = torch.full((B,), index, dtype=torch.long, device=bert.device)  # (B,)
 
     def score(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -139,6 +140,10 @@ def embedding_function(bert: Bert, input_ids: torch.Tensor, attention_mask: torc
     """F(E) for a padded batch, on the reference model (``"padded"``) or the fast path (``"packed"``)."""
     if path not in ("padded", "packed"):
         raise ValueError(f"path must be 'padded' or 'packed', got {path!r}")
+    if any(p.is_inference() for p in bert.model.parameters()):  # torch: "cannot be saved for backward"
+        raise InputError("this model was loaded inside torch.inference_mode(): its weights are inference "
+                         "tensors, which no gradient can pass through; load it outside inference mode "
+                         "(torch.no_grad() is fine) for the gradient methods")
     encoder = bert.encoder
     dev = bert.device
     ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)

@@ -42,7 +42,7 @@ import torch
 
 from .aggregate import attention_rollout
 from ..files import as_path, write_bytes_atomic
-from ..errors import InputError, as_whole_number, setting
+from ..errors import InputError, InputTypeError, as_whole_number, setting
 from ..core.tokenizer import check_text, check_texts, no_tokens
 from ..core.words import group_words
 from ..bert import Bert, analysis, check_bert
@@ -395,6 +395,9 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
 
 def with_measures(rt: ReportText, maps: dict[str, np.ndarray]) -> ReportText:
     """``rt`` with measure maps attached; InputError if one does not match its layers and tokens."""
+    if not isinstance(maps, dict):
+        raise InputTypeError(f"a measures function must return {{name: maps}}, a dict; it returned "
+                             f"{type(maps).__name__}")
     N, H, T = rt.attentions.shape[:3]
     checked = {}
     for name, m in maps.items():
@@ -420,6 +423,11 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     called once per text and model; the page then offers each measure beside the attention.
     """
     check_bert(bert, "build_report()")
+    if qk is not None and not isinstance(qk, bool):  # "no" would have counted as true
+        raise InputTypeError(f"qk must be True, False or None (if small enough), got {qk!r}")
+    if measures is not None and not callable(measures):
+        raise InputTypeError(f"measures must be a function (bert, text, pair) -> {{name: maps}}, e.g. lambda b, "
+                             f"t, p: map_measures(b, t, ['alti'], pair=p); got {type(measures).__name__}")
     if text_b is not None and pair is not None:
         raise InputError("give a second text to compare, or a pair text, not both")
     check_text(text)

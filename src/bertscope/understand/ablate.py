@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, as_whole_number
+from ..errors import InputError, as_count, as_whole_number
 from ..core.tokenizer import check_text, no_tokens
 from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert, analysis
@@ -80,10 +80,12 @@ class HeadEffects:
     embedding_effect: torch.Tensor  # 1 - embedding cosine
 
     def ranking(self, k: int | None = None) -> list[tuple[int, int, float, float]]:
+        """(layer, head, token effect, embedding effect) of every head, or the top ``k`` (>= 1),
+        the largest token effect first."""
         H = self.token_effect.shape[1]
         order = self.token_effect.flatten().argsort(descending=True).tolist()
-        if k is not None:
-            order = order[:k]
+        if k is not None:  # -1 silently dropped the last head, "2" raised TypeError
+            order = order[:as_count(k)]
         return [(i // H, i % H, float(self.token_effect.flatten()[i]), float(self.embedding_effect.flatten()[i]))
                 for i in order]
 
@@ -147,7 +149,7 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
     heads = _as_heads(heads)
     if not heads:
         raise InputError("name at least one head to silence (heads=[(layer, head)]; in the CLI --layer L "
-                         "--head H), or sweep every head (sweep(); --sweep)")
+                         "--head H), or sweep every head (bertscope.understand.ablate.sweep(bert, text); --sweep)")
     heads = list(dict.fromkeys(_check_heads(bert, heads)))  # each head once, in order (-1 and 5 are one)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     batch = bert.encode([text])

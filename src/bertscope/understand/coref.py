@@ -41,9 +41,9 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError, as_count
 from ..core.words import group_words, word_attention
-from ..bert import Bert, analysis
+from ..bert import Bert, analysis, check_bert
 from .wsc import Schema, twin_groups
 
 __all__ = ["CorefResult", "HeldOut", "SchemaScores", "evaluate", "held_out_heads", "hit", "mas",
@@ -256,13 +256,26 @@ class CorefResult:
 
 def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = None,
              limit: int | None = None, progress: Callable[[int, int], None] | None = None) -> CorefResult:
-    """Score every schema (the first ``limit`` if given); schemas that fail are warned about and skipped.
+    """Score every schema; schemas that fail are warned about and skipped.
 
+    ``limit``: only the schemas numbered 1..``limit`` in their file (``Schema.number``; WSC273 is
+    ``limit=273`` of the 285), whatever slice of them is given.
     ``progress(done, total)`` is called after each schema (one forward pass each).
     """
+    check_bert(bert, "evaluate()")
+    if isinstance(schemas, (str, bytes)) or not isinstance(schemas, (list, tuple)) or not all(
+            isinstance(s, Schema) for s in schemas):
+        raise InputTypeError("schemas must be a list of Schema, as read_wsc(path) or parse_wsc(data) returns "
+                             f"them (not {type(schemas).__name__})")
+    if limit is not None:
+        limit = as_count(limit, "limit")
+    if progress is not None and not callable(progress):
+        raise InputTypeError(f"progress must be a function (done, total), got {type(progress).__name__}")
     warns = list(warnings or [])
     if limit is not None:
         schemas = [s for s in schemas if s.number <= limit]
+        if not schemas:
+            raise InputError(f"no schema given is numbered 1..{limit} in its file (limit counts by Schema.number)")
     scored: list[SchemaScores] = []
     for done, s in enumerate(schemas):
         if progress is not None:

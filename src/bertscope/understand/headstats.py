@@ -48,15 +48,14 @@ from __future__ import annotations
 
 import math
 import unicodedata
-import warnings as pywarnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..bert import Bert, analysis, check_bert
-from ..core.tokenizer import TruncationWarning, check_text, check_texts
+from ..core.tokenizer import check_text, check_texts
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
            "HeadSums", "TokenKinds", "classify", "head_stats", "head_sums", "map_stats", "pattern_features",
@@ -325,7 +324,13 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     if (isinstance(texts, (str, bytes, Mapping, set, frozenset)) or hasattr(texts, "columns")
             or not isinstance(texts, Iterable)):
         check_texts(texts)  # one string, a dict, a set, a table, None: the one-line InputTypeError
+    if progress is not None and not callable(progress):
+        raise InputTypeError(f"progress must be a function (done, total), got {type(progress).__name__}")
     items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
+    for i, (n, _) in enumerate(items):  # ("a b", "c d") read "a b" as a line number, dropped without a word
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputTypeError(f"item {i + 1} is a pair whose first element, {n!r}, is not a line number: "
+                                 "give texts as strings, or as (line number, text) pairs")
     items = [(n, check_text(t, f"text {n}")) for n, t in items]
     sums = HeadSums(bert.config.num_hidden_layers, bert.config.num_attention_heads)
     dev = bert.device
@@ -334,9 +339,7 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
             progress(done, len(items))
         if not text.strip():
             continue
-        with pywarnings.catch_warnings():  # said once, by finish(), with the line number
-            pywarnings.simplefilter("ignore", TruncationWarning)
-            batch = bert.encode([text])
+        batch = bert.encode([text], warn=False)  # said once, by finish(), with the line number
         if batch.lengths[0] <= 2:  # [CLS] [SEP] only: no ordinary rows to classify
             sums.no_tokens.append(n)
             continue
@@ -359,6 +362,10 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     ``progress(done, total)`` is called after each text (one forward pass each).
     """
     check_bert(bert, "head_stats()")
+    if warnings is not None and (isinstance(warnings, str) or not isinstance(warnings, (list, tuple))
+                                 or not all(isinstance(w, str) for w in warnings)):
+        raise InputTypeError(f"warnings must be a list of strings (the reader's, kept in the record), "
+                             f"got {type(warnings).__name__}")
     sums = head_sums(bert, texts, progress=progress)
     if not sums.num_texts:
         raise InputError("the corpus has no text (every line is empty, or has no tokens)")

@@ -38,7 +38,10 @@ class Trace:
     mask:         (T,) the attention mask, 1 = token, 0 = PAD; ``bias`` (T,) what it adds.
     weights:      (T,) the softmax row (sums to 1; PAD keys exactly 0).
     dropped:      (T,) one seeded sample of the same row through dropout in training mode.
-    word_weights: (W,) the softmax row at word level (to a word: sum over its sub-tokens).
+    word_weights: (W,) the traced WORD's row at word level: the mean of its sub-tokens' rows, each
+                  summed over every word's sub-tokens (the view's rule). For a word of one token
+                  it is ``weights`` summed by word; for a split word ("op ##ht ##hal ...") it is
+                  not the traced token's row alone, which ``weights`` holds.
     head_output:  (B, T, C) the attention sublayer's output (after W_O) for all heads.
     layer_output: (B, T, C) the whole layer's output (residual, LayerNorm, feed-forward).
     probs:        (B, H, T, T) the layer's attention probabilities.
@@ -79,7 +82,9 @@ class Trace:
 
     def __repr__(self) -> str:  # a summary: the record holds every step's tensors
         top = ", ".join(f"{w} {v:.2f}" for w, v in self.top_words(3))
-        return (f"Trace({self.tokens[self.token_index]!r} (token {self.token_index} of {len(self.tokens)}), "
+        token, word = self.tokens[self.token_index], self.words[self.word_index]
+        of_word = f" of the word {word!r}" if word != token else ""  # top words are the word's rows
+        return (f"Trace({token!r} (token {self.token_index} of {len(self.tokens)}{of_word}), "
                 f"layer {self.layer}, head {self.head}; top words: {top}; .to_json() for every step)")
 
     def top_tokens(self, k: int = 5) -> list[tuple[str, float]]:
@@ -88,7 +93,8 @@ class Trace:
         return [(self.tokens[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 
     def top_words(self, k: int = 5) -> list[tuple[str, float]]:
-        """The ``k`` words this head's query weighs most (a word: the sum over its tokens)."""
+        """The ``k`` words the traced word weighs most, from :attr:`word_weights` (its
+        sub-tokens' rows averaged; a word: the sum over its tokens)."""
         vals, idx = self.word_weights.topk(min(as_count(k), self.word_weights.numel()))
         return [(self.words[i], float(v)) for v, i in zip(vals.tolist(), idx.tolist())]
 

@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..core.words import as_word
 from ..files import read_input_bytes
 
@@ -129,6 +129,9 @@ def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[s
     """Schemas from WSC XML bytes, and one warning per schema that could not be used. The
     encoding is the byte-order mark's (UTF-8, UTF-16 or UTF-32, as XML reads one), else the
     declaration's, else UTF-8."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise InputTypeError(f"parse_wsc() reads the file's bytes (Path(path).read_bytes(), or read_wsc(path)), "
+                             f"not {type(data).__name__}")
     bom = next((codec for mark, codec in _BOMS if data.startswith(mark)), None)
     m = None if bom else _DECL.search(data[:200])
     encoding = bom or (m.group(1).decode("ascii") if m else "utf-8")

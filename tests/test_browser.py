@@ -145,18 +145,23 @@ def explore(page, ref: dict, words: list[str]) -> None:
     settle(page)
     frm, to, val = matrix_readout(page, "0", 0.7, 0.7)
     assert abs(val - ref["words"][3, 1, int(frm), int(to)]) <= TOL
-    # the keyboard reads every cell too: Tab to the heatmap, then the arrows (and End)
-    page.focus("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
-    for key in ("ArrowDown", "ArrowDown", "ArrowRight", "ArrowRight", "ArrowRight", "ArrowUp", "ArrowLeft"):
-        page.keyboard.press(key)
+    # a click focuses the heatmap and keeps the cell under the pointer (it jumped to [CLS] -> [CLS])
+    grid = page.locator("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
+    box = grid.bounding_box()
+    grid.click(position={"x": box["width"] * 0.7, "y": box["height"] * 0.7})
     out = page.locator("#bs-matrix-view .bs-panel[data-panel='0'] .bs-mreadout")
+    assert [float(out.get_attribute(k)) for k in ("data-from", "data-to", "data-value")] == [frm, to, val]
+    # the keyboard reads every cell too, from there: Home, then the arrows, then End
     assert out.get_attribute("aria-live") == "polite"
+    row = int(frm)
+    for key in ("Home", "ArrowDown", "ArrowRight", "ArrowRight", "ArrowUp", "ArrowDown"):
+        page.keyboard.press(key)
     keyed = [float(out.get_attribute(k)) for k in ("data-from", "data-to", "data-value")]
-    assert keyed[:2] == [1, 2] and abs(keyed[2] - ref["words"][3, 1, 1, 2]) <= TOL
+    assert keyed[:2] == [row + 1, 2] and abs(keyed[2] - ref["words"][3, 1, row + 1, 2]) <= TOL
     page.keyboard.press("End")  # the row's last column
     last = ref["words"].shape[-1] - 1
     assert float(out.get_attribute("data-to")) == last
-    assert abs(float(out.get_attribute("data-value")) - ref["words"][3, 1, 1, last]) <= TOL
+    assert abs(float(out.get_attribute("data-value")) - ref["words"][3, 1, row + 1, last]) <= TOL
 
     # model view: every layer x head; clicking one opens it in the head view
     page.click(".bs-tab[data-view='model']")
@@ -318,8 +323,10 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         page.select_option("#bs-measure", "attention")  # drawn from what the page holds
         settle(page)
         assert len(held) == 1
-        held[0].abort()
-        page.wait_for_timeout(500)  # lets the aborted fetch's rejection run; asserts no speed
+        with page.expect_event("requestfailed"):
+            held[0].abort()
+        # the failed fetch's rejection runs as a task after that: two frames later it has run
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         assert page.is_hidden("#bs-error") and page.get_attribute("html", "data-rendered") == "1"
         assert page.locator("#bs-head-view .bs-panel").count() == 1
         page.unroute("**/api/attention")

@@ -156,7 +156,10 @@ def test_evaluate_and_parse_wsc_check_what_they_are_given(bert):
             (lambda: evaluate(bert, schemas, limit=2.5), "limit must be a whole number >= 1, got 2.5"),
             (lambda: evaluate(bert, schemas, progress=1), "progress must be a function"),
             (lambda: evaluate(bert.model, schemas), "evaluate() takes a loaded model, bertscope.load(...), not BertModel"),
-            (lambda: evaluate(bert, schemas[6:], limit=4), "no schema given is numbered 1..4 in its file"),
+            (lambda: evaluate(bert, schemas[6:], limit=4), "no schema could be scored (none given is numbered 1..4"),
+            # the reader's reason comes first: schemas 1..limit may have been unreadable
+            (lambda: evaluate(bert, schemas[6:], limit=4, warnings=["schema 1 (line 2): malformed XML; skipped"]),
+             "no schema could be scored (schema 1 (line 2): malformed XML; skipped)"),
             (lambda: parse_wsc(PRONOUNS.read_text()), "parse_wsc() reads the file's bytes")):
         with pytest.raises(InputError, match=re.escape(fragment)):
             call()

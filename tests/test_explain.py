@@ -208,6 +208,16 @@ def test_gradient_methods_work_inside_a_callers_inference_mode(bert):
     assert np.abs(outside).max() > 0
 
 
+def test_map_measures_and_build_report_take_any_sequence_of_names_and_numpy_flags(bert):
+    """The checks added for strings and non-functions must not refuse what worked: a tuple or a
+    numpy array of names, numpy's bool for qk."""
+    want = map_measures(bert, IT_ANIMAL, ["alti", "norm"])
+    for names in (("alti", "norm"), np.array(["alti", "norm"])):
+        got = map_measures(bert, IT_ANIMAL, names)
+        assert [type(k) for k in got] == [str, str] and list(got) == ["alti", "norm"] and all(np.array_equal(got[k], want[k]) for k in want)
+    assert bertscope.build_report(bert, IT_ANIMAL, qk=np.True_).texts[0].qkv is not None
+
+
 def test_a_model_loaded_in_inference_mode_refuses_the_gradient_methods_in_one_line(bundled_path):
     """Its weights are inference tensors: torch raised "Inference tensors cannot be saved for
     backward" 17 frames deep. The map methods still work on it."""

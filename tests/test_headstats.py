@@ -165,6 +165,9 @@ def test_head_stats_refuses_pairs_that_are_not_numbered_texts_and_odd_options(be
         head_stats(bert, ["the cat sat"], progress=5)
     stats = head_stats(bert, [(3, "the cat sat"), "a dog ran"], warnings=["the reader's note"])
     assert stats.num_texts == 2 and "the reader's note" in stats.warnings
+    import numpy as np  # line numbers from a table's index: zip(df.index, df.text)
+
+    assert head_stats(bert, [(np.int64(3), "the cat sat"), (np.int64(4), "a dog ran")]).num_texts == 2
 
 
 def test_a_text_of_one_word_is_classed_by_its_shares_not_by_rounding():

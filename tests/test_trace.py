@@ -76,8 +76,9 @@ def test_a_split_words_word_weights_are_its_sub_tokens_rows_averaged_and_the_rep
     by_word = torch.zeros(max(tw) + 1, dtype=torch.float64).index_add_(0, torch.tensor(tw), rows)
     assert torch.allclose(tr.word_weights.double(), by_word, atol=1e-6)
     assert not torch.allclose(tr.word_weights.double()[tw[tr.token_index]], tr.weights.double()[own].sum(), atol=1e-3)
-    assert "(token 2 of 10 of the word 'ophthalmologist')" in repr(tr)
+    assert tr.word_tokens == 5 and "(token 2 of 10 of the word 'ophthalmologist', 5 tokens)" in repr(tr)
     assert "of the word" not in repr(trace(bert, IT_ANIMAL, "it", 2, 0))
+    assert "of the word" not in repr(trace(bert, "The Animal crossed", "Animal", 2, 0))  # lowercased, not split
 
 
 def test_trace_bad_input(bert):

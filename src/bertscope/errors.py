@@ -49,7 +49,7 @@ def as_typed(message: str) -> str:
     """``message`` in the command line's words: each setting named by :func:`setting` becomes
     its flag alone, "--max-length must be ..."; nothing else in it changes (a path or word the
     user wrote that happens to look like "x (X)" stays as written)."""
-    for both, flag in _SAID.items():
+    for both, flag in list(_SAID.items()):  # a copy: another thread may name a setting meanwhile
         if both in message:
             message = message.replace(both, flag)
     return message

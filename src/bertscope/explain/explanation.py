@@ -29,6 +29,7 @@ Sub-token → word, per method (:meth:`Explanation.word_maps`):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -327,11 +328,13 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
     cut, with a TruncationWarning unless ``warn=False`` (a caller that analysed it and warned).
     """
     check_bert(bert, "map_measures()")
-    if isinstance(names, str) or not isinstance(names, (list, tuple)):  # "alti" read as a, l, t, i
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):  # "alti" read as a, l, t, i
         raise InputTypeError(f"names must be a list of measures, e.g. [{names!r}], not {type(names).__name__}")
+    names = list(names)
     for name in names:
         if name not in MAP_METHODS:
             raise InputError(f"unknown measure {name!r}; the measures are: {', '.join(MAP_METHODS)}")
+    names = [str(name) for name in names]  # numpy's strings become the dict's plain keys
     check_text(text)
     if not text.strip():  # as explain() refuses it: maps over [CLS] [SEP] alone say nothing
         raise InputError("the text is empty")

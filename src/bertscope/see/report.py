@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -395,7 +395,7 @@ def analyze(bert: Bert, texts: list[str], *, pair: str | None = None,
 
 def with_measures(rt: ReportText, maps: dict[str, np.ndarray]) -> ReportText:
     """``rt`` with measure maps attached; InputError if one does not match its layers and tokens."""
-    if not isinstance(maps, dict):
+    if not isinstance(maps, Mapping):
         raise InputTypeError(f"a measures function must return {{name: maps}}, a dict; it returned "
                              f"{type(maps).__name__}")
     N, H, T = rt.attentions.shape[:3]
@@ -423,7 +423,7 @@ def build_report(bert: Bert, text: str, text_b: str | None = None, *, pair: str 
     called once per text and model; the page then offers each measure beside the attention.
     """
     check_bert(bert, "build_report()")
-    if qk is not None and not isinstance(qk, bool):  # "no" would have counted as true
+    if qk is not None and not isinstance(qk, (bool, np.bool_)):  # "no" would have counted as true
         raise InputTypeError(f"qk must be True, False or None (if small enough), got {qk!r}")
     if measures is not None and not callable(measures):
         raise InputTypeError(f"measures must be a function (bert, text, pair) -> {{name: maps}}, e.g. lambda b, "

@@ -274,8 +274,9 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
     warns = list(warnings or [])
     if limit is not None:
         schemas = [s for s in schemas if s.number <= limit]
-        if not schemas:
-            raise InputError(f"no schema given is numbered 1..{limit} in its file (limit counts by Schema.number)")
+        if not schemas:  # the reader's reason first: schemas 1..limit may have been unreadable
+            raise InputError("no schema could be scored (" + (warns[0] if warns else
+                             f"none given is numbered 1..{limit} in its file; limit counts by Schema.number") + ")")
     scored: list[SchemaScores] = []
     for done, s in enumerate(schemas):
         if progress is not None:

@@ -53,7 +53,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from ..errors import InputError, InputTypeError
+from ..errors import InputError, InputTypeError, as_whole_number
 from ..bert import Bert, analysis, check_bert
 from ..core.tokenizer import check_text, check_texts
 
@@ -327,10 +327,12 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     if progress is not None and not callable(progress):
         raise InputTypeError(f"progress must be a function (done, total), got {type(progress).__name__}")
     items = [t if isinstance(t, tuple) and len(t) == 2 else (i + 1, t) for i, t in enumerate(texts)]
-    for i, (n, _) in enumerate(items):  # ("a b", "c d") read "a b" as a line number, dropped without a word
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    for i, (n, t) in enumerate(items):  # ("a b", "c d") read "a b" as a line number, dropped without a word
+        line = as_whole_number(n)  # numpy's too: zip(df.index, df.text)
+        if line is None or line < 1:
             raise InputTypeError(f"item {i + 1} is a pair whose first element, {n!r}, is not a line number: "
                                  "give texts as strings, or as (line number, text) pairs")
+        items[i] = (line, t)
     items = [(n, check_text(t, f"text {n}")) for n, t in items]
     sums = HeadSums(bert.config.num_hidden_layers, bert.config.num_attention_heads)
     dev = bert.device

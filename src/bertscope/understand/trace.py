@@ -79,11 +79,13 @@ class Trace:
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
     context: torch.Tensor | None = None
+    word_tokens: int = 1  # the traced word's sub-tokens ("ophthalmologist": 5); word_weights averages their rows
 
     def __repr__(self) -> str:  # a summary: the record holds every step's tensors
         top = ", ".join(f"{w} {v:.2f}" for w, v in self.top_words(3))
         token, word = self.tokens[self.token_index], self.words[self.word_index]
-        of_word = f" of the word {word!r}" if word != token else ""  # top words are the word's rows
+        # a split word: its top words average all its sub-tokens' rows, not only this token's
+        of_word = f" of the word {word!r}, {self.word_tokens} tokens" if self.word_tokens > 1 else ""
         return (f"Trace({token!r} (token {self.token_index} of {len(self.tokens)}{of_word}), "
                 f"layer {self.layer}, head {self.head}; top words: {top}; .to_json() for every step)")
 
@@ -200,7 +202,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
         tokens=tokens, token_index=t, words=words.words, word_index=w, shapes=shapes,
         raw_scores=raw.float().cpu(), scores=record.scores[0, head, t].float().cpu(),
         mask=mask[0].cpu(), bias=bias[0, 0, 0].float().cpu(), weights=row.float().cpu(),
-        dropout_p=p, dropped=dropped, word_weights=ww[w],
+        dropout_p=p, dropped=dropped, word_weights=ww[w], word_tokens=words.token_words.count(w),
         head_output=head_output.float().cpu(), layer_output=layer_output.float().cpu(),
         probs=record.probs.float().cpu(), params=params,
         query=att.q[0, head, t].float().cpu(), keys=att.k[0, head].float().cpu(),

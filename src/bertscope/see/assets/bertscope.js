@@ -1058,10 +1058,12 @@
       out.dataset.value = String(w);
       return text;
     };
+    let at = null;  // the cell read last, by the mouse or the keys: the arrows go on from it
     canvas.addEventListener("mousemove", (e) => {
       const r = canvas.getBoundingClientRect();
       const b = Math.floor((e.clientX - r.left) / cell), a = Math.floor((e.clientY - r.top) / cell);
       if (a < 0 || b < 0 || a >= n || b >= n) { tip.hidden = true; return; }
+      at = [a, b];
       tip.textContent = read(a, b);
       tip.style.left = `${e.clientX + 14}px`;
       tip.style.top = `${e.clientY + 12}px`;
@@ -1069,13 +1071,12 @@
     });
     canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
     // the keyboard reads every cell too: Tab to the heatmap, the arrows move, Home/End go to a row's ends
-    let at = null;
     canvas.tabIndex = 0;
     canvas.setAttribute("role", "application");
     canvas.setAttribute("aria-label", `${title} heatmap: the arrow keys move from cell to cell; each value is read below it`);
-    canvas.addEventListener("focus", () => { if (!at) { at = [0, 0]; read(0, 0); } });
+    canvas.addEventListener("focus", () => { if (!at && n) { at = [0, 0]; read(0, 0); } });  // a click keeps its cell
     canvas.addEventListener("keydown", (e) => {
-      if (!at || !n) return;
+      if (!at || !n || e.altKey || e.ctrlKey || e.metaKey) return;  // Alt+Left stays the browser's Back
       const [a, b] = at, last = n - 1;
       const to = { ArrowUp: [a - 1, b], ArrowDown: [a + 1, b], ArrowLeft: [a, b - 1], ArrowRight: [a, b + 1],
         Home: [a, 0], End: [a, last] }[e.key];

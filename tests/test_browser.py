@@ -216,13 +216,19 @@ def test_report_from_disk(browser, bert, hf_model, tmp_path):
     page.close()
 
 
+def open_served(browser, base: str):
+    """A page on a running `bertscope serve`, its form ready, and the list its page errors go to."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(base + "/")
+    page.wait_for_selector("html[data-ready='form']", state="attached", timeout=30_000)
+    return page, errors
+
+
 def test_served_app(browser, bert, hf_model):
     with served() as base:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(base + "/")
-        page.wait_for_selector("html[data-ready='form']", state="attached", timeout=30_000)
+        page, errors = open_served(browser, base)
         page.wait_for_function("() => document.getElementById('bs-model').textContent.includes('6 layers')",
                                timeout=30_000)  # the model is named before any analysis
         page.fill("#bs-text", IT_ANIMAL)
@@ -278,11 +284,7 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
     reordered the note after it."""
     long_text = "the quick brown fox jumps over the lazy dog " * 20  # 182 tokens, under 2,000 characters
     with served() as base:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(base + "/")
-        page.wait_for_selector("html[data-ready='form']", state="attached", timeout=30_000)
+        page, errors = open_served(browser, base)
         page.fill("#bs-text", IT_ANIMAL)
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)

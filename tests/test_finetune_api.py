@@ -213,13 +213,9 @@ def test_a_settings_message_names_it_as_python_and_the_cli_know_it(kw, said):
     assert str(e.value) == said
 
 
-def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, rows_file, monkeypatch):
-    """Two runs trained into one folder at once (a --resume started while the first ran on), both
-    writing training_state.pt. The lock here is held by this process, as a running run holds it."""
-    from bertscope.files import FolderLock
-    from bertscope.train import finetune, loop
-
-    out = tmp_path / "run"
+def _stopped_in_its_second_step(out, rows_file, tiny) -> None:
+    """A fine-tuning run into ``out`` interrupted (Ctrl-C) in its second step: resumable."""
+    from bertscope.train import finetune
 
     steps = []
 
@@ -228,8 +224,19 @@ def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, ro
         if len(steps) == 2:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):  # a run stopped in its second step: resumable
+    with pytest.raises(KeyboardInterrupt):
         finetune(small(rows_file, tiny), out, on_step=interrupt)
+
+
+def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, rows_file, monkeypatch):
+    """Two runs trained into one folder at once (a --resume started while the first ran on), both
+    writing training_state.pt. The lock here is held by this process, as a running run holds it."""
+    from bertscope.files import FolderLock
+    from bertscope.train import finetune, loop
+
+    out = tmp_path / "run"
+
+    _stopped_in_its_second_step(out, rows_file, tiny)  # resumable
     assert sorted(p.name for p in out.iterdir()) == ["training_state.pt"]  # its lock went with it
     running = FolderLock(out / ".lock", lambda pid: AssertionError("taken"))
     try:
@@ -257,15 +264,7 @@ def test_a_run_that_finished_while_another_waited_to_lock_its_folder_is_not_trai
     from bertscope.train import finetune, loop
 
     out = tmp_path / "run"
-    steps = []
-
-    def interrupt(info):
-        steps.append(info)
-        if len(steps) == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        finetune(small(rows_file, tiny), out, on_step=interrupt)
+    _stopped_in_its_second_step(out, rows_file, tiny)
 
     def the_other_run_finishes_first(path, in_use):
         (out / "training_state.pt").unlink()

@@ -223,6 +223,31 @@ def test_output_cut_short_by_the_file_system_is_an_error_not_a_short_file(tmp_pa
                                            "device\n")
 
 
+def _page_config(path) -> dict:
+    import re
+
+    return json.loads(re.search(r'<script id="bertscope-config" type="application/json">(.*?)</script>',
+                                path.read_text(), re.S).group(1))
+
+
+def test_rollout_is_not_offered_twice_on_the_page(tmp_path, capsys):
+    """The rollout measure is the same map as the Attention control's rollout mode: the Measure
+    switch offered it a second time. Named on its own, the user is told where it is."""
+    out = tmp_path / "a.html"
+    assert main(["view", IT_ANIMAL, "--measure", "all", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+    assert [m["name"] for m in _page_config(out)["meta"]["measures"]] == ["norm", "norm-residual", "value-zeroing",
+                                                                          "alti"]
+    out = tmp_path / "r.html"
+    assert main(["view", IT_ANIMAL, "--measure", "rollout,norm", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ("bertscope: note: rollout is always on the page: the Attention control's "
+                                       "rollout mode (not offered again as a measure)\n")
+    assert [m["name"] for m in _page_config(out)["meta"]["measures"]] == ["norm"]
+    out = tmp_path / "o.html"
+    assert main(["view", IT_ANIMAL, "--measure", "rollout", "--out", str(out)]) == 0
+    assert "measures" not in _page_config(out)["meta"]  # no Measure switch: nothing beside the weights
+
+
 def test_view_leaves_value_zeroing_out_of_all_for_a_long_text_and_names_the_rest(tmp_path, capsys):
     """`view --measure all` could never work on a text over 128 tokens: value zeroing refused the
     whole page, where explain --compare leaves it out."""
@@ -236,7 +261,7 @@ def test_view_leaves_value_zeroing_out_of_all_for_a_long_text_and_names_the_rest
                    "token); this text has 202: left out of the page's measures")
     config = json.loads(re.search(r'<script id="bertscope-config" type="application/json">(.*?)</script>',
                                   out.read_text(), re.S).group(1))
-    assert [m["name"] for m in config["meta"]["measures"]] == ["norm", "norm-residual", "alti", "rollout"]
+    assert [m["name"] for m in config["meta"]["measures"]] == ["norm", "norm-residual", "alti"]
     # named on its own it is refused, with what to ask for instead
     assert main(["view", long_text, "--measure", "alti,value-zeroing", "--out", str(tmp_path / "m.html")]) == 2
     assert capsys.readouterr().err.strip().endswith("this text has 202: leave it out (--measure alti)")

@@ -91,7 +91,7 @@ def test_texts_within_the_limit_pass_however_json_escapes_them(server):
     ("POST", "/api/analyze", {"raw": b'{"text": "hi"}', "content_type": "application/x-www-form-urlencoded"}, 415,
      "send the request body as JSON, with Content-Type: application/json (it was application/x-www-form-urlencoded)"),
     ("POST", "/api/attention", {"body": {"text": "hi", "layer": 0, "kind": "measure"}}, 400,
-     'kind "measure" needs "measure": one of norm, norm-residual, value-zeroing, alti, rollout'),
+     'kind "measure" needs "measure": one of norm, norm-residual, value-zeroing, alti'),
     ("POST", "/api/attention", {"body": {"text": "hi", "layer": 0, "heads": [0], "measure": "norm"}}, 400,
      '"measure" goes with kind "measure", not "attn"'),
     ("POST", "/api/attention", {"raw": b'{"text": "hi", "layer": ' + b"1" * 5001 + b"}"}, 422,
@@ -476,7 +476,7 @@ def test_measures_over_http_equal_the_library(server, bert):
     status, meta = request(server, "POST", "/api/analyze", {"text": IT_ANIMAL, "measures": ["alti", "norm"]})
     assert status == 200, meta
     offered = {m["name"]: m for m in meta["measures"]}
-    assert set(offered) == {"norm", "norm-residual", "value-zeroing", "alti", "rollout"}
+    assert set(offered) == {"norm", "norm-residual", "value-zeroing", "alti"}  # rollout: the page's own mode
     assert offered["norm"]["per_head"] and not offered["alti"]["per_head"] and not offered["norm"]["share"]
     maps = {m["measure"]: m for m in meta["maps"]}
     assert maps["alti"]["shape"] == list(alti.shape) and len(alti.shape) == 3  # (N, T, T)

@@ -45,6 +45,21 @@ def check_preset(name: str | None) -> None:
             raise InputError(str(e)) from None
 
 
+def page_measures(values: list[str] | None, default: tuple[str, ...] = ()) -> list[str]:
+    """The measures a page's Measure switch offers, from --measure ``values`` (``default`` when
+    the flag is absent). The attention weights are always on the page, and so is their rollout
+    (the Attention control's "rollout" mode, the same map as the rollout measure): neither is
+    offered again. Rollout named on its own gets a note on stderr saying where it is."""
+    from ..explain import parse_measures
+
+    names = parse_measures(values) if values is not None else list(default)
+    named = values is not None and any(part.strip() == "rollout" for v in values for part in v.split(","))
+    if named:
+        print("bertscope: note: rollout is always on the page: the Attention control's rollout mode "
+              "(not offered again as a measure)", file=sys.stderr)
+    return [m for m in names if m not in ("attention", "rollout")]
+
+
 def print_json(obj: Any) -> None:
     """Strict JSON on stdout (NaN/Infinity are refused before anything is written)."""
     from .guard import print_json_strict

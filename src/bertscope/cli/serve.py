@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, load_model
+from .common import add_model_arg, load_model, page_measures
 
 HELP = """\
 Serve the attention explorer on this machine: a text box and the same head, model, matrix and
@@ -17,9 +17,10 @@ one-line error. Texts longer than --max-chars get HTTP 413. The last analyses ar
 Requests must name this server in their Host header (localhost, 127.0.0.1, [::1], the --host
 address, or a name given with --allow-host); others get HTTP 421, so a web page elsewhere cannot
 reach it through DNS rebinding. Binding to every interface (0.0.0.0 or ::) prints a warning.
-The page's Measure switch also offers norm, norm-residual, value-zeroing, alti and rollout
-(bertscope explain's map methods), each computed when first chosen; --measure offers only those
-named (repeatable or a comma list; "attention" alone: none). value-zeroing is refused above 128 tokens.
+The page's Measure switch also offers norm, norm-residual, value-zeroing and alti (bertscope
+explain's map methods), each computed when first chosen; --measure offers only those named
+(repeatable or a comma list; "attention" alone: none). The rollout is always there, as the
+Attention control's rollout mode. value-zeroing is refused above 128 tokens.
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C: it finishes the
 requests running (and says so); a second Ctrl-C stops at once.
 
@@ -44,7 +45,7 @@ def register(sub) -> None:
                    help="also answer requests whose Host header is NAME (repeatable)")
     p.add_argument("--measure", action="append", default=None, metavar="M[,M...]",
                    help="measures offered beside the attention (default: all of norm, norm-residual, "
-                        "value-zeroing, alti, rollout)")
+                        "value-zeroing, alti)")
     p.set_defaults(func=run)
 
 
@@ -62,13 +63,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--port must be 0..65535, got {args.port}")
     if args.max_chars < 1:
         raise InputError("--max-chars must be at least 1")
-    from ..explain import MAP_METHODS, map_measures, measure_info, parse_measures
+    from ..explain import MAP_METHODS, map_measures, measure_info
 
     args.host = _check_host(args.host)
     for name in args.allow_host:
         if not name.strip() or "/" in name or any(c.isspace() for c in name):
             raise InputError(f"--allow-host takes a host name such as bert.example.org, got {name!r}")
-    names = [m for m in (parse_measures(args.measure) if args.measure is not None else MAP_METHODS) if m != "attention"]
+    names = page_measures(args.measure, default=MAP_METHODS)
     require_serve_extra()  # before anything is bound, loaded or printed
     if is_all_interfaces(args.host):
         print(f"bertscope: warning: --host {args.host or '(empty)'} listens on every network interface: anyone "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_arg, check_output_file, load_model
+from .common import add_model_arg, check_output_file, load_model, page_measures
 from .guard import writing
 
 HELP = """\
@@ -28,10 +28,10 @@ small enough (--qk stores them always, --no-qk never).
 
 With --measure the page also offers other measures of what each token takes from the others
 (bertscope explain's map methods): norm (Kobayashi et al. 2020, per head), norm-residual
-(Kobayashi et al. 2021), value-zeroing (Mohebbi et al. 2023), alti (Ferrando et al. 2022) and
-rollout (Abnar & Zuidema 2020), per layer. A "Measure" switch on the page picks one; head choices
-are switched off for the per-layer ones. Repeat --measure or give a comma list; "all" is every
-one. value-zeroing reruns every layer once per token: over 128 tokens it is refused when named,
+(Kobayashi et al. 2021), value-zeroing (Mohebbi et al. 2023) and alti (Ferrando et al. 2022),
+per layer. A "Measure" switch on the page picks one; head choices are switched off for the
+per-layer ones. Repeat --measure or give a comma list; "all" is every one. Rollout (Abnar &
+Zuidema 2020) is always on the page, as the Attention control's rollout mode. value-zeroing reruns every layer once per token: over 128 tokens it is refused when named,
 and left out of "all" with a warning.
 
 With --model-b, TEXT runs through two models instead (A = --model, B = --model-b), side by side
@@ -64,8 +64,8 @@ def register(sub) -> None:
     p.add_argument("--model-b", metavar="PATH", default=None,
                    help="a second model folder (e.g. a fine-tune): TEXT through both, with the difference")
     p.add_argument("--measure", action="append", default=None, metavar="M[,M...]",
-                   help="also offer these measures: norm, norm-residual, value-zeroing, alti, rollout, or all "
-                        "(repeatable; attention is always there)")
+                   help="also offer these measures: norm, norm-residual, value-zeroing, alti, or all "
+                        "(repeatable; the attention weights and their rollout are always there)")
     p.add_argument("--out", metavar="FILE.html", default="bertscope-report.html",
                    help="where to write the page (default: bertscope-report.html)")
     p.set_defaults(func=run)
@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         parse_span(args.span, None)  # the form now; the range once the text is tokenized
     measures = None
     if args.measure is not None:
-        from ..explain import map_measures, parse_measures
+        from ..explain import map_measures
 
-        names = [m for m in parse_measures(args.measure) if m != "attention"]  # the weights are always shown
+        names = page_measures(args.measure)
         if names:
             # analyze() beside it says once that a long text was cut
             measures = lambda b, text, pair: map_measures(b, text, names, pair=pair, warn=False)  # noqa: E731

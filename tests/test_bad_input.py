@@ -503,10 +503,10 @@ def test_embed_ids_takes_ids_as_lists_tensors_or_arrays(bert):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    ({"batch_size": 0}, "batch_size must be a whole number of at least 1, got 0"),
-    ({"batch_size": "8"}, "batch_size must be a whole number of at least 1, got '8'"),
+    ({"batch_size": 0}, "batch_size must be a whole number >= 1, got 0"),
+    ({"batch_size": "8"}, "batch_size must be a whole number >= 1, got '8'"),
     ({"batch_size": 2.5}, "got 2.5"),
-    ({"batch_tokens": 0}, "batch_tokens must be a whole number of at least 1, got 0"),
+    ({"batch_tokens": 0}, "batch_tokens must be a whole number >= 1, got 0"),
 ])
 def test_embed_counts_are_checked_as_input_errors(bert, kwargs, fragment):
     """Before: a builtins ValueError naming an internal parameter, a TypeError, or 2.5 accepted."""
@@ -737,6 +737,14 @@ def _ids(bert):
     (lambda b: bertscope.to_key_padding_mask(None), InputTypeError, re.escape("attention_mask must be a torch.Tensor")),
     (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), head_mask=torch.ones(2)),
      InputError, re.escape("head_mask must be (H,) = (4,) or (B, H) = (1, 4), got (2,)")),
+    # a value_mask of another batch was broadcast into an output of the wrong shape, in silence;
+    # a list as the mask raised AttributeError from inside the check
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), value_mask=torch.ones(2, 3)),
+     InputError, re.escape("value_mask must be (B, T) = (1, 3), got (2, 3)")),
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), value_mask=[[1, 1, 0]]),
+     InputTypeError, re.escape("value_mask must be a torch tensor (B, T), got list")),
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), [[1, 1, 0]]),
+     InputTypeError, re.escape("attention_mask must be a torch.Tensor (B, T) of 1 (token) and 0 (PAD), got list")),
     (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64, dtype=torch.long)),
      InputError, re.escape("x must hold floating-point hidden states, got torch.int64")),
     (lambda b: bertscope.BertConfig.from_dict(None), InputTypeError, re.escape("a config must be a dict")),

@@ -11,7 +11,7 @@ import torch
 import bertscope
 from bertscope.fast.batching import token_budget_batches
 from bertscope.fast.encoder import PackedEncoder, packed_encode
-from bertscope.fast.packing import mean_pool, pack, pack_ids, unpack
+from bertscope.fast.packing import masked_mean, mean_pool, pack, pack_ids, unpack
 
 TOL = 1e-5
 
@@ -103,6 +103,12 @@ def test_mean_pool_matches_padded_mean():
     x = torch.randn(p.num_tokens, 8)
     pooled = mean_pool(x, p)
     assert torch.allclose(pooled[0], x[0:3].mean(0)) and torch.allclose(pooled[2], x[5:6].mean(0))
+    # the padded twin: the same three texts laid out (B, T) with garbage at PAD, and a fourth
+    # row with no tokens at all (its mean is 0)
+    padded = torch.full((4, 3, 8), 100.0)  # (B, T, C)
+    padded[0, :3], padded[1, :2], padded[2, :1] = x[0:3], x[3:5], x[5:6]
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    torch.testing.assert_close(masked_mean(padded, mask), torch.cat([pooled, torch.zeros(1, 8)]))
 
 
 def test_token_budget_batches_cover_every_index_once():

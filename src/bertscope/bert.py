@@ -16,6 +16,9 @@ packed fast path (:mod:`bertscope.fast`), which the facade owns: its GEMM backen
 kernel state and measured kernel choice live on ``bert.fast``. Arrows: this module uses fast
 and core; they never use it.
 
+Shape legend: N texts, B texts in one batch, T tokens, C hidden size, K classes; P the real
+tokens of a packed batch (no PAD).
+
 Precision (``load(..., precision=...)``, CPU only):
 
     "fp32"  the default: the packed path equals the reference within 1e-5
@@ -40,7 +43,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import numbers
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -55,24 +57,23 @@ from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts, least_read_length, tokenless
-from .errors import InputError, InputTypeError, NonFiniteError, as_whole_number, warn_caller
+from .errors import InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
 from .fast.gemm import ONEDNN_REFUSALS, PRECISIONS, GemmBackend
-from .fast.packing import mean_pool, pack_ids, sentence_means
+from .fast.packing import masked_mean, mean_pool, pack_ids, sentence_means
 from .fast.tuning import NOISE_MARGIN, busy_note, cpu_flags
 
 __all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "analysis", "bundled_model_path",
-           "calibration_texts", "check_bert", "check_texts", "load"]
+           "calibration_texts", "check_bert", "load"]
 
 log = logging.getLogger(__name__)
 
 
-def _check_count(value: object, name: str) -> None:
-    """InputError (one line) unless ``value`` is None or a whole number of at least 1."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-        raise InputError(f"{name} must be a whole number of at least 1, got {value!r}")
+def _count(value: object, name: str) -> int | None:
+    """None, or ``value`` as a whole number >= 1 (else an InputError, one line)."""
+    return None if value is None else as_count(value, name)
 
 
 def _check_flag(value: object, name: str) -> None:
@@ -200,8 +201,7 @@ class Bert:
         The first call on a machine measures the fastest kernels for this model's shape (about
         2 s; cached, see ``bertscope doctor``).
         """
-        _check_count(batch_size, "batch_size")
-        _check_count(batch_tokens, "batch_tokens")
+        batch_size, batch_tokens = _count(batch_size, "batch_size"), _count(batch_tokens, "batch_tokens")
         _check_flag(normalize, "normalize")
         texts = check_texts(texts)
         real = [i for i, t in enumerate(texts) if t.strip()]
@@ -230,8 +230,7 @@ class Bert:
         Ids outside the vocabulary, or lists longer than the model's positions, are an
         InputError.
         """
-        _check_count(batch_size, "batch_size")
-        _check_count(batch_tokens, "batch_tokens")
+        batch_size, batch_tokens = _count(batch_size, "batch_size"), _count(batch_tokens, "batch_tokens")
         _check_flag(normalize, "normalize")
         check_id_lists(self.config, ids)
         ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
@@ -244,7 +243,7 @@ class Bert:
                                 else DEFAULT_BATCH_TOKENS.get(self.device.type, 2048))
             for idx in token_budget_batches([len(t) for t in ids], batch_tokens, batch_size):
                 packed = pack_ids([ids[i] for i in idx], device=self.device)
-                x = self.fast.encode(self.encoder, packed)  # (N, C) real tokens only
+                x = self.fast.encode(self.encoder, packed)  # (P, C) real tokens only
                 pooled = mean_pool(x.float(), packed)  # (B, C), in packed order; fp32 sums in bf16/fp16 too
                 if not bool(torch.isfinite(pooled).all()):  # never a NaN row that looks like a result
                     n_bad = int((~torch.isfinite(pooled).all(1)).sum())
@@ -306,8 +305,7 @@ class Bert:
         """:meth:`classify` for texts already tokenized (ids with [CLS] and [SEP], and segments)."""
         if not isinstance(self.model, BertForSequenceClassification):
             raise InputError("this model has no classification head")
-        _check_count(batch_size, "batch_size")
-        _check_count(batch_tokens, "batch_tokens")
+        batch_size, batch_tokens = _count(batch_size, "batch_size"), _count(batch_tokens, "batch_tokens")
         check_id_lists(self.config, ids)
         ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
         if type_ids is not None:
@@ -345,8 +343,7 @@ class Bert:
             attention_mask = torch.ones_like(input_ids)
         mask = attention_mask.to(self.device)
         h = self(input_ids, mask, token_type_ids).last_hidden_state  # (B, T, C)
-        m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
-        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)  # (B, C)
+        pooled = masked_mean(h, mask)  # (B, C)
         if normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # (B, C)
         return pooled

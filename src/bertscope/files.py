@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import shutil
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TEMP_SUFFIX", "FolderLock", "lock_holder", "move_into_place", "movie_review_rows", "nearly_full",
            "open_stream_fd", "read_input_bytes", "read_lines", "refuse_records", "same_file",
-           "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
+           "sha256_file", "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
            "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
@@ -151,6 +152,16 @@ class FolderLock:
                 self.path.unlink(missing_ok=True)
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
+
+
+def sha256_file(path: str | os.PathLike, h=None):
+    """``h`` (a new SHA-256 when None) updated with the file's bytes, read in 1 MiB chunks, and
+    returned: ``sha256_file(p).hexdigest()``, or several files chained into one digest."""
+    h = hashlib.sha256() if h is None else h
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h
 
 
 def lock_holder(path: Path) -> str | None:

@@ -7,6 +7,8 @@
     scaling    S13: attention alone and the whole model against T
     report     Markdown tables and the S13 figure
     run        the whole run, as ``bertscope bench`` does it
+    quality    the reduced-precision quality contract (cosine and top-10 overlap with fp32)
+    doctor     the machine and the kernel choice measured on it, as ``bertscope doctor`` shows it
 """
 
 from __future__ import annotations

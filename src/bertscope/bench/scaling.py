@@ -1,6 +1,6 @@
 """S13: the cost of attention alone and of the whole model against the length T.
 
-Shape legend: H heads, D head size, T tokens (batch of 1).
+Shape legend: H heads, D head size, C = H·D hidden size, T tokens (batch of 1).
 
 Time is the median of repeated runs. Peak memory is measured in a fresh process (CPU: resident
 memory sampled while each T runs, with glibc told to map and unmap large blocks so resident
@@ -108,7 +108,9 @@ def _memory_worker(config: dict, kind: str, lengths: list[int]) -> list[float]:
     return out
 
 
-def memory_main() -> None:  # entry point of the worker process
+def memory_main() -> None:
+    """Entry point of the worker process :func:`_peak_memory` starts: its one JSON line on
+    stdout is the reply (the one print in the library: this runs as its own program)."""
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(spec["threads"])
     print(json.dumps(_memory_worker(spec["config"], spec["kind"], spec["lengths"])))

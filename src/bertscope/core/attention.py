@@ -166,6 +166,11 @@ class MultiHeadSelfAttention(nn.Module):
             if tuple(head_mask.shape) not in ((H,), (B, H)):
                 raise InputError(f"head_mask must be (H,) = ({H},) or (B, H) = ({B}, {H}), "
                                  f"got {tuple(head_mask.shape)}")
+        if value_mask is not None:
+            if not isinstance(value_mask, torch.Tensor):
+                raise InputTypeError(f"value_mask must be a torch tensor (B, T), got {type(value_mask).__name__}")
+            if tuple(value_mask.shape) != (B, T):
+                raise InputError(f"value_mask must be (B, T) = ({B}, {T}), got {tuple(value_mask.shape)}")
         if attention_mask is not None:
             if bias is not None:
                 raise InputError("give attention_mask or bias, not both")

@@ -127,10 +127,15 @@ class BertForSequenceClassification(nn.Module):
     def logits_from_cls(self, cls_hidden: torch.Tensor) -> torch.Tensor:
         """The head on the last layer's [CLS] vectors: (B, C) -> (B, K) logits.
 
-        pooler (tanh(W_p·h + b_p)), dropout, classifier. The packed training path calls this
-        on the first token of each packed sequence; :meth:`forward` on ``h[:, 0]``.
+        pooler (tanh(W_p·h + b_p)), then :meth:`logits_from_pooled`. The packed training path
+        calls this on the first token of each packed sequence; :meth:`forward` takes the
+        encoder's own pooler output instead, the same numbers.
         """
         pooled = self.bert.pooler(cls_hidden[:, None, :])  # (B, 1, C) -> (B, C)
+        return self.logits_from_pooled(pooled)  # (B, K)
+
+    def logits_from_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Dropout and the classifier on pooled [CLS] vectors: (B, C) -> (B, K) logits."""
         return self.classifier(self.dropout(pooled))  # (B, C)@(C, K) -> (B, K)
 
     @staticmethod
@@ -170,7 +175,7 @@ class BertForSequenceClassification(nn.Module):
         out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions,
                         output_hidden_states, head_mask, output_intermediates=output_intermediates,
                         inputs_embeds=inputs_embeds)
-        logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)@(C, K) -> (B, K)
+        logits = self.logits_from_pooled(out.pooler_output)  # (B, C) -> (B, K)
         if labels is not None:
             labels = _check_labels(labels, logits.shape[0], self.num_labels)
         loss = None if labels is None else self.loss_fn(logits, labels.to(logits.device))

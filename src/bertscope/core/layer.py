@@ -10,7 +10,10 @@ width (4·C in BERT). On the packed path the leading (B, T) is one axis of N rea
 the packed fast path (:mod:`bertscope.fast.encoder`) and ``trace`` all go through it; they
 differ only in how tokens are laid out and how the two sublayers are computed (three
 projections and masked attention over (B, T), or one fused projection and attention per
-length group over (N,)). Nothing about residuals, LayerNorm or dropout is written twice.
+length group over (N,)). Nothing about residuals, LayerNorm or dropout is written twice, with
+one exception, for speed: int8 inference on compiled steps
+(:meth:`bertscope.fast.quant.CompiledSteps.run_layer`) fuses the residual and LayerNorm into the
+steps around its integer GEMMs, and ``tests/test_int8.py`` holds it to this recipe.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Explaining what each token takes from the others: attention weights side by side with
-norms, value zeroing, ALTI, rollout and gradients (``bertscope.explain(bert, text, method)``)."""
+norms, value zeroing, ALTI, rollout and gradients (``bertscope.explain(bert, text, method)``).
+
+``bertscope.explain`` is that function, so import this package's modules with ``from``:
+``from bertscope.explain import measures`` (``import bertscope.explain.measures as m`` finds
+the function first and fails)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from ..bert import Bert
 from ..core.model import evaluating
 from ..core.words import group_words
 from ..errors import InputError
-from ..files import movie_review_rows, write_text_atomic
+from ..files import movie_review_rows, sha256_file, write_text_atomic
 from .explanation import METHODS, method_kind
 from .gradients import class_target, embedding_function, grad_input, integrated_gradients
 from .measures import map_methods, run_forward
@@ -293,11 +293,8 @@ class Faithfulness:
 def _fingerprint(folder: Path) -> str:
     h = hashlib.sha256()
     for name in ("config.json", "model.safetensors"):
-        p = folder / name
-        if p.is_file():
-            with p.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
+        if (folder / name).is_file():
+            h = sha256_file(folder / name, h)
     return h.hexdigest()[:16]
 
 

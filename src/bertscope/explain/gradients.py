@@ -42,10 +42,10 @@ import torch
 from ..bert import Bert
 from ..core.model import evaluating
 from ..errors import InputError, as_whole_number
-from ..fast.packing import pack, unpack
+from ..fast.packing import masked_mean, pack, unpack
 
 __all__ = ["GRAD_METHODS", "EmbeddingFunction", "Target", "class_target", "embedding_function", "grad_input",
-           "integrated_gradients", "mean_pool", "similarity_target"]
+           "integrated_gradients", "similarity_target"]
 
 GRAD_METHODS = ("grad-input", "integrated-gradients")
 
@@ -63,18 +63,12 @@ class Target:
     score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(K, T, C), (K, T) -> (K, C): the mean over real tokens."""
-    m = mask.to(hidden.dtype)[:, :, None]  # (K, T, 1)
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (K, C)
-
-
 def similarity_target(bert: Bert, text_b: str) -> Target:
     """F = cos(mean-pooled last hidden state, embedding of ``text_b``), text_b's embedding fixed."""
     other = torch.from_numpy(bert.embed([text_b])[0]).to(bert.device)  # (C,), unit length
 
     def score(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        pooled = mean_pool(hidden, mask)  # (K, C)
+        pooled = masked_mean(hidden, mask)  # (K, C)
         return torch.nn.functional.cosine_similarity(pooled, other.to(pooled.dtype)[None], dim=-1)  # (K,)
 
     short = text_b if len(text_b) <= 60 else text_b[:57] + "..."
@@ -96,7 +90,7 @@ def class_target(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tens
     if label is None:
         with evaluating(clf), torch.no_grad():
             logits = clf(input_ids.to(bert.device), attention_mask.to(bert.device),
-                         token_type_ids.to(bert.device)).logits  # (B, K)
+                         token_type_ids.to(bert.device)).logits  # (B, n_classes)
         classes = logits.argmax(-1)  # (B,)
     else:
         if isinstance(label, str):

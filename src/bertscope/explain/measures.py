@@ -7,7 +7,8 @@ Shape legend:
     T  tokens; maps[..., i, j] is what receiving token i takes from giving token j
     C  hidden size
 
-Every function takes the model and a padded batch (ids, mask, segments) and returns float32
+:func:`run_forward` runs the model once on a padded batch (ids, mask, segments) and keeps every
+layer's intermediates (a :class:`Forward`); every map function takes that and returns float32
 maps with PAD rows and PAD columns exactly 0 (a PAD token neither gives nor receives):
 
     attention       (B, L, H, T, T)  the softmax weights α^h_ij
@@ -35,7 +36,7 @@ import torch
 from ..core.layer import LayerRecord
 from ..core.masks import mask_to_bias
 from ..core.model import BertModel
-from ..see.aggregate import attention_rollout
+from ..see.aggregate import attention_rollout, roll_out
 from .decompose import attention_block_terms, head_vectors
 
 __all__ = ["LAYER_METHODS", "HEAD_METHODS", "Forward", "alti_layer_maps", "attention_maps",
@@ -100,14 +101,7 @@ def compose(maps: torch.Tensor) -> torch.Tensor:
     Row i of R_l says how much of input token j has reached token i after layer l. Computed
     in float64: rows of row-stochastic products stay at sum 1 to ~1e-15.
     """
-    M = maps.double()  # (B, L, T, T)
-    out = torch.empty_like(M)
-    rolled = M[:, 0]  # (B, T, T)
-    out[:, 0] = rolled
-    for layer in range(1, M.shape[1]):
-        rolled = M[:, layer] @ rolled  # (B, T, T)@(B, T, T) -> (B, T, T)
-        out[:, layer] = rolled
-    return out.to(maps.dtype)
+    return roll_out(maps).to(maps.dtype)  # (B, L, T, T)
 
 
 def attention_maps(fw: Forward) -> torch.Tensor:

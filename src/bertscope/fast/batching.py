@@ -1,6 +1,6 @@
 """Length-aware batching: sort texts by length, fill each batch up to a token budget.
 
-With the packed path (bertscope.packed) a batch costs what its real tokens cost, so a batch is
+With the packed path (bertscope.fast.packing) a batch costs what its real tokens cost, so a batch is
 filled by *real* tokens, not by a count of texts: many short texts or a few long ones. Sorting
 by length puts texts of equal length side by side, which the packed attention runs as one
 group. Callers scatter results back with the indices each batch carries, so the output is

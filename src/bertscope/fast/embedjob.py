@@ -93,7 +93,7 @@ import numpy as np
 
 from ..core.tokenizer import tokenless
 from ..errors import InputError, InputTypeError, as_whole_number, setting
-from ..files import TEMP_SUFFIX, FolderLock, lock_holder, move_into_place, nearly_full, write_atomic
+from ..files import TEMP_SUFFIX, FolderLock, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
                        resolve_inputs)
@@ -342,7 +342,7 @@ def _shard_bytes(fmt: str, emb: np.ndarray, lines: list[int], statuses: list[str
     table = pa.table({
         "line": pa.array(lines, pa.int64()),
         "status": pa.array(statuses, pa.string()),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), C),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), C),  # (rows·C,) in rows of C
     })
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
@@ -828,11 +828,7 @@ def _manifest_records(manifest: dict) -> dict[int, dict]:
 
 
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path).hexdigest()
 
 
 def _unreadable(path: Path, e: OSError) -> InputError:

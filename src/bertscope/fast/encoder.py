@@ -137,10 +137,10 @@ class PackedEncoder:
             dropout_p = layer.attention.dropout_p if layer.training else 0.0
 
             def attend(h: torch.Tensor, lin=lin, dropout_p=dropout_p):
-                qkv = lin.qkv(h)  # (N, C)@(C, 3C) -> (N, 3C): W_Q, W_K, W_V in one product
+                qkv = lin.qkv(h)  # (N', C)@(C, 3C) -> (N', 3C): W_Q, W_K, W_V in one product
                 context = self.kernels.attend(qkv, packed, H, impl=attention_impl, plan=plan,
-                                              dropout_p=dropout_p)  # (N, C)
-                return lin.output(context), None  # (N, C)@(C, C) -> (N, C): W_O
+                                              dropout_p=dropout_p)  # (N', C)
+                return lin.output(context), None  # (N', C)@(C, C) -> (N', C): W_O
 
             x, _ = layer.run(x, attend, lin.feed_forward)  # (N', C)
         return x[:N] if x.shape[0] != N else x  # (N, C)

@@ -44,6 +44,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..core.config import ACTIVATION_NAMES
 from ..core.layer import activation
 
 __all__ = ["BACKENDS", "PRECISIONS", "GemmBackend", "LayerLinears", "Linear", "LINEAR_NAMES", "fused_qkv",
@@ -57,6 +58,7 @@ LINEAR_NAMES = ("qkv", "output", "ff_in", "ff_out")  # the fields of LayerLinear
 # config.hidden_act -> oneDNN's post-op (name, algorithm)
 ONEDNN_POSTOPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
                   "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+assert tuple(ONEDNN_POSTOPS) == ACTIVATION_NAMES  # one entry per activation config.py accepts
 PACK_HINT = 2048  # the row count oneDNN is told to expect when it picks the weight's blocked layout
 ROW_BUCKET = 64  # row counts given to oneDNN are rounded up to multiples of this (see Linear)
 # What a private op that refuses its input raises, across torch versions.

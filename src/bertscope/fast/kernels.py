@@ -177,7 +177,7 @@ class AttentionKernels:
             by_token = out.transpose(1, 2)  # (G, H, L, D) -> (G, L, H, D)
             if b.real is None:
                 if context is not None:
-                    context[b.start:b.end].view(b.G, b.L, H, D).copy_(by_token)
+                    context[b.start:b.end].view(b.G, b.L, H, D).copy_(by_token)  # (G·L, C) as (G, L, H, D)
                 else:
                     parts.append(by_token.reshape(b.G * b.L, C))  # (G·L, C)
                 continue

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["PackedBatch", "mean_pool", "pack", "pack_ids", "sentence_means", "unpack"]
+__all__ = ["PackedBatch", "masked_mean", "mean_pool", "pack", "pack_ids", "sentence_means", "unpack"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,13 @@ def mean_pool(x: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     sums = x.new_zeros(B, x.shape[-1]).index_add_(0, seq, x)  # (B, C)
     counts = torch.tensor(packed.lengths, dtype=x.dtype, device=x.device).clamp(min=1)  # (B,)
     return sums / counts[:, None]  # (B, C)
+
+
+def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The padded twin of :func:`mean_pool`: the mean over each row's real tokens,
+    (B, T, C), (B, T) of 1 = token, 0 = PAD -> (B, C). A row with no tokens gives 0."""
+    m = mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (B, C)
 
 
 def sentence_means(x: torch.Tensor, packed: PackedBatch) -> torch.Tensor:

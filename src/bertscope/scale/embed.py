@@ -178,7 +178,7 @@ class BatchEmbedder:
             statuses.append(status)
         emb = embed_texts(self.bert, texts, statuses, batch_tokens=self.batch_tokens, normalize=self.normalize)
         C = emb.shape[1]
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), C)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), C)  # (rows·C,) in rows of C
         return table.append_column("embedding", vectors).append_column("status", pa.array(statuses, pa.string()))
 
 

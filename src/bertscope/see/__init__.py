@@ -1,2 +1,3 @@
-"""Seeing attention: aggregation over heads and layers, the HTML explorer, the web app, and
-every figure (the only place matplotlib is imported)."""
+"""Seeing attention: aggregation over heads and layers, the HTML explorer (of bertscope's model,
+or of any model's attention: show), the web app, and every figure (the only place matplotlib
+is imported)."""

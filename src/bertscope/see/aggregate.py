@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InputError, InputTypeError
 
-__all__ = ["attention_rollout", "mean_heads"]
+__all__ = ["attention_rollout", "mean_heads", "roll_out"]
 
 
 def _one_text(attentions: object) -> torch.Tensor:
@@ -62,12 +62,21 @@ def attention_rollout(attentions: torch.Tensor) -> torch.Tensor:
     Takes what :func:`mean_heads` takes."""
     attentions = _one_text(attentions)
     A = mean_heads(attentions).double()  # (N, T, T); float64 so 24 products stay exact
-    N, T, _ = A.shape
+    T = A.shape[-1]
     A = A + torch.eye(T, dtype=A.dtype, device=A.device)  # (N, T, T): the residual path
     A = A / A.sum(dim=-1, keepdim=True)  # (N, T, T): rows sum to 1 again
-    out = torch.empty_like(A)
-    rolled = torch.eye(T, dtype=A.dtype, device=A.device)  # (T, T), on the input's device
-    for layer in range(N):
-        rolled = A[layer] @ rolled  # (T, T)@(T, T) -> (T, T)
-        out[layer] = rolled
-    return out.to(attentions.dtype)
+    return roll_out(A).to(attentions.dtype)  # (N, T, T)
+
+
+def roll_out(maps: torch.Tensor) -> torch.Tensor:
+    """Layer-wise maps M_l (..., N, T, T) -> R_l = M_l · R_{l−1}, R_0 = M_0, in float64: row i
+    of R_l is how much of input token j has reached token i after layer l (the product
+    :func:`attention_rollout` takes of the weights, and ALTI of its own maps)."""
+    M = maps.double()  # (..., N, T, T); float64 so 24 products stay exact
+    out = torch.empty_like(M)
+    rolled = M[..., 0, :, :]  # (..., T, T)
+    out[..., 0, :, :] = rolled
+    for layer in range(1, M.shape[-3]):
+        rolled = M[..., layer, :, :] @ rolled  # (..., T, T)@(..., T, T) -> (..., T, T)
+        out[..., layer, :, :] = rolled
+    return out

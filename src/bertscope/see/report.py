@@ -48,7 +48,7 @@ from ..core.words import group_words
 from ..bert import Bert, analysis, check_bert
 
 __all__ = ["ALIGN_MIN_SHARE", "QK_AUTO_BYTES", "QUANT_SCALE", "Report", "ReportText", "align_units", "alignment_meta",
-           "MeasureProvider", "analyze", "build_report", "dequantize", "measure_scale", "measures_meta",
+           "MeasureProvider", "analyze", "build_report", "measure_scale", "measures_meta",
            "parse_span", "quantize_rows", "render_page", "with_measures"]
 
 QUANT_SCALE = 2048  # weights are stored as k / 2048: error below 1/2048 ≈ 4.9e-4
@@ -259,10 +259,6 @@ def quantize_rows(probs: np.ndarray, scale: int = QUANT_SCALE) -> np.ndarray:
     cum = np.rint(np.cumsum(p, axis=-1) * scale)  # (..., T)
     q = np.diff(cum, axis=-1, prepend=0.0)
     return np.clip(q, 0, 65535).astype(np.uint16)
-
-
-def dequantize(q: np.ndarray, scale: int = QUANT_SCALE) -> np.ndarray:
-    return q.astype(np.float32) / scale
 
 
 def parse_span(span: str | tuple[int, int] | None, T: int | None) -> tuple[int, int] | None:

@@ -25,7 +25,6 @@ folder and metrics.json are written and the state file is removed.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import math
@@ -48,7 +47,7 @@ from ..core.tokenizer import least_read_length, tokenless
 from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed, setting
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
-from ..files import TEMP_SUFFIX, FolderLock, lock_holder, nearly_full, write_atomic, write_text_atomic
+from ..files import TEMP_SUFFIX, FolderLock, lock_holder, nearly_full, sha256_file, write_atomic, write_text_atomic
 from .batches import epoch_batches
 from .data import Example, LabelSet, read_examples
 from .metrics import accuracy, macro_f1
@@ -254,7 +253,7 @@ def train_step(model: BertForSequenceClassification, encoder: PackedEncoder, opt
 def _fingerprint(path: str | None) -> str | None:
     if path is None:
         return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return sha256_file(path).hexdigest()
 
 
 def _same_path(a: object, b: object, model: bool) -> bool:

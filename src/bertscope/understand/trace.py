@@ -6,7 +6,8 @@ The trace reads the model's own intermediates: one forward with ``output_interme
 returns, for every layer, the attention module's q, k, v, scores, probabilities, context and
 output and the layer's residuals and LayerNorm outputs (:class:`bertscope.core.layer.LayerRecord`).
 Nothing is recomputed here except what the model never forms on its own: one head's raw q·k
-row before ÷√D, and a seeded dropout sample. So the trace is the model's computation made
+row before ÷√D, the additive mask bias it added (from the same mask, by the same function),
+and a seeded dropout sample. So the trace is the model's computation made
 visible (a test holds it equal to the model and to HF).
 """
 
@@ -176,7 +177,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
         "merged": (B, T, H * D), "output": tuple(att.output.shape),
         "layer output": tuple(rec.output.shape),
     }
-    raw = att.q[0, head, t] @ att.k[0, head].transpose(0, 1)  # (D)@(D, T) -> (T,): before ÷√D
+    raw = att.q[0, head, t] @ att.k[0, head].transpose(0, 1)  # (D,)@(D, T) -> (T,): before ÷√D
     bias = mask_to_bias(mask, x.dtype)  # (B, 1, 1, T): what the model added to the scores
     record = att
     head_output, layer_output = att.output, rec.output  # (B, T, C) each

@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bertscope.core.words import group_words
 from bertscope.understand.ablate import ablate, sweep
 from bertscope.cli.main import main
 from bertscope.errors import InputError
@@ -76,9 +78,31 @@ def test_ablate_cli(capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_ablate_takes_the_occurrence_of_the_word_and_says_which(bert, capsys):
+    """ablate --token took the first occurrence only, and did not say which word it had used."""
+    text = "The cat saw the dog and the dog ran."
+    args = ["ablate", text, "--layer", "2", "--head", "3", "--token", "dog"]
+    assert main([*args, "--occurrence", "2", "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    words = group_words(bert.encode([text]), text).words
+    assert words[first["word_index"]] == words[second["word_index"]] == "dog"
+    assert second["word_index"] == words.index("dog", first["word_index"] + 1)
+    direct = ablate(bert, text, [(2, 3)], "dog", occurrence=2)  # the library's own answer
+    assert direct.word_index == second["word_index"]
+    np.testing.assert_allclose(second["word_shift"], direct.word_shift.numpy(), atol=1e-6)
+    assert first["word_shift"] != second["word_shift"]
+    assert main([*args, "--occurrence", "2"]) == 0
+    assert f'how "dog" (word {second["word_index"]})' in capsys.readouterr().out
+    assert main([*args, "--occurrence", "3"]) == 2
+    assert "the word 'dog' occurs 2 times; occurrence 3 does not exist" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--sweep", "--token", "dog"], "use one or the other"),  # --token used to be ignored by --sweep
     (["--layer", "0", "--head", "1", "--top", "3"], "--top is for --sweep"),  # and --top without it
+    (["--layer", "0", "--head", "1", "--occurrence", "2"], "--occurrence picks which occurrence of --token WORD"),
     # neither: the library's words, "heads=[(layer, head)]; in the CLI --layer L --head H", were shown
     ([], "bertscope: error: name a head to silence with --layer L --head H (repeat both for more), or give --sweep"),
 ])

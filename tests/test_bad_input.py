@@ -238,11 +238,14 @@ def test_heads_statistics_check_their_texts(bert):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["attend", "caf\udce9 au lait", "--token", "it"], "argument text holds byte 0xe9, which is not UTF-8"),
-    (["attend", IT_ANIMAL, "--token", "\ud800"], "argument token holds a lone surrogate U+D800"),
-    (["embed", "\udcff.txt", "--out", "x"], "argument input holds byte 0xff"),
-    (["heads", "corpus.txt", "--out", "d\udcc3"], "argument out holds byte 0xc3"),
-    (["trace", "ok", "--token", "ok", "--model", "m\udc80"], "argument model holds byte 0x80"),
+    # named as typed: the flag, or the positional's name in the usage line
+    (["attend", "caf\udce9 au lait", "--token", "it"], "TEXT holds byte 0xe9, which is not UTF-8"),
+    (["attend", IT_ANIMAL, "--token", "\ud800"], "--token holds a lone surrogate U+D800"),
+    (["embed", "\udcff.txt", "--out", "x"], "INPUT holds byte 0xff"),
+    (["heads", "corpus.txt", "--out", "d\udcc3"], "--out holds byte 0xc3"),
+    (["trace", "ok", "--token", "ok", "--model", "m\udc80"], "--model holds byte 0x80"),
+    (["explain", "ok", "--method", "grad-input", "--similar-to", "b\udcff"], "--similar-to holds byte 0xff"),
+    (["view", "ok", "caf\udce9"], "TEXT_B holds byte 0xe9"),
 ])
 def test_cli_refuses_arguments_that_are_not_utf8(capsys, tmp_path, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)

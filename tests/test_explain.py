@@ -208,6 +208,20 @@ def test_gradient_methods_work_inside_a_callers_inference_mode(bert):
     assert np.abs(outside).max() > 0
 
 
+def test_gradient_attributions_rank_by_size_whatever_their_sign(bert):
+    """grad-input ranked by signed value: the word with the largest attribution, a negative one
+    ("sleeps"), came eighth, under words of almost none. Attention rows (all >= 0) rank as before."""
+    exp = bertscope.explain(bert, "A dog sleeps on the sofa", "grad-input", text_b="A sleeping puppy")
+    row = exp.sources()
+    ranked = exp.ranked()
+    assert [j for j, _, _ in ranked] == sorted(range(len(row)), key=lambda j: (-abs(row[j]), j))
+    assert [v for _, _, v in ranked] == [float(row[j]) for j, _, _ in ranked]  # the signed values, kept
+    assert min(row) < 0 < max(row)  # both signs occur here, so the order is a real test
+    att = bertscope.explain(bert, IT_ANIMAL, "attention")
+    arow = att.sources("it", 3, 1)
+    assert [j for j, _, _ in att.ranked("it", 3, 1, k=5)] == list(np.argsort(-arow, kind="stable")[:5])
+
+
 def test_map_measures_and_build_report_take_any_sequence_of_names_and_numpy_flags(bert):
     """The checks added for strings and non-functions must not refuse what worked: a tuple or a
     numpy array of names, numpy's bool for qk."""

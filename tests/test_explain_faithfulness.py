@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import numpy as np
 import pytest
@@ -139,6 +140,62 @@ def test_command_errors(args, fragment, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
     assert not (tmp_path / "EXPERIMENTS.md").exists()  # refused before any work
+
+
+def test_a_classifier_folder_is_checked_before_anything_is_written(bert, tmp_path, capsys):
+    """--classifier naming no checkpoint, or a model with no classification head: the re-read
+    section was written first, then the error came, and it did not name --classifier."""
+    out = tmp_path / "docs"
+    for folder, said in ((tmp_path, f"--classifier: {tmp_path} is not a BERT checkpoint"),
+                         (bert.path, f"--classifier: {bert.path} has no classification head")):
+        assert main(["explain-experiments", "--out", str(out), "--faithfulness", "--classifier", str(folder),
+                     "--limit", "1", "--no-plots", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"bertscope: error: {said}"), err
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["explain-experiments"], ["experiments", "--no-plots"]])
+def test_damaged_section_markers_are_refused_before_the_run_and_keep_the_users_text(command, tmp_path, capsys):
+    """A begin marker without its end: the first run appended a second section, the next
+    replaced everything from the first begin to the new end, deleting what the user wrote."""
+    from bertscope.explain.reread import SECTION as REREAD
+    from bertscope.understand.experiments.report import SECTION as CLAIMS
+
+    section = REREAD if command[0] == "explain-experiments" else CLAIMS
+    doc = tmp_path / "EXPERIMENTS.md"
+    mine = f"# Mine\n\nmy notes\n\n<!-- begin {section} -->\nold stuff\n\nmore of my notes\n"
+    doc.write_text(mine, encoding="utf-8")
+    for _ in range(2):
+        assert main([*command, "--out", str(tmp_path), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"bertscope: error: {doc}: section {section!r} has damaged markers (<!-- begin {section} --> "
+                       f"without <!-- end {section} -->, from line 5); mend them or remove the section by hand, then "
+                       "run again (nothing was written)"], err
+        assert doc.read_text(encoding="utf-8") == mine
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["EXPERIMENTS.md"]
+
+
+def test_update_section_refuses_every_kind_of_damaged_markers(tmp_path):
+    from bertscope.files import check_sections, update_section
+
+    doc = tmp_path / "DOC.md"
+    b, e = "<!-- begin s -->", "<!-- end s -->"
+    for text, what in ((f"x\n{b}\ny\n", f"{b} without {e}, from line 2"),
+                       (f"x\ny\n{e}\n", f"{e} without {b}, from line 3"),
+                       (f"{e}\nx\n{b}\n", f"{e} before {b}, from line 1"),
+                       (f"{b}\n{e}\n{b}\n{e}\n", f"{b} 2 times, from line 1"),
+                       (f"{b}\n{e}\nx\n{e}\n", f"{e} 2 times, from line 1")):
+        doc.write_text(text)
+        for call in (lambda: check_sections(doc, "other", "s"), lambda: update_section(doc, "s", "new")):
+            with pytest.raises(bertscope.InputError, match=re.escape(f"section 's' has damaged markers ({what})")):
+                call()
+        assert doc.read_text() == text
+    check_sections(tmp_path / "missing.md", "s")  # no document yet: nothing to refuse
+    doc.write_text(f"a\n{b}\nold\n{e}\nb\n")
+    check_sections(doc, "s", "t")
+    update_section(doc, "s", "new")
+    assert doc.read_text() == f"a\n{b}\nnew\n{e}\nb\n"
 
 
 def test_a_classifier_of_other_classes_or_settings_is_refused(clf_folder, tmp_path, capsys):

@@ -128,7 +128,7 @@ def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
                       (["--grid", "--per-panel", "--vmax", "0.5"], "give one or the other"),  # --vmax was dropped
                       (["--grid", "--layer", "2"], "leave out --layer and --head"),
                       (["--span", "50:60"], "selects no token (the text has 15 tokens, 0..14)"),
-                      (["--span", "5:2"], "span 5:2 selects no token (END must be after START)"),
+                      (["--span", "5:2"], "error: --span 5:2 selects no token (END must be after START)"),
                       (["--span", "x"], "START:END")):
         assert main(["plot", IT_ANIMAL, *args, "--out", str(tmp_path / "bad.png")]) == 2
         err = capsys.readouterr().err
@@ -141,10 +141,12 @@ def test_plot_bad_output_paths(tmp_path, capsys):
 
     folder = tmp_path / "d.png"
     folder.mkdir()
-    for out, why in ((folder, "is a folder"), (tmp_path / "missing" / "x.png", "does not exist")):
+    for out, why in ((folder, "is a folder"), (tmp_path / "missing" / "x.png", "does not exist"),
+                     (f"{tmp_path}/new.png/", "names a folder (it ends in /); give a file name")):  # it wrote new.png
         assert main(["plot", "T", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png"]
 
 
 def test_plot_measure_cli_and_its_errors(tmp_path, capsys):

@@ -82,12 +82,14 @@ def test_a_split_words_word_weights_are_its_sub_tokens_rows_averaged_and_the_rep
 
 
 def test_trace_bad_input(bert):
-    with pytest.raises(InputError, match=r"^layer must be a whole number from 0 to 5 \(or -6 to -1, counted from the end\), got 99$"):
-        trace(bert, "The cat sat", "cat", 99, 0)  # worded as attend's results word it
-    with pytest.raises(InputError, match=r"^head must be a whole number from 0 to 11 \(or -12 to -1, counted from the end\), got 12$"):
+    with pytest.raises(InputError, match=r"^layer \(--layer\) must be a whole number from 0 to 5 \(or -6 to -1, counted from the "
+                                         r"end\), got 99$"):
+        trace(bert, "The cat sat", "cat", 99, 0)  # worded as attend's results word it, with the flag
+    with pytest.raises(InputError, match=r"^head \(--head\) must be a whole number from 0 to 11 \(or -12 to -1, counted from "
+                                         r"the end\), got 12$"):
         trace(bert, "The cat sat", "cat", 0, 12)
     for bad in ("3", 3.0, True):  # a Python caller's mistakes: one line, not a TypeError from inside
-        with pytest.raises(InputError, match="layer must be a whole number"):
+        with pytest.raises(InputError, match=r"layer \(--layer\) must be a whole number"):
             trace(bert, "The cat sat", "cat", bad, 0)
     with pytest.raises(InputError, match="pad .* must be a whole number, 0 or more, got '2'"):
         trace(bert, "The cat sat", "cat", 0, 0, pad="2")
@@ -110,6 +112,14 @@ def test_trace_cli(capsys):
     assert main(["trace", "The cat sat", "--token", "cat", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert abs(data["weights_sum"] - 1) < 1e-5 and data["shapes"]["x"][0] == 1
+    assert main(["trace", "It was unbelievably good", "--token", "unbelievably"]) == 0  # a split word says so
+    assert capsys.readouterr().out.startswith('Trace of "un" (token 3, the first of the 5 tokens of "unbelievably"), ')
     assert main(["trace", "The cat sat", "--token", "dog"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertscope: error:") and len(err.strip().splitlines()) == 1
+    # the flags as typed, as plot and explain name them (it said "layer", "head", "pad")
+    for args, said in ((["--layer", "6"], "--layer must be a whole number from 0 to 5"),
+                       (["--head", "12"], "--head must be a whole number from 0 to 11"),
+                       (["--pad", "-1"], "--pad (how many [PAD] tokens to add) must be")):
+        assert main(["trace", "The cat sat", "--token", "cat", *args]) == 2
+        assert capsys.readouterr().err.startswith(f"bertscope: error: {said}")

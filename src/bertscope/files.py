@@ -17,10 +17,10 @@ from .errors import InputError, InputTypeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TEMP_SUFFIX", "FolderLock", "lock_holder", "move_into_place", "movie_review_rows", "nearly_full",
-           "open_stream_fd", "read_input_bytes", "read_lines", "refuse_records", "same_file",
-           "sha256_file", "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic", "write_bytes_atomic",
-           "write_folder_atomic", "write_text_atomic"]
+__all__ = ["TEMP_SUFFIX", "FolderLock", "check_sections", "lock_holder", "move_into_place", "movie_review_rows",
+           "nearly_full", "open_stream_fd", "read_input_bytes", "read_lines", "refuse_records", "same_file",
+           "sha256_file", "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic",
+           "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
@@ -391,18 +391,54 @@ def update_section(path: str | os.PathLike, name: str, markdown: str, *, title: 
     document is created (starting with ``# title`` when given).
     """
     path = Path(path)
-    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    begin, end = _markers(name)
     block = f"{begin}\n{markdown.strip()}\n{end}"
     try:
         doc = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         doc = f"# {title}\n\n" if title else ""
-    i, j = doc.find(begin), doc.find(end)
-    if i >= 0 and j > i:
-        doc = doc[:i] + block + doc[j + len(end):]
+    span = _section_span(doc, name, path)
+    if span is not None:
+        doc = doc[:span[0]] + block + doc[span[1]:]
     else:
         doc = (doc.rstrip() + "\n\n" if doc.strip() else doc) + block + "\n"
     return write_text_atomic(path, doc)
+
+
+def check_sections(path: str | os.PathLike, *names: str) -> None:
+    """InputError (one line) if the document at ``path`` has damaged markers for any of these
+    sections: what :func:`update_section` would refuse, said before any long work."""
+    try:
+        doc = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e.strerror if isinstance(e, OSError) else 'not UTF-8 text'}") from None
+    for name in names:
+        _section_span(doc, name, path)
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- begin {name} -->", f"<!-- end {name} -->"
+
+
+def _section_span(doc: str, name: str, path: object) -> tuple[int, int] | None:
+    """Where section ``name`` stands in ``doc``, (start, end) from its begin marker to past its end
+    marker, or None where it has neither. A begin without its end (or the end before it, or either
+    twice) is refused: replacing up to whatever comes next would delete the user's text."""
+    begin, end = _markers(name)
+    nb, ne = doc.count(begin), doc.count(end)
+    if nb == ne == 0:
+        return None
+    i, j = doc.find(begin), doc.find(end)
+    if nb == ne == 1 and j > i:
+        return i, j + len(end)
+    line = doc.count("\n", 0, min(x for x in (i, j) if x >= 0)) + 1  # the first marker's line
+    what = (f"{begin} {nb} times" if nb > 1 else f"{end} {ne} times" if ne > 1
+            else f"{begin} without {end}" if not ne else f"{end} without {begin}" if not nb
+            else f"{end} before {begin}")
+    raise InputError(f"{path}: section {name!r} has damaged markers ({what}, from line {line}); "
+                     "mend them or remove the section by hand, then run again (nothing was written)")
 
 
 RECORD_KINDS = {".jsonl": "JSON Lines", ".ndjson": "JSON Lines", ".json": "JSON", ".csv": "CSV", ".tsv": "TSV",

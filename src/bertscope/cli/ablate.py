@@ -34,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--layer", type=int, action="append", default=[], metavar="L", help="layer of a head to silence")
     p.add_argument("--head", type=int, action="append", default=[], metavar="H", help="head to silence (pairs with --layer)")
     p.add_argument("--token", metavar="WORD", help="also show how WORD's attention moves downstream")
+    p.add_argument("--occurrence", type=int, default=None, metavar="K",
+                   help="which occurrence of WORD, if it appears more than once (default 1)")
     p.add_argument("--sweep", action="store_true", help="silence every head alone and rank them")
     p.add_argument("--top", type=int, default=None, metavar="K",
                    help="heads to list with --sweep (default 10; with --json, the ranking's length: default all)")
@@ -59,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep and args.token is not None:
         raise InputError("--token shows how silencing named heads moves WORD's attention; --sweep ranks "
                          "every head by the change of the whole output: use one or the other")
+    if args.occurrence is not None and args.token is None:
+        raise InputError("--occurrence picks which occurrence of --token WORD; give --token too")
     if args.top is not None and not args.sweep:
         raise InputError("--top is for --sweep (the number of heads to list)")
     if args.top is not None and args.top < 1:
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  L{l:<2} H{h:<4}{t:>10.4f}{e:>12.4f}")
         return 0
     heads = list(dict.fromkeys(zip(args.layer, args.head)))  # a head named twice is silenced once
-    res = ablate(bert, args.text, heads, args.token)
+    res = ablate(bert, args.text, heads, args.token, 1 if args.occurrence is None else args.occurrence)
     if args.json:
         print_json_strict(res.to_json())
         return 0
@@ -87,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     print("    " + "  ".join(f"{t} {float(c):.3f}" for t, c in zip(res.tokens, res.token_cosine)))
     if res.word_shift is not None and res.before is not None and res.after is not None:
         first = min(l for l, _ in heads)
-        print(f'  how "{res.word}"\'s attention moves (total variation distance, 0 = unchanged, 1 = disjoint):')
+        print(f'  how "{res.word}" (word {res.word_index})\'s attention moves (total variation distance, '
+              "0 = unchanged, 1 = disjoint):")
         N, H = res.word_shift.shape
         print(f"    L{first}: the silenced heads' own layer: largest move {float(res.word_shift[first].max()):.3f} "
               "(its attention is computed before the heads are silenced)")

@@ -75,6 +75,8 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
     from ..errors import InputError
 
     path = Path(value)
+    if value.endswith(("/", os.sep)):  # Path() drops the slash that says "a folder"
+        raise InputError(f"{flag} {value!r} names a folder (it ends in /); give a file name")
     if suffixes and path.suffix.lower() not in suffixes:
         raise InputError(f"{flag} must end in {' or '.join(suffixes)}, got {value!r}")
     _check_name(path, flag)

@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
         raise InputError(f"--wsc: {why_not_a_file(args.wsc)}")
     out = check_output_dir(args.out)
+    from ..files import check_sections
+    from ..understand.experiments.report import SECTION
+
+    check_sections(out / "EXPERIMENTS.md", SECTION)  # damaged markers: said now, not after the run
     if not args.no_plots:
         from ..see.figures import require_matplotlib
 

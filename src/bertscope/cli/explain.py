@@ -190,7 +190,8 @@ def _one(bert, args) -> int:
         return 0
     note = " (text truncated)" if exp.truncated else ""
     if exp.kind == "input":
-        print(f"{exp.method} ({who}): attribution of the {exp.target} to each word{note}")
+        print(f"{exp.method} ({who}): attribution of the {exp.target} to each word, largest |value| first "
+              f"(+ raises it, - lowers it){note}")
         for r, (_, w, v) in enumerate(ranked, 1):
             print(f"  {r:>2}. {w:<16} {v:+.3g}")
         return 0

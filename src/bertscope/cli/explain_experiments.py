@@ -128,16 +128,35 @@ def _checks(args: argparse.Namespace) -> None:
     check_output_dir(args.work, "--work")
 
 
+def _classifier(path: str):
+    """--classifier's model, loaded before anything is written: a folder that is no checkpoint,
+    or one without a classification head, is refused at once."""
+    from ..bert import load
+    from ..errors import BertscopeError, InputError
+
+    try:
+        clf = load(path)
+    except BertscopeError as e:  # the folder is named; so is the flag that named it
+        raise type(e)(f"--classifier: {e}") from None
+    if not clf.is_classifier:
+        raise InputError(f"--classifier: {path} has no classification head (give a folder written by "
+                         "bertscope finetune, or another BertForSequenceClassification checkpoint)")
+    return clf
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from ..explain import faithfulness as fa
     from ..explain.reread import SECTION, render_reread, reread
-    from ..files import update_section
+    from ..files import check_sections, update_section
 
     _checks(args)
     out = check_output_dir(args.out)
     doc = out / "EXPERIMENTS.md"
+    check_sections(doc, SECTION, *([fa.SECTION] if args.faithfulness else []))  # before any work
+    clf = _classifier(args.classifier) if args.faithfulness and args.classifier is not None else None
     bert = load_model(args)
     md = render_reread(reread(bert), command_line(args))
     print(f"wrote {update_section(doc, SECTION, md, title='Experiments')}")
@@ -147,7 +166,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..bert import load
-    from ..explain import faithfulness as fa
 
     work = Path(args.work)
     if args.classifier is None:
@@ -170,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         folder = Path(args.classifier)
         description = f"the fine-tuned classifier in `{args.classifier}`"
-    clf = load(folder)
+    clf = load(folder) if clf is None else clf
     with tqdm(desc="faithfulness", unit="sentence", disable=not progress_enabled(args), file=sys.stderr) as bar:
         result = fa.run_faithfulness(clf, folder, work, limit=args.limit, ig_steps=args.ig_steps,
                                      progress=bar.update, on_total=lambda n: setattr(bar, "total", n),

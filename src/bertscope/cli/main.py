@@ -202,7 +202,7 @@ def check_arguments(args: argparse.Namespace, command: argparse.ArgumentParser |
                 code = ord(v[e.start])
                 what = (f"byte 0x{code - 0xDC00:02x}, which is not UTF-8," if 0xDC80 <= code <= 0xDCFF
                         else f"a lone surrogate U+{code:04X}")
-                raise BertscopeError(f"argument {dest.replace('_', '-')} holds {what} at character "
+                raise BertscopeError(f"{_as_typed_name(dest, command)} holds {what} at character "
                                      f"{e.start}; bertscope takes UTF-8 text and file names") from None
     for action in [] if command is None else command._actions:
         if not action.option_strings or action.dest in EMPTY_SAID_ELSEWHERE:
@@ -211,6 +211,16 @@ def check_arguments(args: argparse.Namespace, command: argparse.ArgumentParser |
         values = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, str) and not v.strip() for v in values) and value != action.default:
             raise BertscopeError(f"{action.option_strings[0]} is empty; give {action.metavar or action.dest.upper()}")
+
+
+def _as_typed_name(dest: str, command: argparse.ArgumentParser | None) -> str:
+    """An argument as the user typed it: its flag (--token), or a positional's metavar (TEXT)."""
+    for action in [] if command is None else command._actions:
+        if action.dest == dest:
+            if action.option_strings:
+                return action.option_strings[0]
+            return action.metavar if isinstance(action.metavar, str) else dest.upper()
+    return f"argument {dest.replace('_', '-')}"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,9 @@ from .common import MODEL_HELP, print_json
 
 HELP = """\
 Count the attention parameters of one layer (W_Q, W_K, W_V, W_O, weights and biases), of all
-layers, and of the whole model. Counted from the built model, not from a formula.
+layers, and of the whole model. Counted from the built model, not from a formula. With --model
+the model is built from the folder's config.json alone: its weights are not read (their file
+may even be missing).
 
 For bert-base: 4 x 768 x 768 = 2,359,296 weights + 4 x 768 biases = 2,362,368 per layer;
 x 12 layers = 28,348,416; the whole model with pooler has 109,482,240.
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             folder = Path(args.model) if args.model else bundled_model_path()
             check_folder(folder)
-            config, source = BertConfig.from_json(folder / "config.json"), str(folder)
+            config = BertConfig.from_json(folder / "config.json")
+            source = f"{folder} (from its config.json; the weights are not read)"
     except ConfigError as e:
         raise BertscopeError(str(e)) from None
     pc = count_config(config)  # built on the meta device: counts without allocating the weights

@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     H, D, C = tr.num_heads, tr.head_size, tr.hidden_size
     tok = tr.tokens[tr.token_index]
     s = tr.shapes
-    print(f'Trace of "{tok}" (token {tr.token_index}), layer {tr.layer} (of 0..{tr.num_layers - 1}), '
+    of_word = (f', the first of the {tr.word_tokens} tokens of "{tr.words[tr.word_index]}"'
+               if tr.word_tokens > 1 else "")  # a split word: the steps are its first token's
+    print(f'Trace of "{tok}" (token {tr.token_index}{of_word}), layer {tr.layer} (of 0..{tr.num_layers - 1}), '
           f"head {tr.head} (of 0..{H - 1}); C = {C} = {H} heads x D = {D}")
     print(f"tokens: {' '.join(tr.tokens)}")
     print()

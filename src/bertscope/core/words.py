@@ -119,7 +119,8 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
         raise InputError(f"occurrence {occurrence} of {word!r} was cut off: the text is longer than "
                          f"{_limit(positions)}, and {len(hits)} occurrence(s) fit")
     if occurrence < 1 or occurrence > len(hits):
-        raise InputError(f"the word {word!r} occurs {len(hits)} time(s); occurrence {occurrence} does not exist")
+        times = "once" if len(hits) == 1 else f"{len(hits)} times"
+        raise InputError(f"the word {word!r} occurs {times}; occurrence {occurrence} does not exist")
     return hits[occurrence - 1]
 
 

@@ -159,10 +159,13 @@ class Explanation:
 
     def ranked(self, word: int | str | None = None, layer: int | None = None, head: int | None = None,
                k: int | None = None) -> list[tuple[int, str, float]]:
-        """(word index, word, value), largest first, from :meth:`sources`."""
+        """(word index, word, value), largest first, from :meth:`sources`. A gradient method's
+        signed attributions rank by size, |value|: a word that pulls the output down strongly
+        counts as much as one that pushes it up."""
         n = None if k is None else as_count(k)
         row = self.sources(word, layer, head)
-        order = np.argsort(-row, kind="stable")[: (len(row) if n is None else n)]
+        size = np.abs(row) if self.kind == "input" else row
+        order = np.argsort(-size, kind="stable")[: (len(row) if n is None else n)]
         return [(int(j), self.words[j], float(row[j])) for j in order]
 
 

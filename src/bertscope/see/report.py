@@ -288,12 +288,12 @@ def parse_span(span: str | tuple[int, int] | None, T: int | None) -> tuple[int, 
                 raise InputError(f"span must be \"START:END\" or a pair (START, END) of token positions, got {span!r}")
     if T is None:
         if lo is not None and hi is not None and (lo < 0) == (hi < 0) and hi <= lo:
-            raise InputError(f"span {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
+            raise InputError(f"{setting('span', '--span')} {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
                              "(END must be after START)")
         return None
     start, end, _ = slice(lo, hi).indices(T)
     if end <= start:
-        raise InputError(f"span {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
+        raise InputError(f"{setting('span', '--span')} {span if isinstance(span, str) else f'{lo}:{hi}'} selects no token "
                          f"(the text has {T} tokens, 0..{T - 1})")
     return start, end
 

@@ -67,6 +67,7 @@ class Ablation:
              "embedding_cosine": round(self.embedding_cosine, 6)}
         if self.word_shift is not None:
             d["word"] = self.word
+            d["word_index"] = self.word_index
             d["word_shift"] = [[round(float(x), 6) for x in row] for row in self.word_shift.tolist()]
         return d
 

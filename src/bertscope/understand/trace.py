@@ -133,11 +133,11 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     if not text.strip():
         raise InputError("the text is empty")
     cfg = bert.config
-    layer = as_index("layer", layer, cfg.num_hidden_layers)
-    head = as_index("head", head, cfg.num_attention_heads)
+    layer = as_index(setting("layer", "--layer"), layer, cfg.num_hidden_layers)
+    head = as_index(setting("head", "--head"), head, cfg.num_attention_heads)
     n_pad = as_whole_number(pad)
     if n_pad is None or n_pad < 0:
-        raise InputError(f"pad (how many [PAD] tokens to add) must be a whole number, 0 or more, got {pad!r}")
+        raise InputError(f"{setting('pad', '--pad')} (how many [PAD] tokens to add) must be a whole number, 0 or more, got {pad!r}")
     pad = n_pad
     check_seed(seed)
     batch = bert.encode([text])

@@ -178,6 +178,35 @@ def test_predict_gives_a_csv_row_that_is_not_utf8_a_row_of_status_undecodable(tr
     assert "1 undecodable record(s): line 3" in cap.err
 
 
+def test_a_csv_row_with_more_fields_than_its_header_is_a_bad_record(trained, tmp_path, capsys):
+    """An unquoted comma in a text shifts the columns: finetune took "really" and "slow film" as
+    labels, predict scored "Great movie" alone, both in silence. Empty extra fields (a trailing
+    comma) carry nothing and are read as before."""
+    from bertscope.errors import InputError
+    from bertscope.train.data import read_examples, read_records
+
+    shifted = tmp_path / "comma.csv"
+    shifted.write_text("text,label\nGreat movie, really,pos\nDull, slow film,neg\nfine,pos\ntrailing,neg,\n")
+    recs = read_records(shifted, label_field="label")
+    assert [(r.line, r.status, r.label) for r in recs] == [(2, "extra_fields", None), (3, "extra_fields", None),
+                                                           (4, "ok", "pos"), (5, "ok", "neg")]
+    with pytest.raises(InputError, match=re.escape("2 bad record(s): line 2 has more fields than the header names "
+                                                   "(a comma or tab in a text? quote that field); line 3 has")):
+        read_examples(shifted)
+    assert main(["finetune", str(shifted), "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    assert "line 2 has more fields than the header names" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    out, _ = trained
+    assert main(["predict", str(out), str(shifted), "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert [r.split("\t")[:2] for r in cap.out.splitlines()[1:]] == [["2", "extra_fields"], ["3", "extra_fields"],
+                                                                     ["4", "ok"], ["5", "ok"]]
+    assert "2 extra_fields record(s): line 2, 3" in cap.err
+    tsv = tmp_path / "tab.tsv"
+    tsv.write_text("text\tlabel\na\ttab inside\tpos\n")
+    assert [r.status for r in read_records(tsv, label_field="label")] == ["extra_fields"]
+
+
 def test_predict_gives_a_blank_line_of_json_lines_or_csv_a_row_of_status_empty(trained, tmp_path, capsys):
     """A blank line of a JSON Lines file is a record of status "empty", as `embed` counts it: a
     row in order, listed on stderr, and not counted as a prediction."""
@@ -241,6 +270,34 @@ def test_resume_after_a_kill_mid_epoch_ends_with_the_uninterrupted_weights(tmp_p
     start = load_file(str(tiny / "model.safetensors"))
     assert not torch.equal(a["bert.encoder.layer.0.attention.self.query.weight"],
                            start["encoder.layer.0.attention.self.query.weight"])
+
+
+def test_ctrl_c_inside_a_checkpoint_write_is_an_interrupt_not_torchs_error(tmp_path, tiny, capsys, monkeypatch):
+    """Ctrl-C landing inside torch.save: its zip writer's cleanup raised RuntimeError("[enforce
+    fail at inline_container.cc:672] . unexpected pos ...") over the KeyboardInterrupt, and the
+    command printed that, exit 1. The checkpoint before it stays, and --resume finishes."""
+    from bertscope.train import loop
+
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *a, **kw):  # the second checkpoint is interrupted as torch's writer is
+        calls.append(1)
+        if len(calls) == 2:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 71388288 vs 71388176")
+        return real_save(obj, f, *a, **kw)
+
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(40, seed=5))
+    args = ["finetune", str(train), "--model", str(tiny), "--epochs", "1", "--batch-size", "8", "--max-length", "24",
+            "--save-every", "1", "--out", str(tmp_path / "run"), "--quiet"]
+    monkeypatch.setattr(loop.torch, "save", save)
+    assert main(args) == 130
+    assert capsys.readouterr().err == "bertscope: interrupted; rerun the same command with --resume to finish\n"
+    monkeypatch.setattr(loop.torch, "save", real_save)
+    assert main([*args, "--resume"]) == 0
+    assert "resumed at step 1" in capsys.readouterr().out
 
 
 # --- bad input: one line, a non-zero exit, nothing written in DIR ---------------------------------
@@ -354,10 +411,36 @@ def test_refuses_an_existing_non_empty_out_without_resume(tmp_path, tiny, good_t
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out)],
-             "exists and is not empty; pass --resume to continue")
+             "exists and is not empty (and holds no run to resume); choose a new folder")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     _refused(capsys, ["finetune", str(good_train), "--model", str(tiny), "--out", str(out), "--resume"],
              "holds no interrupted run")
+
+
+def test_a_folder_with_a_run_says_whether_resume_can_continue_it(tmp_path, tiny, good_train, capsys):
+    """A finished run's folder said "pass --resume to continue the run in it", and --resume then
+    said the run was complete. An interrupted run's folder names --resume."""
+    args = ["finetune", str(good_train), "--model", str(tiny), "--max-length", "16", "--epochs", "1", "--quiet"]
+    done = tmp_path / "done"
+    assert main([*args, "--out", str(done)]) == 0
+    capsys.readouterr()
+    _refused(capsys, [*args, "--out", str(done)], f"--out: {done} holds a finished run (metrics.json); choose a new "
+                                                  "folder (or delete this one to train it again)")
+    cut = tmp_path / "cut"
+    from bertscope.train import FinetuneConfig, finetune
+
+    steps = []
+
+    def stop(info):  # in the second step: the first one's checkpoint is written
+        steps.append(info)
+        if len(steps) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(FinetuneConfig(train=str(good_train), model=str(tiny), max_length=16, epochs=1, batch_size=4,
+                                save_every=1), cut, on_step=stop)
+    _refused(capsys, [*args, "--out", str(cut)], f"--out: {cut} holds an interrupted run; pass --resume to continue "
+                                                 "it, or choose a new folder")
 
 
 def test_read_records_line_numbers_and_statuses(tmp_path):
@@ -532,6 +615,16 @@ def test_the_text_field_flag_has_one_name_in_every_command(trained, tmp_path, ca
     for flag in ("--text-field", "--field"):
         args = build_parser().parse_args(["finetune", "train.csv", "--out", "o", flag, "body"])
         assert args.text_field == "body"
+
+
+def test_predict_with_a_wrong_text_field_names_the_fields_there_are(trained, tmp_path, capsys):
+    """As embed does ("line 1 has 'text'"), where predict said only "line 1 is no_field"."""
+    out, _ = trained
+    (tmp_path / "in.jsonl").write_text('{"body": "a fine film", "id": 3}\n{"body": "dull"}\n')
+    assert main(["predict", str(out), str(tmp_path / "in.jsonl"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"bertscope: error: no record of {tmp_path / 'in.jsonl'} holds a text (first: "
+                                       "line 1 is no_field; line 1 has 'body', 'id'); check --text-field and the "
+                                       "file's format\n")
 
 
 def test_predict_names_a_parquet_file_or_a_json_array_for_what_it_is(trained, tmp_path, capsys):

@@ -4,6 +4,7 @@ HF's default labels, the caller's random state)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -94,7 +95,8 @@ def test_output_mistakes_name_the_argument_a_python_caller_passed(tmp_path, tiny
         finetune(small(rows_file, tiny), tmp_path / "afile" / "sub")
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "notes.txt").write_text("keep me")
-    with pytest.raises(InputError, match=re.escape("exists and is not empty; pass resume (--resume) to continue")):
+    with pytest.raises(InputError, match=re.escape("exists and is not empty (and holds no run to resume); choose a "
+                                                   "new folder")):
         finetune(small(rows_file, tiny), tmp_path / "used")
     with pytest.raises(InputError, match=re.escape(f"resume (--resume): {tmp_path / 'used'} holds no interrupted run")):
         finetune(small(rows_file, tiny), tmp_path / "used", resume=True)
@@ -226,6 +228,34 @@ def _stopped_in_its_second_step(out, rows_file, tiny) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         finetune(small(rows_file, tiny), out, on_step=interrupt)
+
+
+def test_resume_compares_settings_as_the_run_used_them_and_says_so_in_words(tmp_path, tiny, rows_file):
+    """--batch-tokens 256 was refused when the run had used the default, 16 x --max-length = 256
+    ("... but the interrupted run used None"); a --dev added said "used None" too; a changed file
+    was "the train or dev file", not the one that changed."""
+    from bertscope.train import finetune
+
+    out, train = tmp_path / "run", tmp_path / "train.jsonl"
+    train.write_bytes(rows_file.read_bytes())
+    _stopped_in_its_second_step(out, train, tiny)  # max_length 16: the default budget is 256 tokens
+    for kw, said in (({"batch_tokens": 128}, "batch_tokens (--batch-tokens) is 128, but the interrupted run used 256"),
+                     ({"dev": str(rows_file)}, f"dev (--dev) is {str(rows_file)!r}, but the interrupted run had none"),
+                     ({"lr": 1e-3}, "lr (--lr) is 0.001, but the interrupted run used 5e-05")):
+        with pytest.raises(InputError) as e:
+            finetune(small(train, tiny, **kw), out, resume=True)
+        assert str(e.value) == f"resume (--resume): {said}"
+    with pytest.raises(InputError, match=re.escape("model (--model) is the bundled model, but the interrupted run used ")):
+        finetune(dataclasses.replace(small(train, tiny), model=None), out, resume=True)
+    original = train.read_bytes()
+    train.write_bytes(original.replace(b'"label": "pos"', b'"label": "neg"', 1))
+    with pytest.raises(InputError) as e:
+        finetune(small(train, tiny), out, resume=True)
+    assert str(e.value) == (f"resume (--resume): the file train (TRAIN) {train} changed since the interrupted run (its "
+                            "contents differ); resume with the same data, or start a new run")
+    train.write_bytes(original)
+    res = finetune(small(train, tiny, batch_tokens=256), out, resume=True)  # the budget it used: accepted
+    assert res.resumed_from_step == 1
 
 
 def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, rows_file, monkeypatch):

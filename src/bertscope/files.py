@@ -17,7 +17,7 @@ from .errors import InputError, InputTypeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TEMP_SUFFIX", "FolderLock", "check_sections", "lock_holder", "move_into_place", "movie_review_rows",
+__all__ = ["TEMP_SUFFIX", "FolderLock", "check_sections", "fields_note", "lock_holder", "move_into_place", "movie_review_rows",
            "nearly_full", "open_stream_fd", "read_input_bytes", "read_lines", "refuse_records", "same_file",
            "sha256_file", "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic",
            "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
@@ -523,11 +523,28 @@ def split_lines(data: bytes) -> list[bytes]:
             for k, ln in enumerate(lines)]
 
 
+def fields_note(raw: bytes | None, line: int) -> str:
+    """"; line N has 'a', 'b'": the fields of a JSON Lines record (its raw bytes) that lacked the
+    one asked for, to choose from; "" where the line is no JSON object with fields."""
+    import json
+
+    try:
+        record = json.loads((raw or b"").decode("utf-8").lstrip("\ufeff"))
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(record, dict) or not record:
+        return ""
+    shown = ", ".join(repr(k) for k in list(record)[:6])
+    return f"; line {line} has {shown}{', ...' if len(record) > 6 else ''}"
+
+
 def why_not_a_file(path: str | os.PathLike) -> str:
     """Why ``path`` cannot be read as an input file, in words: "X does not exist", "X is a
     folder, not a file" or "X is not a regular file" (or "the file name is empty")."""
     if not os.fspath(path).strip():
         return "the file name is empty"
+    if os.fspath(path) == "-":  # the shell convention for standard input, which no reader here takes
+        return "- (standard input) is not read; write the texts to a file and give its name"
     p = Path(path)
     if not p.exists():
         return f"{p} does not exist"

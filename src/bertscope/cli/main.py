@@ -291,33 +291,55 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         check_arguments(args, _command_parser(parser, args.command))
         return int(args.func(args) or 0)
-    except BertscopeError as e:
-        if args.debug:  # the traceback, then the same line and exit status as without --debug
-            traceback.print_exc()
-        print(f"bertscope: error: {as_typed(_one_line(e))}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_Terminated): what was written is kept
-        if previous is not None:  # a second SIGTERM from here on is not raised as a traceback
-            signal.signal(signal.SIGTERM, previous)
-        resume = "; rerun the same command with --resume to finish" if _resumable(args) else ""
-        print(f"bertscope: {'terminated' if isinstance(e, _Terminated) else 'interrupted'}{resume}",
-              file=sys.stderr)
-        return 143 if isinstance(e, _Terminated) else 130
-    except BrokenPipeError:
-        return 0
-    except OSError as e:
-        line = _write_failure(e)
-        if line is None:
-            return _unexpected(e, args.debug)
-        if args.debug:
-            traceback.print_exc()
-        print(f"bertscope: error: {line}", file=sys.stderr)
-        return 2
-    except Exception as e:  # an unexpected failure still gets one line, not a traceback
-        return _unexpected(e, args.debug)
+        return _stopped(e, args, previous)
+    except Exception as e:
+        stop = _interrupt_behind(e)
+        if stop is not None:  # a library's own error, raised while the interrupt unwound through it
+            if args.debug:
+                traceback.print_exc()
+            return _stopped(stop, args, previous)
+        return _failed(e, args.debug)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(e: KeyboardInterrupt, args: argparse.Namespace, previous) -> int:
+    """The one line for Ctrl-C (130) or SIGTERM (143), with the --resume hint where it applies."""
+    if previous is not None:  # a second SIGTERM from here on is not raised as a traceback
+        signal.signal(signal.SIGTERM, previous)
+    resume = "; rerun the same command with --resume to finish" if _resumable(args) else ""
+    print(f"bertscope: {'terminated' if isinstance(e, _Terminated) else 'interrupted'}{resume}", file=sys.stderr)
+    return 143 if isinstance(e, _Terminated) else 130
+
+
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM an error was raised while handling, if any: torch.save interrupted
+    inside its zip writer raises RuntimeError("[enforce fail at inline_container.cc] unexpected
+    pos ...") from its cleanup, and that, not the interrupt, reached the command."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _failed(e: Exception, debug: bool) -> int:
+    """The one line for a failure: 2 for bertscope's errors and a full disk, 0 for a closed
+    pipe, 1 for anything unexpected."""
+    if isinstance(e, BrokenPipeError):
+        return 0
+    line = (as_typed(_one_line(e)) if isinstance(e, BertscopeError)
+            else _write_failure(e) if isinstance(e, OSError) else None)
+    if line is None:  # an unexpected failure still gets one line, not a traceback
+        return _unexpected(e, debug)
+    if debug:  # the traceback, then the same line and exit status as without --debug
+        traceback.print_exc()
+    print(f"bertscope: error: {line}", file=sys.stderr)
+    return 2
 
 
 def _unexpected(e: BaseException, debug: bool) -> int:

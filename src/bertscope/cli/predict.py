@@ -20,7 +20,8 @@ row per record: line, status, label, then one probability column per label. With
 Lines: {"line": 3, "status": "ok", "label": "pos", "probs": {"neg": 0.02, "pos": 0.98}}.
 A bad record gets no prediction and a status, as in `bertscope embed`: empty (blank, or only
 characters the tokenizer drops, such as U+200B), undecodable (not UTF-8), bad_json, no_field,
-not_text; a cut text has status truncated (it is predicted). A blank
+not_text, extra_fields (a CSV/TSV row with more fields than its header: a comma in an unquoted
+text shifts the columns); a cut text has status truncated (it is predicted). A blank
 line is a record of status empty (in a CSV/TSV file too), so the output of a text or JSON Lines
 file has one row per input line. If records fail and none holds a text (a blank line fails
 nothing), INPUT is refused: the wrong --text-field, or the wrong file. A file of blank lines
@@ -48,8 +49,8 @@ def register(sub) -> None:
                    help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV); "
                         "a classifier fine-tuned on pairs needs it, and predict warns when it is left out")
     p.add_argument("--max-length", type=int, default=None, metavar="N",
-                   help="cut texts to N tokens, 3 at least (5 for pairs: one token of each text); "
-                        "default: the length the model was fine-tuned at")
+                   help="cut texts to N tokens, 3 at least (5 for pairs: one token of each text), at most "
+                        "the model's positions (512 for BERT); default: the length the model was fine-tuned at")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default: 2048 on CPU, 16384 on a GPU)")
     add_progress_args(p)
@@ -177,8 +178,15 @@ def run(args: argparse.Namespace) -> int:
     # nothing, and an empty text field ("") counts as a text
     failed = [r for r in records if not r.blank]
     if failed and not any(r.status in ("ok", "empty") for r in failed):
-        raise InputError(f"no record of {args.input} holds a text (first: line {failed[0].line} is "
-                         f"{failed[0].status}); check --text-field and the file's format")
+        first = failed[0]
+        keys = ""
+        if first.status == "no_field" and file_format(args.input, lines_ok=True) == "jsonl":
+            from ..files import fields_note, read_input_bytes, split_lines
+
+            lines = split_lines(read_input_bytes(args.input))
+            keys = fields_note(lines[first.line - 1] if first.line <= len(lines) else None, first.line)
+        raise InputError(f"no record of {args.input} holds a text (first: line {first.line} is "
+                         f"{first.status}{keys}); check --text-field and the file's format")
     bert = load(args.model_dir)
     if not bert.is_classifier:
         raise InputError(f"{args.model_dir} is not a classifier (its config.json does not name "

@@ -93,7 +93,7 @@ import numpy as np
 
 from ..core.tokenizer import tokenless
 from ..errors import InputError, InputTypeError, as_whole_number, setting
-from ..files import TEMP_SUFFIX, FolderLock, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
+from ..files import TEMP_SUFFIX, FolderLock, fields_note, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
                        resolve_inputs)
@@ -108,6 +108,7 @@ log = logging.getLogger(__name__)
 STATUSES = ("ok", "truncated", "empty", "undecodable", "bad_json", "no_field", "not_text")
 _PROBLEMS = STATUSES[1:]
 _FAILED = ("undecodable", "bad_json", "no_field", "not_text")  # lines that hold no text at all
+_RESUME = setting("JobOptions(resume=True)", "--resume")  # the CLI shows the flag alone
 RUNS_FILE, MANIFEST_FILE, LOCK_FILE, STAGING = "_runs.json", "_manifest.json", ".lock", "_staging"
 # Test hook: SIGKILL this process after N shards (local engine: while the next one is half written);
 # the Ray engine also takes "N:TERM", for SIGTERM.
@@ -253,13 +254,7 @@ def check_has_text(plan: InputPlan) -> None:
                          ("bad_json", "not valid JSON"), ("undecodable", "not UTF-8")):
         if failed[status]:
             reasons.append(f"{len(failed[status])} line(s) {what} (first: line {failed[status][0]})")
-    keys = ""
-    if failed["no_field"]:
-        n = failed["no_field"][0]
-        record = json.loads((raws[n] or b"").decode("utf-8").lstrip("\ufeff"))
-        if isinstance(record, dict) and record:
-            shown = ", ".join(repr(k) for k in list(record)[:6])
-            keys = f"; line {n} has {shown}{', ...' if len(record) > 6 else ''}"
+    keys = fields_note(raws[failed["no_field"][0]], failed["no_field"][0]) if failed["no_field"] else ""
     hint = " (choose the field with --field)" if failed["no_field"] else ""
     raise InputError(f"{path}: no line holds a text in the field {plan.field!r}: {'; '.join(reasons)}"
                      f"{keys}{hint}")
@@ -410,10 +405,10 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
             if pid is not None:  # "pass --resume to finish it" would only meet the lock
                 raise _in_use(out, pid)
             if (out / MANIFEST_FILE).is_file():
-                raise InputError(f"{out} already holds a finished job; pass --resume to check it (and "
-                                 "redo what changed; from Python JobOptions(resume=True)), or choose a new --out")
-            raise InputError(f"{out} already holds an unfinished job; pass --resume to finish it (from "
-                             "Python JobOptions(resume=True)), or choose a new --out")
+                raise InputError(f"{out} already holds a finished job; pass {_RESUME} to check it (and "
+                                 "redo what changed), or choose a new --out")
+            raise InputError(f"{out} already holds an unfinished job; pass {_RESUME} to finish it, or choose "
+                             "a new --out")
         return True
     return False
 

@@ -14,6 +14,9 @@ Every record gets a status, as ``bertscope embed`` gives its lines:
     no_field     no text field (a JSON line that is not an object, or lacks the field;
                  a CSV row that is too short)
     not_text     the text field holds no string (a number, null, a list...)
+    extra_fields (CSV/TSV) a row with more fields than the header names, not all of them
+                 empty: most often a comma (or tab) in an unquoted text, which shifts the
+                 columns, so no field of the row can be trusted
 
 Training data must be clean: :func:`read_examples` refuses a file with any bad record, naming
 the first ones by line number, in order (one line of text, as the CLI prints errors).
@@ -37,7 +40,7 @@ __all__ = ["Example", "LabelSet", "Record", "STATUSES", "read_examples", "read_r
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "empty", "undecodable", "bad_json", "no_field", "not_text")
+STATUSES = ("ok", "empty", "undecodable", "bad_json", "no_field", "not_text", "extra_fields")
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
 
@@ -259,6 +262,9 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
             if any(_UNDECODABLE.search(row[i]) for i in where.values() if i < len(row)):  # the cells read
                 yield Record(n, "", None, "undecodable")
                 continue
+            if any(cell.strip() for cell in row[len(columns):]):  # "Great movie, really,pos": shifted
+                yield Record(n, "", None, "extra_fields")
+                continue
 
             def get(name: str, row=row):
                 i = where[name]
@@ -308,7 +314,8 @@ def read_records(path: str | Path, *, text_field: str = "text", pair_field: str 
 
 _PROBLEM = {"undecodable": "is not UTF-8 text", "bad_json": "is not valid JSON",
             "no_field": "has no field {field!r}", "not_text": "has a {field!r} that is not a string",
-            "empty": "has an empty text"}
+            "empty": "has an empty text",
+            "extra_fields": "has more fields than the header names (a comma or tab in a text? quote that field)"}
 
 
 def read_examples(path: str | Path, *, text_field: str = "text", pair_field: str | None = None,

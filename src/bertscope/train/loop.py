@@ -108,7 +108,7 @@ class FinetuneConfig:
 
     @property
     def tokens_per_batch(self) -> int:
-        return self.batch_tokens if self.batch_tokens is not None else 16 * self.max_length
+        return _tokens_per_batch(self.batch_tokens, self.max_length)
 
     def check(self) -> None:
         """Raise InputError (one line) for a value out of range."""
@@ -147,6 +147,30 @@ class FinetuneConfig:
 
 
 _FLAGS = {"pair_field": "--text-pair-field", "train": "TRAIN"}  # flags other than --NAME-WITH-DASHES
+
+
+def _tokens_per_batch(batch_tokens: int | None, max_length: int) -> int:
+    """The real tokens per batch: ``batch_tokens``, or by default 16 examples at ``max_length``."""
+    return batch_tokens if batch_tokens is not None else 16 * max_length
+
+
+def _as_run(key: str, config: dict) -> object:
+    """A setting of a run (``config``: its FinetuneConfig as a dict) as the run used it: a
+    batch_tokens left at its default is the number it stood for."""
+    if key == "batch_tokens":
+        return _tokens_per_batch(config.get("batch_tokens"), config["max_length"])
+    return config.get(key)
+
+
+def _changed(key: str, now: object, then: object) -> str:
+    """How a resumed run's setting differs from the interrupted run's, in words: a setting left
+    out is "not given" (the model: "the bundled model"), never Python's None."""
+    def shown(value: object) -> str:
+        return repr(value) if value is not None else "the bundled model" if key == "model" else ""
+
+    now_s = f"is {shown(now)}" if shown(now) else "is not given"
+    then_s = f"used {shown(then)}" if shown(then) else "had none"
+    return f"{_named('resume')}: {_named(key)} {now_s}, but the interrupted run {then_s}"
 
 
 def _named(name: str) -> str:
@@ -282,9 +306,14 @@ def _check_out(out: Path, resume: bool) -> None:
         raise InputError(f"{_named('resume')}: {out} holds no interrupted run (no {STATE_FILE})")
     if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) and p.name != LOCK_FILE
                             for p in out.iterdir()):
-        raise InputError(f"{_named('out')}: {out} exists and is not empty; pass {_named('resume')} to "
-                         "continue the run in it, "
-                         "or choose a new folder")
+        if state.is_file():
+            raise InputError(f"{_named('out')}: {out} holds an interrupted run; pass {_named('resume')} to "
+                             "continue it, or choose a new folder")
+        if (out / METRICS_FILE).is_file():  # --resume would only be refused: the run is complete
+            raise InputError(f"{_named('out')}: {out} holds a finished run ({METRICS_FILE}); choose a new "
+                             "folder (or delete this one to train it again)")
+        raise InputError(f"{_named('out')}: {out} exists and is not empty (and holds no run to resume); "
+                         "choose a new folder")
     existing = out
     while not existing.exists():  # the nearest folder that exists must take a new folder, now
         existing = existing.parent
@@ -431,12 +460,14 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
             if key in ("train", "dev", "model"):  # as absolute paths, where the state has them
                 if _same_path(state.get("paths", {}).get(key, before.get(key)), getattr(cfg, key), key == "model"):
                     continue
-            if before.get(key) != getattr(cfg, key):
-                raise InputError(f"{_named('resume')}: {_named(key)} is {getattr(cfg, key)!r}, but the "
-                                 f"interrupted run used {before.get(key)!r}")
-        if state["fingerprint"] != fingerprint:
-            raise InputError(f"{_named('resume')}: the train or dev file (TRAIN, DEV) changed since the "
-                             "interrupted run")
+            then, now = _as_run(key, before), _as_run(key, asdict(cfg))
+            if then != now:
+                raise InputError(_changed(key, now, then))
+        changed = [key for key in ("train", "dev") if state["fingerprint"].get(key) != fingerprint[key]]
+        if changed:
+            which = " and ".join(f"{_named(key)} {getattr(cfg, key)}" for key in changed)
+            raise InputError(f"{_named('resume')}: the file {which} changed since the interrupted run "
+                             "(its contents differ); resume with the same data, or start a new run")
 
     base = load(folder)
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was

@@ -748,6 +748,8 @@ def _ids(bert):
      InputTypeError, re.escape("value_mask must be a torch tensor (B, T), got list")),
     (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), [[1, 1, 0]]),
      InputTypeError, re.escape("attention_mask must be a torch.Tensor (B, T) of 1 (token) and 0 (PAD), got list")),
+    (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64), torch.ones(1, 1, 1, 3)),  # HF's extended
+     InputError, re.escape("attention_mask must have shape (B, T) = (1, 3), got (1, 1, 1, 3)")),
     (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.zeros(1, 3, 64, dtype=torch.long)),
      InputError, re.escape("x must hold floating-point hidden states, got torch.int64")),
     (lambda b: bertscope.BertConfig.from_dict(None), InputTypeError, re.escape("a config must be a dict")),

@@ -271,4 +271,4 @@ def test_view_leaves_value_zeroing_out_of_all_for_a_long_text_and_names_the_rest
     assert capsys.readouterr().err.strip().splitlines() == [
         "bertscope: warning: value-zeroing is limited to 128 tokens (it reruns every layer once per token); this "
         "text has 512 (cut from 602): left out of the page's measures",
-        "bertscope: warning: 1 text(s) longer than 512 tokens were truncated (first: text 1)"]
+        "bertscope: warning: the text is longer than 512 tokens and was truncated"]

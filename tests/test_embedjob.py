@@ -229,7 +229,8 @@ def test_embed_bad_input_shows_no_progress_bar(tmp_path, capsys):
     assert code == 2 and "already holds an unfinished job; pass --resume to finish it, or choose a new --out" in err
     assert "Python" not in err  # it said "(from Python JobOptions(resume=True))" on the command line
     # standard input, as "-": said so, where it read as a file named "-" that does not exist
-    for args in (["embed", "-", "--out", str(tmp_path / "s")], ["predict", str(tmp_path), "-"]):
+    for args in (["embed", "-", "--out", str(tmp_path / "s")], ["predict", str(tmp_path), "-"],
+                 ["finetune", "-", "--out", str(tmp_path / "f")]):
         code, _, err = _run_cli(args, capsys)
         assert (code, err) == (2, "bertscope: error: - (standard input) is not read; write the texts to a file and "
                                   "give its name\n")

@@ -156,12 +156,19 @@ def test_a_classifier_folder_is_checked_before_anything_is_written(bert, tmp_pat
 
 
 @pytest.mark.parametrize("command", [["explain-experiments"], ["experiments", "--no-plots"]])
-def test_damaged_section_markers_are_refused_before_the_run_and_keep_the_users_text(command, tmp_path, capsys):
+def test_damaged_section_markers_are_refused_before_the_run_and_keep_the_users_text(command, tmp_path, capsys,
+                                                                                     monkeypatch):
     """A begin marker without its end: the first run appended a second section, the next
-    replaced everything from the first begin to the new end, deleting what the user wrote."""
+    replaced everything from the first begin to the new end, deleting what the user wrote.
+    Now refused before any work (the model is never loaded), and the library's writer refuses
+    too, naming the user's document, not its staged copy."""
+    import importlib
+
     from bertscope.explain.reread import SECTION as REREAD
     from bertscope.understand.experiments.report import SECTION as CLAIMS
 
+    cli = importlib.import_module(f"bertscope.cli.{command[0].replace('-', '_')}")
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("the model was loaded: the run began"))
     section = REREAD if command[0] == "explain-experiments" else CLAIMS
     doc = tmp_path / "EXPERIMENTS.md"
     mine = f"# Mine\n\nmy notes\n\n<!-- begin {section} -->\nold stuff\n\nmore of my notes\n"
@@ -174,6 +181,12 @@ def test_damaged_section_markers_are_refused_before_the_run_and_keep_the_users_t
                        "run again (nothing was written)"], err
         assert doc.read_text(encoding="utf-8") == mine
     assert sorted(p.name for p in tmp_path.iterdir()) == ["EXPERIMENTS.md"]
+    if command[0] == "experiments":  # write_report, from Python, with a report made elsewhere
+        from bertscope.understand.experiments import report as rp
+
+        with pytest.raises(bertscope.InputError, match=re.escape(f"{doc}: section {section!r} has damaged markers")):
+            rp.write_report(None, tmp_path, plots=False)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["EXPERIMENTS.md"]
 
 
 def test_update_section_refuses_every_kind_of_damaged_markers(tmp_path):

@@ -239,7 +239,8 @@ def test_resume_compares_settings_as_the_run_used_them_and_says_so_in_words(tmp_
     out, train = tmp_path / "run", tmp_path / "train.jsonl"
     train.write_bytes(rows_file.read_bytes())
     _stopped_in_its_second_step(out, train, tiny)  # max_length 16: the default budget is 256 tokens
-    for kw, said in (({"batch_tokens": 128}, "batch_tokens (--batch-tokens) is 128, but the interrupted run used 256"),
+    for kw, said in (({"batch_tokens": 128}, "batch_tokens (--batch-tokens) is 128, but the interrupted run used the "
+                                             "default (16 x max_length (--max-length) = 256)"),
                      ({"dev": str(rows_file)}, f"dev (--dev) is {str(rows_file)!r}, but the interrupted run had none"),
                      ({"lr": 1e-3}, "lr (--lr) is 0.001, but the interrupted run used 5e-05")):
         with pytest.raises(InputError) as e:
@@ -275,6 +276,8 @@ def test_a_second_run_in_a_folder_being_trained_in_is_refused(tmp_path, tiny, ro
             m.setattr(loop, "load", lambda *a, **k: pytest.fail("the model was loaded"))
             with pytest.raises(InputError, match=in_use):
                 finetune(small(rows_file, tiny), out, resume=True)
+            with pytest.raises(InputError, match=in_use):  # not "holds an interrupted run; pass --resume"
+                finetune(small(rows_file, tiny), out)
         with monkeypatch.context() as m:  # two runs that checked at the same moment: the lock decides
             m.setattr(loop, "lock_holder", lambda path: None)
             with pytest.raises(InputError, match=in_use):

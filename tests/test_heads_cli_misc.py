@@ -57,6 +57,17 @@ def test_heads_truncation_is_warned_once(tmp_path, capsys):
     assert any("line 3 is not UTF-8 text" in w for w in warns) and any("was truncated" in w for w in warns), warns
 
 
+def test_heads_says_once_which_lines_were_truncated_or_had_no_tokens(tmp_path, capsys):
+    """One warning per long line: a corpus of long texts printed one line of warning for each."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat.\n" + ("word " * 600 + "\n") * 3 + "\u200b\n" + "\u200b\u200b\n")
+    assert main(["heads", str(corpus), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["bertscope: warning: 3 lines are longer than 512 tokens and were truncated (lines 2, 3, 4)",
+                   "bertscope: warning: 2 lines have no tokens (the tokenizer drops every character of them) and "
+                   "were skipped (lines 5, 6)"], err
+
+
 @pytest.mark.parametrize("name, kind", [("c.jsonl", "JSON Lines"), ("c.csv", "CSV"), ("c.JSON", "JSON")])
 @pytest.mark.parametrize("engine", [[], ["--engine", "ray", "--workers", "1"]], ids=["local", "ray"])
 def test_heads_refuses_a_file_of_records_whose_syntax_it_would_read_as_text(tmp_path, capsys, name, kind, engine):

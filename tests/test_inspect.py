@@ -51,6 +51,17 @@ def test_find_word_errors():
         find_word(words, "the", 3)
 
 
+def test_find_word_looks_past_accents_only_when_no_word_is_equal():
+    """--token cafe found nothing in "at the café", which the uncased model reads as "cafe"."""
+    words = ["[CLS]", "at", "the", "café", "near", "the", "Cafe", "[SEP]"]
+    assert find_word(words, "cafe") == 6  # an equal word first, as written
+    assert find_word(["[CLS]", "the", "café", "[SEP]"], "cafe") == 2
+    assert find_word(["[CLS]", "the", "cafe\u0301", "[SEP]"], "CAFÉ") == 2  # é decomposed
+    assert find_word(["[CLS]", "naïve", "[SEP]"], "naive") == 1
+    with pytest.raises(InputError, match="'cafes' is not in the text"):
+        find_word(["[CLS]", "café", "[SEP]"], "cafes")
+
+
 def test_it_attends_to_animal_in_the_heads_the_spec_names(bert, hf_model):
     res = bertscope.attend(bert, IT_ANIMAL, "it")
     animal = res.words.index("animal")

@@ -273,6 +273,12 @@ def test_query_key_vectors_are_the_models_own_and_stored_when_small(bert):
     assert "qk" not in build_report(bert, IT_ANIMAL, qk=False).meta()
 
 
+def test_rollout_of_no_layers_is_empty():
+    from bertscope import attention_rollout
+
+    assert attention_rollout(torch.zeros(0, 2, 4, 4)).shape == (0, 4, 4)
+
+
 def test_rollout_stays_on_the_inputs_device():
     from bertscope import attention_rollout
 

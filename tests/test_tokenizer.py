@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -37,8 +38,13 @@ def test_uncased_checkpoint_lowercases(bert):
 
 def test_long_text_is_truncated_with_a_warning(bert):
     long = "word " * 1000
-    with pytest.warns(TruncationWarning, match="longer than 512 tokens were truncated"):
+    with pytest.warns(TruncationWarning, match=re.escape("1 text(s) longer than 512 tokens were truncated (first: "
+                                                         "text 1)")):
         b = bert.encode([long, "short"])
+    with pytest.warns(TruncationWarning, match="^the text is longer than 512 tokens and was truncated$"):
+        bert.encode([long])  # one text: no count, no "text 1" to find
+    with pytest.warns(TruncationWarning, match=re.escape("1 text(s) longer than 256 tokens were truncated (first: text 3)")):
+        bert.embed(["", "short", long])  # numbered as given, blank texts counted
     assert b.input_ids.shape == (2, 512) and b.truncated == [True, False]
     assert b.tokens[0][-1] == "[SEP]"
     with warnings.catch_warnings():

@@ -56,7 +56,7 @@ from .core.classifier import BertForSequenceClassification
 from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
-from .core.tokenizer import BertTokenizer, TruncationWarning, check_texts, least_read_length, tokenless
+from .core.tokenizer import BertTokenizer, check_texts, least_read_length, tokenless, warn_truncated
 from .errors import InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
@@ -206,10 +206,7 @@ class Bert:
         texts = check_texts(texts)
         real = [i for i, t in enumerate(texts) if t.strip()]
         ids, truncated = self.tokenizer.encode_ids([texts[i] for i in real], max_length=self.max_seq_length)
-        n_cut = sum(truncated)
-        if n_cut:
-            warn_caller(f"{n_cut} text(s) longer than {self.max_seq_length} tokens were truncated "
-                        f"(first: text {real[truncated.index(True)] + 1})", TruncationWarning)
+        warn_truncated(truncated, self.max_seq_length, real if len(texts) > 1 else None)
         # U+200B alone is empty too (a text that truncation cut that short is not)
         kept = [k for k, row in enumerate(ids) if not tokenless(row) or truncated[k]]
         real, ids = [real[k] for k in kept], [ids[k] for k in kept]
@@ -295,9 +292,7 @@ class Bert:
         if empty is not None:
             raise InputError(f"text {empty + 1} has no tokens (only characters the tokenizer drops): a "
                              "classifier has nothing to read (leave it out)")
-        if any(truncated):
-            warn_caller(f"{sum(truncated)} text(s) longer than {limit} tokens were truncated "
-                        f"(first: text {truncated.index(True) + 1})", TruncationWarning)
+        warn_truncated(truncated, limit)
         return self.classify_ids(ids, types, batch_size=batch_size, batch_tokens=batch_tokens)
 
     def classify_ids(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None = None,

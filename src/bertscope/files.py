@@ -17,10 +17,10 @@ from .errors import InputError, InputTypeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TEMP_SUFFIX", "FolderLock", "check_sections", "fields_note", "lock_holder", "move_into_place", "movie_review_rows",
-           "nearly_full", "open_stream_fd", "read_input_bytes", "read_lines", "refuse_records", "same_file",
-           "sha256_file", "split_lines", "unwritable_kind", "update_section", "why_not_a_file", "write_atomic",
-           "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
+__all__ = ["TEMP_SUFFIX", "FolderLock", "check_sections", "fields_note", "lines_warning", "lock_holder",
+           "move_into_place", "movie_review_rows", "nearly_full", "open_stream_fd", "read_input_bytes", "read_lines",
+           "refuse_records", "same_file", "sha256_file", "split_lines", "unwritable_kind", "update_section",
+           "why_not_a_file", "write_atomic", "write_bytes_atomic", "write_folder_atomic", "write_text_atomic"]
 
 TEMP_SUFFIX = ".tmp"  # temporaries are ".NAME.RANDOM.tmp" beside the file they become
 
@@ -471,10 +471,16 @@ def read_lines(path: str | os.PathLike) -> tuple[list[tuple[int, str]], list[str
 
 def bad_lines_warning(name: object, bad: list[int]) -> list[str]:
     """The one warning for the lines of ``name`` skipped as not UTF-8 text (none: no warning)."""
-    if len(bad) == 1:
-        return [f"{name}: line {bad[0]} is not UTF-8 text; skipped"]
-    shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
-    return [f"{name}: {len(bad)} lines are not UTF-8 text (lines {shown}); skipped"] if bad else []
+    return [f"{name}: {w}" for w in lines_warning(bad, "is not UTF-8 text; skipped", "are not UTF-8 text", "; skipped")]
+
+
+def lines_warning(lines: list[int], one: str, many: str, after: str = "") -> list[str]:
+    """One warning for all of ``lines`` (none: no warning), not one per line, which a large input
+    would print thousands of: "line 3 {one}", or "N lines {many} (lines 3, 5, ...){after}"."""
+    if len(lines) <= 1:
+        return [f"line {n} {one}" for n in lines]
+    shown = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
+    return [f"{len(lines)} lines {many} (lines {shown}){after}"]
 
 
 def text_lines(data: bytes) -> tuple[list[tuple[int, str]], list[int], int]:

@@ -23,7 +23,8 @@ methods (maps[i][j]: what word i takes from word j):
   grad-input            gradient x input of one output: the cosine similarity of TEXT's embedding
   integrated-gradients  to --similar-to's, or, with a fine-tuned classifier as --model, the
                         probability of its predicted class (or of --label)
-                        (integrated gradients: Sundararajan et al. 2017)
+                        (integrated gradients: Sundararajan et al. 2017, from an all-zero
+                        word-embedding baseline, 50-point Gauss-Legendre along the path)
 
 Word level: what a word receives from another sums over that word's sub-tokens, what a word
 takes averages over its own; gradient attributions sum over sub-tokens. Layers and heads are

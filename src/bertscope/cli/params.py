@@ -47,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             folder = Path(args.model) if args.model else bundled_model_path()
             check_folder(folder)
-            config = BertConfig.from_json(folder / "config.json")
-            source = f"{folder} (from its config.json; the weights are not read)"
+            config, source = BertConfig.from_json(folder / "config.json"), str(folder)
     except ConfigError as e:
         raise BertscopeError(str(e)) from None
     pc = count_config(config)  # built on the meta device: counts without allocating the weights
@@ -56,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         print_json({"source": source, **pc.to_json()})
         return 0
     C, H, D, N = config.hidden_size, config.num_attention_heads, config.head_size, config.num_hidden_layers
-    print(f"{source}: hidden {C} = {H} heads x {D}, {N} layers")
+    note = "" if args.preset else " (from its config.json; the weights are not read)"
+    print(f"{source}{note}: hidden {C} = {H} heads x {D}, {N} layers")
     print()
     print(f"{'one layer':<12}{'weights':>14}{'biases':>10}{'total':>14}")
     for label, (w, b) in pc.per_matrix.items():

@@ -30,7 +30,8 @@ def check_attention_mask(attention_mask: torch.Tensor, batch: int, tokens: int) 
     integers or floats: a boolean mask is refused, since HF reads True as a token and PyTorch's
     key_padding_mask reads it as PAD, and reading it the wrong way round gives wrong numbers
     without an error."""
-    _check_kind(attention_mask)
+    if not isinstance(attention_mask, torch.Tensor):
+        _check_kind(attention_mask)  # its one-line type error
     if tuple(attention_mask.shape) != (batch, tokens):
         raise InputError(
             f"attention_mask must have shape (B, T) = ({batch}, {tokens}), "

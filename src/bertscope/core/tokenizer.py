@@ -20,13 +20,29 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from ..errors import CheckpointError, InputError, InputTypeError, as_whole_number, warn_caller
 
-__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens", "tokenless"]
+__all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens", "tokenless",
+           "warn_truncated"]
 
 log = logging.getLogger(__name__)
 
 
 class TruncationWarning(UserWarning):
     """A text was longer than the model's positions and was cut."""
+
+
+def warn_truncated(truncated: Sequence[bool], limit: int, numbers: Sequence[int] | None = None) -> None:
+    """The one TruncationWarning for the texts cut to ``limit`` tokens, if any: how many, and the
+    first (``numbers``: the texts' own 0-based positions, where ``truncated`` covers a subset);
+    a lone text is just "the text"."""
+    cut = [k for k, t in enumerate(truncated) if t]
+    if not cut:
+        return
+    if len(truncated) == 1 and numbers is None:
+        warn_caller(f"the text is longer than {limit} tokens and was truncated", TruncationWarning)
+        return
+    first = cut[0] if numbers is None else numbers[cut[0]]
+    warn_caller(f"{len(cut)} text(s) longer than {limit} tokens were truncated (first: text {first + 1})",
+                TruncationWarning)
 
 
 def check_text(text: object, what: str = "the text") -> str:
@@ -212,11 +228,8 @@ class BertTokenizer:
             finally:
                 self._tok.no_truncation()
         truncated = [bool(e.overflowing) for e in encs]
-        n_cut = sum(truncated)
-        if n_cut and warn:
-            first = truncated.index(True)
-            warn_caller(f"{n_cut} text(s) longer than {limit} tokens were truncated (first: text {first + 1})",
-                        TruncationWarning)
+        if warn:
+            warn_truncated(truncated, limit)
         return self._pad(encs, truncated)
 
     def _limit(self, max_length: int | None, pairs: bool = False) -> int:

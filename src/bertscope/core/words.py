@@ -89,7 +89,8 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
 
 def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text: str | None = None,
               positions: int | None = None) -> int:
-    """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive).
+    """Index of the ``occurrence``-th word equal to ``word`` (case-insensitive; where no word
+    is equal, accents aside: "cafe" finds "café", as an uncased model reads both the same).
 
     ``cut_text``: the whole text, when the tokenizer cut it to ``positions`` tokens; a word found
     only in the part cut off is then said to be cut off, not missing."""
@@ -102,6 +103,8 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
     occurrence = n
     target = _fold(word.strip())
     hits = [i for i, w in enumerate(words) if _fold(w) == target]
+    if not hits:
+        hits = [i for i, w in enumerate(words) if _unaccented(w) == _unaccented(target)]
     if not hits:
         real = [w for w in words if w not in ("[CLS]", "[SEP]")]
         if not real:
@@ -152,6 +155,11 @@ def as_word(pattern: str, word: str) -> str:
 def _fold(s: str) -> str:
     """How words are compared: case-insensitive, é composed or not (NFC)."""
     return unicodedata.normalize("NFC", s).lower()
+
+
+def _unaccented(s: str) -> str:
+    """:func:`_fold`, accents dropped (é -> e): as BERT's uncased normalizer strips them."""
+    return "".join(c for c in unicodedata.normalize("NFD", _fold(s)) if not unicodedata.combining(c))
 
 
 def _split_span(words: Sequence[str], target: str) -> list[str] | None:

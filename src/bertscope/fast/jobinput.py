@@ -201,7 +201,7 @@ def resolve_inputs(spec: str | os.PathLike, field_name: str | None = None) -> li
         elif p.is_file():
             names = [str(p)]
         else:
-            raise InputError(f"input file {spec} does not exist" if not p.exists() and spec != "-"
+            raise InputError(f"input file {spec} does not exist" if not p.exists() and os.fspath(spec) != "-"
                              else why_not_a_file(spec))
     files = [InputFile(n, _kind(n, field_name), fs_uri) for n in names]
     if field_name is not None and len(files) > 1:  # --field reads any file as JSON Lines: not strays beside them

@@ -74,6 +74,8 @@ def roll_out(maps: torch.Tensor) -> torch.Tensor:
     :func:`attention_rollout` takes of the weights, and ALTI of its own maps)."""
     M = maps.double()  # (..., N, T, T); float64 so 24 products stay exact
     out = torch.empty_like(M)
+    if M.shape[-3] == 0:  # no layers: nothing to roll out
+        return out
     rolled = M[..., 0, :, :]  # (..., T, T)
     out[..., 0, :, :] = rolled
     for layer in range(1, M.shape[-3]):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from ..files import read_input_bytes, refuse_binary, split_lines
+from ..files import read_input_bytes, refuse_binary, split_lines, why_not_a_file
 
 __all__ = ["Example", "LabelSet", "Record", "STATUSES", "read_examples", "read_records", "file_format"]
 
@@ -72,6 +72,8 @@ class Example:
 
 def file_format(path: str | Path, *, lines_ok: bool = False) -> str:
     """"csv", "tsv" or "jsonl" from the suffix; "lines" for anything else when ``lines_ok``."""
+    if str(path) == "-":  # standard input: said so, not "a file without a suffix"
+        raise InputError(why_not_a_file(path))
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
         if lines_ok:

@@ -162,11 +162,17 @@ def _as_run(key: str, config: dict) -> object:
     return config.get(key)
 
 
-def _changed(key: str, now: object, then: object) -> str:
-    """How a resumed run's setting differs from the interrupted run's, in words: a setting left
-    out is "not given" (the model: "the bundled model"), never Python's None."""
-    def shown(value: object) -> str:
-        return repr(value) if value is not None else "the bundled model" if key == "model" else ""
+def _changed(key: str, now: dict, then: dict) -> str:
+    """How a resumed run's setting differs from the interrupted run's (``now``, ``then``: their
+    configs as dicts), in words: a setting left out is "not given" (the model: "the bundled
+    model"; the batch budget: the default it stood for), never Python's None."""
+    def shown(config: dict) -> str:
+        value = config.get(key)
+        if value is not None:
+            return repr(value)
+        if key == "batch_tokens":
+            return f"the default (16 x {_named('max_length')} = {_as_run(key, config)})"
+        return "the bundled model" if key == "model" else ""
 
     now_s = f"is {shown(now)}" if shown(now) else "is not given"
     then_s = f"used {shown(then)}" if shown(then) else "had none"
@@ -307,6 +313,9 @@ def _check_out(out: Path, resume: bool) -> None:
     if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) and p.name != LOCK_FILE
                             for p in out.iterdir()):
         if state.is_file():
+            pid = lock_holder(out / LOCK_FILE)
+            if pid is not None:  # still training: "pass --resume" would only meet the lock
+                raise _in_use(out)(pid)
             raise InputError(f"{_named('out')}: {out} holds an interrupted run; pass {_named('resume')} to "
                              "continue it, or choose a new folder")
         if (out / METRICS_FILE).is_file():  # --resume would only be refused: the run is complete
@@ -460,9 +469,8 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
             if key in ("train", "dev", "model"):  # as absolute paths, where the state has them
                 if _same_path(state.get("paths", {}).get(key, before.get(key)), getattr(cfg, key), key == "model"):
                     continue
-            then, now = _as_run(key, before), _as_run(key, asdict(cfg))
-            if then != now:
-                raise InputError(_changed(key, now, then))
+            if _as_run(key, before) != _as_run(key, asdict(cfg)):
+                raise InputError(_changed(key, asdict(cfg), before))
         changed = [key for key in ("train", "dev") if state["fingerprint"].get(key) != fingerprint[key]]
         if changed:
             which = " and ".join(f"{_named(key)} {getattr(cfg, key)}" for key in changed)

@@ -54,6 +54,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from ..errors import InputError, InputTypeError, as_whole_number
+from ..files import lines_warning
 from ..bert import Bert, analysis, check_bert
 from ..core.tokenizer import check_text, check_texts
 
@@ -296,9 +297,11 @@ class HeadSums:
             raise InputError("the corpus has no text (every line is empty, or has no tokens)")
         N, H = self.layers, self.heads
         warns = list(warnings or [])
-        warns += [f"line {n} is longer than {max_length} tokens and was truncated" for n in sorted(self.truncated)]
-        warns += [f"line {n} has no tokens (the tokenizer drops every character of it) and was skipped"
-                  for n in sorted(self.no_tokens)]
+        warns += lines_warning(sorted(self.truncated), f"is longer than {max_length} tokens and was truncated",
+                                f"are longer than {max_length} tokens and were truncated")
+        warns += lines_warning(sorted(self.no_tokens), "has no tokens (the tokenizer drops every character of it) "
+                                "and was skipped", "have no tokens (the tokenizer drops every character of "
+                                "them) and were skipped")
         stats = {}
         for k in STATS:
             rows = self.rows_nb if k in ("prev", "next") else self.rows_total

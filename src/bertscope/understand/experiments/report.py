@@ -13,7 +13,7 @@ import torch
 
 from . import claims as ex
 from ..coref import CorefResult, evaluate
-from ...files import update_section, write_folder_atomic, write_text_atomic
+from ...files import check_sections, update_section, write_folder_atomic, write_text_atomic
 from ..headstats import CLASSES, HeadStats, head_stats
 from ...bert import Bert
 from ..wsc import read_wsc
@@ -527,6 +527,7 @@ def write_report(r: Report, out: Path, plots: bool = True, command: str | None =
     Without plots the Markdown links no image. All of them are written, or none
     (:func:`bertscope.files.write_folder_atomic`): a failure never leaves new plots beside an
     old EXPERIMENTS.md or results.json."""
+    check_sections(Path(out) / "EXPERIMENTS.md", SECTION)  # named as the user knows it, not its staged copy
     if command is None:
         command = default_command(r, str(out), plots)
     results = json.dumps(_json(r), indent=1, allow_nan=False)

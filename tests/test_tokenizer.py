@@ -72,3 +72,56 @@ def test_truncation_warnings_point_at_the_callers_line_so_each_is_shown(bert):
 def test_encode_rejects_a_bare_string(bert):
     with pytest.raises(TypeError):
         bert.encode("not a list")
+
+
+def _whole_text_reference(bundled_path, items, limit):
+    """HF tokenizers' own encodings of the whole texts (or pairs), cut to ``limit``."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundled_path / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(limit, strategy="longest_first")
+    return tok.encode_batch(items)
+
+
+def test_a_text_far_over_the_limit_is_cut_as_the_whole_text_would_be(bert, bundled_path):
+    """A 10 MB line was tokenized whole (1.2 GB, 7 s) to keep 512 tokens; now from a prefix that
+    ends at a whitespace, where that prefix alone holds more tokens than the limit. Held to the
+    tokenizer's own encoding of every whole text: ids, segments, and whether it was cut."""
+    import random
+
+    from bertscope.core.tokenizer import PREFIX_CHARS_PER_TOKEN
+
+    rng = random.Random(7)
+    pieces = ["word", "Café", "naïve", "don't", "x" * 120, "日本語", "a,b;c", "\t", "\n", "  ", "\u200b",
+              "\u0301", "émigré", "ﬁ", "(!)", "12.5%", "\x07", "supercalifragilistic"]
+    limit = 9
+    cap = limit * PREFIX_CHARS_PER_TOKEN
+    texts = []
+    for n in (cap // 8, cap // 2, cap + 3, 2 * cap, 5 * cap):  # under and over the cap, by characters
+        for _ in range(6):
+            t = ""
+            while len(t) < n:
+                t += rng.choice(pieces) + rng.choice([" ", "", "  ", "\n"])
+            texts.append(t)
+    texts.append("word " * cap + " " * (3 * cap))  # the prefix's tokens, then only whitespace
+    texts.append("word " * 3 + "\u200b " * (2 * cap))  # few tokens, then characters the tokenizer drops
+    texts.append("y" * (3 * cap) + " end")  # one word longer than the cap: no place to cut
+    tok = bert.tokenizer
+    short = tok._prefixes(texts, limit)  # the path under test is taken: many texts are read from a prefix
+    assert sum(len(a) < len(b) for a, b in zip(short, texts)) >= 10 and short[-1] == texts[-1]
+    ids, cut = tok.encode_ids(texts, max_length=limit)
+    ref = _whole_text_reference(bundled_path, texts, limit)
+    assert ids == [e.ids for e in ref]
+    assert cut == [bool(e.overflowing) for e in ref]
+    assert sum(cut) > len(texts) // 2 and not all(cut)  # both kinds occur
+    pairs = list(zip(texts, reversed(texts)))
+    p_ids, p_types, p_cut = tok.encode_segments(texts, list(reversed(texts)), max_length=limit)
+    ref = _whole_text_reference(bundled_path, pairs, limit)
+    assert (p_ids, p_types, p_cut) == ([e.ids for e in ref], [e.type_ids for e in ref],
+                                      [bool(e.overflowing) for e in ref])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncationWarning)
+        batch = tok.encode(texts[-8:], max_length=limit)
+    assert batch.truncated == cut[-8:]
+    assert [row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths)] == ids[-8:]

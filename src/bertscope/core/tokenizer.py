@@ -9,6 +9,7 @@ import json
 import logging
 import numbers
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ __all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_t
            "warn_truncated"]
 
 log = logging.getLogger(__name__)
+
+
+# a text over max_length x this many characters is tokenized from a prefix (BertTokenizer._encode_cut)
+PREFIX_CHARS_PER_TOKEN = 64
+_LAST_SPACE = re.compile(r".*\s", re.S)  # matched up to a cap: the text up to its last whitespace there
 
 
 class TruncationWarning(UserWarning):
@@ -148,6 +154,10 @@ class BertTokenizer:
         self._tok = tokenizer
         self._tok.no_padding()
         self._tok.no_truncation()
+        # BERT's normalizer and pre-tokenizer: a text cut at a whitespace tokenizes to a prefix of
+        # the whole text's tokens (what _encode_cut relies on)
+        self._splits_at_whitespace = (type(tokenizer.normalizer).__name__ == "BertNormalizer"
+                                      and type(tokenizer.pre_tokenizer).__name__ == "BertPreTokenizer")
         self.max_length = max_length
         self.do_lower_case = do_lower_case
         self._lock = threading.Lock()  # truncation is state on the shared Tokenizer
@@ -218,15 +228,7 @@ class BertTokenizer:
             if len(pairs) != len(texts):
                 raise InputError(f"texts and pairs must have the same length ({len(texts)} and {len(pairs)})")
         limit = self._limit(max_length, pairs is not None)
-        with self._lock:
-            self._tok.enable_truncation(limit, strategy="longest_first")
-            try:
-                if pairs is not None:
-                    encs = self._tok.encode_batch(list(zip(texts, pairs)))
-                else:
-                    encs = self._tok.encode_batch(list(texts))
-            finally:
-                self._tok.no_truncation()
+        encs = self._encode_cut(texts, pairs, limit)
         truncated = [bool(e.overflowing) for e in encs]
         if warn:
             warn_truncated(truncated, limit)
@@ -270,13 +272,7 @@ class BertTokenizer:
         """Token ids per text (with [CLS] and [SEP], cut to ``max_length``), unpadded, and
         whether each text was cut. No warning: the caller reports truncation its own way."""
         texts = check_texts(texts)
-        limit = self._limit(max_length)
-        with self._lock:
-            self._tok.enable_truncation(limit, strategy="longest_first")
-            try:
-                encs = self._tok.encode_batch(list(texts))
-            finally:
-                self._tok.no_truncation()
+        encs = self._encode_cut(texts, None, self._limit(max_length))
         return [e.ids for e in encs], [bool(e.overflowing) for e in encs]
 
     def encode_segments(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
@@ -288,14 +284,44 @@ class BertTokenizer:
             raise TypeError("encode_segments takes a list of texts, not one string")
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError("texts and pairs must have the same length")
-        limit = self._limit(max_length, pairs is not None)
-        with self._lock:
+        encs = self._encode_cut(texts, pairs, self._limit(max_length, pairs is not None))
+        return [e.ids for e in encs], [e.type_ids for e in encs], [bool(e.overflowing) for e in encs]
+
+    def _encode_cut(self, texts: Sequence[str], pairs: Sequence[str] | None, limit: int) -> list[Encoding]:
+        """The encodings of texts (or pairs) cut to ``limit`` tokens, the longer of a pair first.
+
+        A text far longer than any limit (a 10 MB line) is tokenized from a prefix: the tokenizer
+        would otherwise hold every token of it at once (1.2 GB and 7 s for 10 MB). The prefix
+        ends at a whitespace and is used only when it alone holds more than ``limit`` tokens; with
+        BERT's normalizer and pre-tokenizer (per-character, split at whitespace) its tokens are
+        then the first tokens of the whole text, so the cut encoding, and its overflow, are the
+        same. Other tokenizers are given the whole text."""
+        with self._lock:  # truncation is state on the shared Tokenizer
+            texts = self._prefixes(texts, limit)
+            pairs = None if pairs is None else self._prefixes(pairs, limit)
             self._tok.enable_truncation(limit, strategy="longest_first")
             try:
-                encs = self._tok.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
+                return self._tok.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
             finally:
                 self._tok.no_truncation()
-        return [e.ids for e in encs], [e.type_ids for e in encs], [bool(e.overflowing) for e in encs]
+
+    def _prefixes(self, texts: Sequence[str], limit: int) -> Sequence[str]:
+        """``texts``, each over ``limit`` x PREFIX_CHARS_PER_TOKEN characters replaced by its
+        prefix where that is safe (see :meth:`_encode_cut`); called with truncation off."""
+        cap = limit * PREFIX_CHARS_PER_TOKEN
+        if not self._splits_at_whitespace or all(len(t) <= cap for t in texts):
+            return texts
+        out = list(texts)
+        for i, t in enumerate(texts):
+            if len(t) <= cap:
+                continue
+            end = _LAST_SPACE.match(t, 0, cap)
+            if end is None:  # one word of cap characters: no safe place to cut
+                continue
+            prefix = t[:end.end()]
+            if len(self._tok.encode(prefix, add_special_tokens=False).ids) > limit:
+                out[i] = prefix
+        return out
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text with [CLS] and [SEP], before any truncation."""

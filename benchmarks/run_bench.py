@@ -36,6 +36,14 @@ def main() -> int:
     p.add_argument("--doc", default=str(ROOT / "docs" / "BENCHMARKS.md"))
     p.add_argument("--section", default=None, help="write the tables into this named section of --doc")
     a = p.parse_args()
+    from bertscope.cli.bench import check_settings
+    from bertscope.errors import InputError
+
+    try:  # as `bertscope bench` checks them: one line, before a run of minutes
+        check_settings(a.preset, a.rounds, a.threads)
+    except InputError as e:
+        print(f"run_bench.py: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     res = run_bench(model=a.model, preset=a.preset, corpus=a.corpus, quick=a.quick, threads=a.threads,
                     rounds=a.rounds, plot=a.plot)

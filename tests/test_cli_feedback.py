@@ -198,10 +198,12 @@ def test_library_warnings_and_log_records_print_as_one_kind_of_line(capsys):
 
     from bertscope.cli.main import _LogLine, _warning_line
 
-    _warning_line("bertscope: int8 is off: measured 0.47x the speed of fp32 here\n(keep_precision=True, "
-                  "or embed --keep-precision, keeps int8)", RuntimeWarning, "bert.py", 1)
+    import bertscope.bert  # noqa: F401  (its settings are named as typed: keep_precision=True is --keep-precision)
+
+    _warning_line("bertscope: int8 is off: measured 0.47x the speed of fp32 here\n(keep_precision=True "
+                  "(--keep-precision) keeps int8)", RuntimeWarning, "bert.py", 1)
     assert capsys.readouterr().err == ("bertscope: warning: int8 is off: measured 0.47x the speed of fp32 here "
-                                       "(keep_precision=True, or embed --keep-precision, keeps int8)\n")
+                                       "(--keep-precision keeps int8)\n")
     _warning_line("3 text(s) were truncated", UserWarning, "bert.py", 1)
     assert capsys.readouterr().err == "bertscope: warning: 3 text(s) were truncated\n"
     rec = logging.LogRecord("bertscope.fast.tuning", logging.WARNING, "tuning.py", 1,

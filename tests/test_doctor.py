@@ -213,3 +213,16 @@ def test_doctor_says_which_candidate_rows_time_one_step_not_a_layer():
     assert rows["int8_cast"].endswith("[the 8-bit conversions of one layer's inputs, alone]")
     assert "direct 0.1000 (1.00) *" in rows["int8_cast"] and "int32 0.1400 (1.50)" in rows["int8_cast"]
     assert "[" not in rows["gemm"] and "[" not in rows["int8_kernel"]  # these time a whole layer
+
+
+def test_doctor_marks_the_precision_bf16_runs_in():
+    """The bf16 row carried no "*" though its legend says "* = chosen": the winner is the
+    precision the model runs in."""
+    from bertscope.cli.doctor import _timings
+
+    choice = {"gemm": "onednn", "batch_tokens": 2048, "slack": 0.0, "int8_kernel": "onednn",
+              "timings": {"bf16": {"fp32": 0.0211, "bf16": 0.0140}}, "ratios": {"bf16": {"fp32": 1.0, "bf16": 0.67}}}
+    (on,) = _timings(choice, "bf16")
+    (off,) = _timings(choice, "fp32")  # bf16 asked for, running fp32 (no CPU support, or not faster)
+    assert on.split()[-1] == "*" and "fp32 0.0211 (1.00)   bf16" in on
+    assert "fp32 0.0211 (1.00) *" in off and not off.endswith("*")

@@ -57,7 +57,7 @@ from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, check_texts, least_read_length, tokenless, warn_truncated
-from .errors import InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, warn_caller
+from .errors import InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, setting, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
@@ -69,6 +69,7 @@ __all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "analysis
            "calibration_texts", "check_bert", "load"]
 
 log = logging.getLogger(__name__)
+_KEEP = setting("keep_precision=True", "--keep-precision")  # the CLI shows the flag alone
 
 
 def _count(value: object, name: str) -> int | None:
@@ -486,10 +487,10 @@ def _calibrate_int8(bert: Bert, keep_precision: bool = False) -> None:
         if not keep_precision:
             bert.fast.gemm.precision = "fp32"
             bert.precision_note = (f"int8 is off: measured {speedup:.2f}x the speed of fp32 here ({what}{busy}); "
-                                   "running fp32 (keep_precision=True, or embed --keep-precision, keeps int8)")
+                                   f"running fp32 ({_KEEP} keeps int8)")
             warn_caller(f"bertscope: {bert.precision_note}", RuntimeWarning)
             return
-        speed += " (no faster: kept as asked, keep_precision=True)"
+        speed += f" (no faster: kept as asked, {_KEEP})"
     bert.precision = "int8"
     bert.precision_note = (f"{what}; calibration cosine to fp32 {plan.cosine_mean:.4f} mean, "
                            f"{plan.cosine_min:.4f} min{speed}")
@@ -546,7 +547,7 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
         elif speedup is not None and speedup < 1 + NOISE_MARGIN and not keep_precision:
             busy = busy_note(choice.busy, "the speed verdict") if choice.source == "measured" else ""  # timed others' work too
             why = (f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here{'; ' + busy if busy else ''} "
-                   "(keep_precision=True, or embed --keep-precision, keeps bf16)")
+                   f"({_KEEP} keeps bf16)")
         else:
             packed = _calibration_batch(bert)
             try:

@@ -83,7 +83,9 @@ def quality_lines(w: dict) -> list[str]:
         return []
     out = ["", "| reduced precision | cosine to fp32: mean | min | top-10 neighbour overlap |", "|---|---:|---:|---:|"]
     for name, a in q.items():
-        out.append(f"| {name} | {a['cosine_mean']:.4f} | {a['cosine_min']:.4f} | {a['top10_overlap']:.3f} |")
+        overlap = (f"{a['top10_overlap']:.3f}" if a["top10_overlap"] is not None
+                   else f"n/a ({a['texts']} texts: each has every other as a neighbour; needs 12 or more)")
+        out.append(f"| {name} | {a['cosine_mean']:.4f} | {a['cosine_min']:.4f} | {overlap} |")
     verdicts = w.get("int8_contracts") or ({"bertscope int8": w["int8_contract"]} if w.get("int8_contract") else {})
     for name, verdict in verdicts.items():
         terms = []

@@ -9,6 +9,11 @@ systems' time ratio within the same round (:func:`bertscope.fast.tuning.ratios`)
 machine whose speed drifts between rounds moves less. Each timed call's minor page faults are
 counted too (where the OS reports them): a system whose large blocks the C allocator maps fresh
 on every call pays for it in faults, which depends on what the process allocated before.
+
+Each timed call starts after a pause of SETTLE_S, so that no system pays for the one before it:
+ONNX Runtime's threads spin for a while after each of its calls, and a call of 12 short texts
+that took 67 ms took 103 ms when it came right after ONNX Runtime's (AMD EPYC Zen 4, 2 threads;
+50 ms of pause was enough; docs/BENCHMARKS.md, "Order in the rounds").
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from .machine import sync
 from .quality import embedding_agreement
 from .systems import Embedder
 
-__all__ = ["compare_and_time", "median_time", "paired_speedups"]
+__all__ = ["SETTLE_S", "compare_and_time", "median_time", "paired_speedups"]
+
+SETTLE_S = 0.1  # the pause before each timed call of a round (the module's docstring says why)
 
 
 def minor_faults() -> int | None:
@@ -52,6 +59,7 @@ def compare_and_time(systems: dict[str, Embedder], texts: list[str], real_tokens
     for _ in range(rounds):
         for name, f in systems.items():
             sync(device)
+            time.sleep(SETTLE_S)  # the previous system's threads wind down first
             f0, t = minor_faults(), time.perf_counter()
             f(texts)
             sync(device)

@@ -61,24 +61,33 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_settings(preset: str | None, rounds: int, threads: int | None) -> None:
+    """--preset, --rounds and --threads, as bench (and benchmarks/run_bench.py) takes them: an
+    InputError (one line) before any work."""
+    from ..errors import InputError
+    from .common import check_preset
+
+    check_preset(preset)
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise InputError(f"--rounds must be 1 to {MAX_ROUNDS:,}, not {rounds:,}")
+    cpus = os.cpu_count() or 1
+    if threads is not None and not 1 <= threads <= cpus:
+        raise InputError(f"--threads must be 1 to {cpus} (this machine's logical CPUs), not {threads:,}")
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import bench
     from ..bench.corpus import read_corpus
     from ..bench.report import PLOT_SUFFIXES, render_scaling_plot, write_markdown
     from ..errors import InputError
     from ..files import write_bytes_atomic
-    from .common import check_output_file, check_preset
+    from .common import check_output_file
     from .guard import dumps_strict, null_non_finite
 
-    check_preset(args.preset)
     if args.quick and args.rounds is not None:
         raise InputError("--quick runs one round of each system (a smoke run); leave out --rounds, or --quick")
     rounds = 3 if args.rounds is None else args.rounds
-    if not 1 <= rounds <= MAX_ROUNDS:
-        raise InputError(f"--rounds must be 1 to {MAX_ROUNDS:,}, not {rounds:,}")
-    cpus = os.cpu_count() or 1
-    if args.threads is not None and not 1 <= args.threads <= cpus:
-        raise InputError(f"--threads must be 1 to {cpus} (this machine's logical CPUs), not {args.threads:,}")
+    check_settings(args.preset, rounds, args.threads)
     plot = None
     if args.plot:  # checked now: a bad path must not cost a finished run
         plot = check_output_file(args.plot, flag="--plot", suffixes=PLOT_SUFFIXES)

@@ -96,11 +96,15 @@ _PART = {"int8_cast": "the 8-bit conversions of one layer's inputs, alone",
          "int8_act": "W1's activation step, alone"}
 
 
-def _timings(choice: dict) -> list[str]:
+def _timings(choice: dict, in_use: str | None = None) -> list[str]:
+    """The candidates' lines, the winner of each step marked; ``in_use``: the precision the model
+    runs in, which is the bf16 step's winner (bf16 or fp32)."""
     lines = []
     winners = {"gemm": choice["gemm"], "batch_tokens": str(choice["batch_tokens"]),
                "slack": str(float(choice["slack"])), "int8_kernel": choice["int8_kernel"],
                "int8_cast": choice.get("int8_cast", "direct"), "int8_act": choice.get("int8_act", "fused")}
+    if in_use in ("bf16", "fp32"):
+        winners["bf16"] = in_use
     for step, times in choice.get("timings", {}).items():
         cells = []
         rel = choice.get("ratios", {}).get(step, {})
@@ -185,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                       f"again if this machine's moves {HOST_SPEED_CHANGE}x either way)")
             print(f"  candidates (median s per 1,000 tokens, one layer unless [said]; batch sizes: the first "
                   f"{BATCH_RACE_LAYERS} layers; in brackets the median of each round's time over the first's, which decides; * = chosen):")
-            for line in _timings(c):
+            for line in _timings(c, e["in_use"] if precision == "bf16" else None):
                 print(line)
         cal = e.get("int8_calibration")
         if cal:

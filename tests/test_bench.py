@@ -22,11 +22,19 @@ def test_bench_quick_json(tmp_path, capsys, monkeypatch, caplog):
     monkeypatch.setattr(bench_run, "others_share", lambda a, b, threads=None: seen.append((a, b)) or 0.6)
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"a first text\n\xff\xfe not utf-8\nthe third line\n\nlast one\n")
-    code = main(["bench", "--quick", "--json", "--corpus", str(corpus), "--plot", str(tmp_path / "s13.png")])
+    code = main(["bench", "--quick", "--json", "--corpus", str(corpus), "--plot", str(tmp_path / "s13.png"),
+                 "--progress"])
     cap = capsys.readouterr()
     out, err = cap.out, cap.err
     assert code == 0
+    # each step named as it begins (the run was silent for minutes), in order
+    steps = [line for line in err.splitlines() if line.startswith("bench: ")]
+    begins = ["bench: the fp32 matmul peak", "bench: equal_T32: 8 texts", "bench: equal_T32: comparing",
+              "bench: mixed: 3 texts", "bench: mixed: comparing", "bench: S13: attention alone"]
+    assert len(steps) == len(begins) and all(s.startswith(b) for s, b in zip(steps, begins)), steps
+    assert steps[4].endswith("then timing 1 round(s)")
     r = json.loads(out)
+    assert r["scaling"]["machine"].endswith(f"{r['machine']['torch_threads']} thread(s)")  # the plot's caption
     assert {"machine", "matmul_peak_gflops", "workloads", "scaling"} <= set(r)
     from bertscope.fast.heap import KEEP_TRIM_BYTES  # the allocator's thresholds every system ran under
     assert r["machine"]["heap"]["kept"] is True and r["machine"]["heap"]["trim_threshold"] == KEEP_TRIM_BYTES
@@ -188,6 +196,20 @@ def test_paired_speedup_follows_the_rounds_not_the_drift():
                           "other": {"times_s": [2.0, 2.0, 6.0, 6.0, 6.0]}}}
     assert paired_speedups(result, "bertscope") == {"other": 2.0}
     assert paired_speedups(result, "other") == {"bertscope": 0.5}
+
+
+def test_the_s13_plot_names_its_model_and_machine(monkeypatch):
+    """The figure said "time against length" and nothing of where: read away from its table (the
+    docs' s13_cpu_*.png), only its file name told the machine."""
+    import matplotlib
+
+    from bertscope.bench.report import render_scaling_plot
+
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # text as text, to be found
+    r = {"lengths": [16, 32], "attention": {"time_s": [0.001, 0.002], "time_exponent": 1.0, "peak_mib": [1, 2]},
+         "model": {"time_s": [0.01, 0.02]}, "machine": "AMD EPYC (avx2, fma), 2 thread(s)",
+         "config": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12}}
+    assert b"hidden 384, 6 layers, 12 heads; AMD EPYC (avx2, fma), 2 thread(s)" in render_scaling_plot(r, "svg")
 
 
 def test_top10_overlap_is_not_given_where_it_cannot_fail():

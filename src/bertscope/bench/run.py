@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..fast.heap import keep_heap
 from ..fast.tuning import BUSY_SHARE, cpu_ticks, others_share
 from .corpus import make_texts, mixed_lengths, read_corpus, save_random_checkpoint
-from .machine import machine, matmul_peak, onednn_matmul_peak
+from .machine import cpu_label, machine, matmul_peak, onednn_matmul_peak
 from .report import PLOT_SUFFIXES, plot_scaling
 from .scaling import scaling
 from .quality import contract_verdict
@@ -43,7 +43,8 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
               quick: bool = False, threads: int | None = None, rounds: int = 3,
               device: str = "cpu", dtype: torch.dtype | None = None,
               systems: Sequence[str] | None = None, scaling_lengths: Sequence[int] | None = None,
-              memory: bool = True, plot: str | Path | None = None) -> dict:
+              memory: bool = True, plot: str | Path | None = None,
+              progress: Callable[[str], None] | None = None) -> dict:
     """Run every part of the benchmark and return one JSON-able dict.
 
     Workloads: (a) equal-length texts of T = 128 tokens on a BERT-base-size model (random
@@ -53,8 +54,10 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
     smoke runs): then the equal-length texts have T = 32 (the workload keeps its key
     ``equal_T128``; its ``label`` gives the true T). ``plot`` (.png, .svg or .pdf) is written at
     the end; if that fails, the results still come back, with ``scaling.plot_error``.
-    Arguments and the corpus are checked before any measurement.
+    Arguments and the corpus are checked before any measurement. ``progress(step)`` is called
+    as each step of the run begins, with a line saying what it measures.
     """
+    say = progress or (lambda step: None)
 
     if model and preset:
         raise InputError("give --model or --preset, not both")
@@ -97,6 +100,7 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
                 return bundled
             return save_random_checkpoint(cfg, work / name, bundled_model_path() if model is None else bundled)
 
+        say("the fp32 matmul peak (torch.mm" + (" and oneDNN)" if device == "cpu" else ")"))
         result["matmul_peak_gflops"] = matmul_peak(256 if quick else None, 0.3 if quick else 3.0,
                                                    device=device if device == "cpu" else "cuda")
         result["matmul_peak_shapes"] = "256³" if quick else "1024³, 2048³, 4096×768×3072"
@@ -122,7 +126,10 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
                 texts = make_texts(tok, mixed_lengths(24 if quick else 256, 5, hi), seed=3)
             ids, _ = tok.encode_ids(texts, max_length=bert.max_seq_length)
             lengths = [len(t) for t in ids]
+            say(f"{label}: {len(texts)} texts, {sum(lengths):,} real tokens: building the systems (bertscope's "
+                "kernel choice and int8 calibration, ONNX Runtime's export and quantization)")
             built, skipped = build_systems(folder, bert, work / wname, threads, device, dtype, systems, quick=quick)
+            say(f"{label}: comparing {len(built)} systems' outputs, then timing {1 if quick else rounds} round(s)")
             log.info("workload %s: %d texts, %d real tokens; systems %s", wname, len(texts), sum(lengths), list(built))
             entry = compare_and_time(built, texts, sum(lengths), bert.config.flops(lengths),
                                      1 if quick else rounds, device, reduced=reduced_systems())
@@ -155,8 +162,11 @@ def run_bench(*, model: str | None = None, preset: str | None = None,
 
         s_cfg = cfg_eq or load(bundled).config
         Ls = list(scaling_lengths or ([16, 32, 64] if quick else [64, 128, 192, 256, 384, 512]))
+        say(f"S13: attention alone and the whole model against T = {', '.join(map(str, Ls))}")
         result["scaling"] = scaling(s_cfg, Ls, threads, device, memory=memory)
         result["scaling"]["config"] = s_cfg.to_dict()
+        where = cpu_label(result["machine"]) if device == "cpu" else device
+        result["scaling"]["machine"] = f"{where}, {threads} thread(s)"  # the plot names it
         if plot:
             try:
                 result["scaling"]["plot"] = str(plot_scaling(result["scaling"], Path(plot)))

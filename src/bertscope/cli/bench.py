@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from .progress import add_progress_args, progress_enabled
+
 HELP = """\
 Measure, in one run with the same texts and the same thread count, the real tokens per second
 of bertscope (packed path), sentence-transformers' encode, HF transformers used naively (sdpa,
@@ -32,6 +34,8 @@ a tiny model whose times and peak-memory values are too small for an exponent (s
 a time exponent is fitted only when the longest input takes at least 1.5x the shortest's time).
 --corpus lines that are not UTF-8 are skipped with a warning naming them. --plot (.png, .svg or
 .pdf) is checked before the run and written, atomically, after the results are printed.
+A full run takes minutes: each step is named on stderr as it begins (on a terminal, or with
+--progress; --quiet says nothing).
 
 examples:
   bertscope bench
@@ -58,6 +62,7 @@ def register(sub) -> None:
     p.add_argument("--plot", metavar="FILE", default=None, help="write the S13 plot here (.png, .svg or .pdf)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_progress_args(p)  # the run takes minutes: each step is said on stderr as it begins
     p.set_defaults(func=run)
 
 
@@ -106,8 +111,12 @@ def run(args: argparse.Namespace) -> int:
         corpus, warns = read_corpus(args.corpus)
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)
+    step = None
+    if progress_enabled(args):
+        def step(what: str) -> None:
+            print(f"bench: {what}", file=sys.stderr, flush=True)
     res = bench.run_bench(model=args.model, preset=args.preset, corpus=corpus, quick=args.quick,
-                    threads=args.threads, rounds=rounds, plot=None)
+                          threads=args.threads, rounds=rounds, plot=None, progress=step)
     if args.corpus:
         res["corpus"] = args.corpus
     figure, failed = None, None

@@ -397,6 +397,12 @@ def scaling_plot(result: dict, fmt: str = "png") -> bytes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
+    cfg = result.get("config") or {}
+    shape = (f"hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads"
+             if {"hidden_size", "num_hidden_layers", "num_attention_heads"} <= set(cfg) else "")
+    caption = "; ".join(x for x in (shape, result.get("machine")) if x)
+    if caption:  # which model and machine: a figure read away from its table still says
+        fig.suptitle(caption, fontsize=8)
     return figure_bytes(fig, fmt, 110)
 
 

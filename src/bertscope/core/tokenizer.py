@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 
 # a text over max_length x this many characters is tokenized from a prefix (BertTokenizer._encode_cut)
 PREFIX_CHARS_PER_TOKEN = 64
-_LAST_SPACE = re.compile(r".*\s", re.S)  # matched up to a cap: the text up to its last whitespace there
+# matched up to a cap: the text up to its last space, tab or line break there. Not \s: Python
+# counts \x1c-\x1f and \x85 as whitespace, which BERT's normalizer drops as control characters
+# (a cut there would end a word the whole text goes on with)
+_LAST_SPACE = re.compile(r".*[ \t\n\r]", re.S)
 
 
 class TruncationWarning(UserWarning):

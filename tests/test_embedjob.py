@@ -328,6 +328,25 @@ def test_a_json_line_no_text_can_be_read_from_is_its_own_row(tmp_path, bert, cap
     assert "undecodable line(s) (not UTF-8 text), zero vectors: line 2" in err
 
 
+def test_bad_lines_of_a_folder_are_named_by_file_and_line(tmp_path, capsys):
+    """A folder's lines are numbered across its files; embed printed "line 4" for the second
+    line of the second file. It names the file and its own line, and the manifest says where
+    each file begins, so a reader can do the same."""
+    folder = tmp_path / "crawl"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    (folder / "b.jsonl").write_text('{"text": "three"}\nnot json\n{"body": "x"}\n')
+    code, _, err = _run_cli(["embed", str(folder), "--out", str(tmp_path / "o.emb"), "--quiet"], capsys)
+    assert code == 0, err
+    b = folder / "b.jsonl"
+    assert f"1 line(s) not valid JSON, zero vectors: {b}:2\n" in err, err
+    assert f"not a JSON object with a field 'text', zero vectors: {b}:3\n" in err, err
+    manifest = json.loads((tmp_path / "o.emb" / "_manifest.json").read_text())
+    assert manifest["problems"]["bad_json"] == [4]  # numbered across the files, as before
+    assert manifest["input"]["first_lines"] == [1, 3]
+    assert read_embeddings(tmp_path / "o.emb")[1] == ["ok", "ok", "ok", "bad_json", "no_field"]
+
+
 def test_an_output_inside_its_input_folder_is_not_read_as_input(tmp_path, capsys):
     """embed DIR --out DIR/x.emb: the resume saw the job's own shard as a new input file and was
     refused, and a second job embedded the .npy shard as 244 undecodable lines of text."""

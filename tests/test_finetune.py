@@ -300,6 +300,26 @@ def test_ctrl_c_inside_a_checkpoint_write_is_an_interrupt_not_torchs_error(tmp_p
     assert "resumed at step 1" in capsys.readouterr().out
 
 
+def test_examples_longer_than_the_token_budget_are_said_to_go_over_it(tmp_path, tiny, capsys):
+    """--batch-tokens below an example's length was taken in silence: such an example makes a
+    batch of its own, over the budget. The run says how many, and trains."""
+    rows = sentiment_rows(16, seed=5)
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    tok = bertscope.BertTokenizer.from_folder(tiny)
+    ids, _, _ = tok.encode_segments([r["text"] for r in rows], None, max_length=24)
+    budget = sorted(len(t) for t in ids)[len(ids) // 2]  # about half the examples are longer
+    over = sum(len(t) > budget for t in ids)
+    assert 0 < over < len(ids)
+    args = ["finetune", str(train), "--model", str(tiny), "--epochs", "1", "--max-length", "24", "--quiet"]
+    run = _run_cli([*args, "--batch-tokens", str(budget), "--out", str(tmp_path / "a")])  # the CLI's own log lines
+    assert run.returncode == 0, run.stderr
+    err = run.stderr
+    assert (f"bertscope: warning: {over} of the 16 training examples are longer than the {budget}-token budget "
+            "(--batch-tokens): each is a batch of its own, over the budget\n") in err, err
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0  # the default budget holds 16 at --max-length
+    assert "budget" not in capsys.readouterr().err
+
+
 # --- bad input: one line, a non-zero exit, nothing written in DIR ---------------------------------
 
 def _refused(capsys, args: list[str], match: str, out: Path | None = None) -> None:

@@ -81,6 +81,21 @@ def test_folder_glob_and_file_uri_number_records_across_files(tmp_path):
     assert [len(s.pieces) for s in plan.shards] == [1, 1, 2]  # the last shard spans two files
 
 
+def test_a_record_number_is_placed_in_its_file_and_line(tmp_path):
+    """Records are numbered across the files; where() names the file and that file's own line (an
+    empty file between two others holds none), so a bad record can be found in the file."""
+    d = _tree(tmp_path)
+    (d / "a_empty.txt").write_bytes(b"")  # sorts between a.txt and b.txt
+    plan = plan_input(d, shard_rows=2)
+    assert [Path(f.name).name for f in plan.files] == ["a.txt", "a_empty.txt", "b.txt", "c.txt"]
+    assert plan.first_rows == (1, 3, 3, 6)
+    for n, raw in iter_records(plan):  # each record's text is its file's letter and its own line
+        name, line = plan.where(n).rsplit(":", 1)
+        assert Path(name).name == f"{raw[:1].decode()}.txt" and line == raw[1:].decode()
+    single = plan_input(d / "b.txt")
+    assert [single.where(n) for n in (1, 3)] == ["line 1", "line 3"]  # one file: its own numbers
+
+
 @pytest.mark.parametrize("spec, message", [
     ("d/*.csv", "no input file matches"),
     ("missing.txt", "does not exist"),

@@ -15,8 +15,9 @@ folder of shards plus _manifest.json. One row per input line, in input order.
 
 INPUT is one file, a folder (every file in it and its subfolders, in sorted order; names that
 start with "." or "_" are skipped) or a glob ("crawl/*.jsonl", "crawl/**/*.jsonl"), local or
-any URI pyarrow reads (s3://, gs://, hdfs://). Line numbers count on across the files, in that
-order; _job.json lists the files and the manifest each shard's first line.
+any URI pyarrow reads (s3://, gs://, hdfs://). Rows follow the files in that order; the
+manifest numbers lines across them (its input.first_lines says where each file begins), and the
+bad lines printed here are named FILE:LINE, each file's own line.
 Each file is a text file (one text per line), JSON Lines (one JSON object per line, the text in
 field "text" or the one --field names) if its name ends in .jsonl, .ndjson or .json, or if
 --field is given, or Parquet (.parquet: the text in column "text" or --field). All the files of
@@ -210,9 +211,17 @@ def _resume_precision(args: argparse.Namespace) -> tuple[str | None, bool | None
                      "with another --out")
 
 
-def _lines(nums: list[int], k: int = 10) -> str:
-    shown = ", ".join(str(n) for n in nums[:k])
-    return shown + (f", ... ({len(nums) - k} more in _manifest.json)" if len(nums) > k else "")
+def _lines(res, nums: list[int], k: int = 10) -> str:
+    """The first ``k`` of the line numbers ``nums``: "line 4, 9" for one input file, "a.txt:4,
+    b.txt:2" (each file's own line) for several."""
+    if len(res.files) < 2:
+        shown = "line " + ", ".join(str(n) for n in nums[:k])
+    else:
+        shown = ", ".join(res.where(n) for n in nums[:k])
+    if len(nums) <= k:
+        return shown
+    across = "; it counts lines across the files" if len(res.files) > 1 else ""
+    return shown + f", ... ({len(nums) - k} more in _manifest.json{across})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -314,5 +323,5 @@ def run(args: argparse.Namespace) -> int:
                        ("truncated", f"line(s) longer than {max_len} tokens, truncated")):
         nums = res.problems.get(kind, [])
         if nums:
-            print(f"  {len(nums)} {what}: line {_lines(nums)}", file=sys.stderr)
+            print(f"  {len(nums)} {what}: {_lines(res, nums)}", file=sys.stderr)
     return 0

@@ -50,7 +50,8 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=int, default=3, metavar="N", help="passes over TRAIN (default 3; at most 10,000)")
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                   help="real tokens per batch (default 16 x --max-length)")
+                   help="real tokens per batch (default 16 x --max-length); an example longer than N is a "
+                        "batch of its own, and a warning counts them")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="at most N examples per batch (default 32)")
     p.add_argument("--warmup", type=float, default=0.1, metavar="SHARE",
                    help="share of the steps with a linearly rising learning rate (default 0.1)")

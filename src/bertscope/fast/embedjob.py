@@ -96,7 +96,7 @@ from ..errors import InputError, InputTypeError, as_whole_number, setting
 from ..files import TEMP_SUFFIX, FolderLock, fields_note, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
-                       resolve_inputs)
+                       resolve_inputs, where)
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
            "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "check_json_lines", "compute_shard", "decode_record",
@@ -137,7 +137,9 @@ class EmbedJobResult:
     ``shards_repaired``: index -> why, for finished shards computed again because their file
     was missing, truncated or altered (one sentence naming the file). ``already_complete``: the
     job was finished before this run and this run changed nothing in it (a ``--resume`` that
-    only checked).
+    only checked). ``files`` and ``first_lines``: the input's files as named and the line (row)
+    number, counted across them, at which each begins; ``where(n)`` says "line n" for one file
+    and "NAME:k" (line k of that file) for several.
     """
 
     out_dir: Path
@@ -151,6 +153,12 @@ class EmbedJobResult:
     max_seq_length: int | None = None
     shards_repaired: dict[int, str] = field(default_factory=dict)
     already_complete: bool = False
+    files: tuple[str, ...] = ()
+    first_lines: tuple[int, ...] = ()
+
+    def where(self, line: int) -> str:
+        """Where input line (or Parquet row) ``line``, counted across the files, is."""
+        return where(line, list(self.files), self.first_lines)
 
 
 # --- reading records -------------------------------------------------------------------------
@@ -925,9 +933,11 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         if job.complete:  # a finished job's manifest already holds the problems
             problems = _read_json(out / MANIFEST_FILE, out)["problems"]
         runs = _read_json(out / RUNS_FILE, out)["runs"] if (out / RUNS_FILE).is_file() else []
+        # where each file's lines begin, for a reader to turn a line number into file:line
+        first_lines = {"first_lines": list(plan.first_rows)} if len(plan.files) > 1 else {}
         manifest = {
             "rows": plan.rows, "dim": job.job["dim"], "format": job.fmt, "model": job.job["model"],
-            "input": job.job["input"], "shards": shards, "runs": runs,
+            "input": {**job.job["input"], **first_lines}, "shards": shards, "runs": runs,
             "status_counts": {p: len(v) for p, v in problems.items()},
             "problems": problems,
             "rows_note": "one row per input line, in order; empty, undecodable, bad_json, no_field and "
@@ -941,7 +951,8 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         return EmbedJobResult(out_dir=out, rows=plan.rows, dim=job.job["dim"], shards=len(plan.shards),
                               shards_skipped=skipped, problems=problems, shards_redone=list(job.redone),
                               run=job.run, max_seq_length=job.job["max_seq_length"],
-                              shards_repaired=dict(job.repaired), already_complete=job.complete and not records)
+                              shards_repaired=dict(job.repaired), already_complete=job.complete and not records,
+                              files=tuple(f.name for f in plan.files), first_lines=plan.first_rows)
     finally:
         job.close()
 

@@ -26,6 +26,7 @@ records behind a finished shard are still the same (see :mod:`bertscope.fast.emb
 
 from __future__ import annotations
 
+import bisect
 import functools
 import glob
 import hashlib
@@ -44,7 +45,7 @@ from ..files import refuse_binary, split_lines, why_not_a_file
 log = logging.getLogger(__name__)
 
 __all__ = ["JOB_FILE", "InputFile", "InputPlan", "Piece", "Shard", "iter_records", "plan_input", "read_shard",
-           "read_shard_bytes", "require_pyarrow", "resolve_inputs"]
+           "read_shard_bytes", "require_pyarrow", "resolve_inputs", "where"]
 
 _BLOCK = 8 << 20  # bytes read at a time while planning a text file
 JOB_FILE = "_job.json"  # what marks an embedding job's OUTPUT folder (bertscope.fast.embedjob)
@@ -105,11 +106,26 @@ class InputPlan:
     shard_rows: int
     rows: int
     shards: tuple[Shard, ...]
+    first_rows: tuple[int, ...] = ()  # the first record number of each file (1-based), in order
 
     def describe(self) -> dict:
         """What a job records about its input (and a resume compares)."""
         return {"files": [f.name if f.fs_uri else os.path.abspath(f.path) for f in self.files],
                 "kind": self.kind, "rows": self.rows}
+
+    def where(self, record: int) -> str:
+        """Where record ``record`` (1-based, counted across the files) is: "line N" for one file,
+        "NAME:N" (the file as it was named, its own line or row N) for several."""
+        return where(record, [f.name for f in self.files], self.first_rows)
+
+
+def where(record: int, names: list[str], first_rows: list[int] | tuple[int, ...]) -> str:
+    """Record ``record`` of an input of the files ``names``, whose records begin at ``first_rows``
+    (1-based, counted across the files): "line N" for one file, "NAME:N" for several."""
+    if len(names) < 2 or len(first_rows) != len(names):
+        return f"line {record}"
+    i = max(bisect.bisect_right(first_rows, record) - 1, 0)
+    return f"{names[i]}:{record - first_rows[i] + 1}"
 
 
 def _has_scheme(spec: str) -> bool:
@@ -441,7 +457,9 @@ def plan_input(spec: str | os.PathLike, *, field_name: str | None = None, shard_
     kind = files[0].kind
     field = (field_name or "text") if kind != "text" else None
     cut = _ShardCutter(shard_rows)
+    first_rows = []
     for i, f in enumerate(files):
+        first_rows.append(cut.rows + 1)
         if kind == "parquet":
             _plan_parquet_file(cut, i, f, field)  # type: ignore[arg-type]
             continue
@@ -452,7 +470,7 @@ def plan_input(spec: str | os.PathLike, *, field_name: str | None = None, shard_
             raise InputError(f"cannot read {f.name} ({getattr(e, 'strerror', None) or e})") from None
     cut.close()
     return InputPlan(spec=os.fspath(spec), files=tuple(files), kind=kind, field=field,
-                     shard_rows=shard_rows, rows=cut.rows, shards=tuple(cut.shards))
+                     shard_rows=shard_rows, rows=cut.rows, shards=tuple(cut.shards), first_rows=tuple(first_rows))
 
 
 def read_shard(plan: InputPlan, shard: Shard, *, verify: bool = True) -> list[bytes | None]:

@@ -487,6 +487,11 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
         train_ids, train_types, cut = _tokenize(bert, data.train, cfg.max_length, "TRAIN", cfg.train)
         dev_ids, dev_types, _ = _tokenize(bert, data.dev, cfg.max_length, "DEV", cfg.dev)
         lengths = [len(t) for t in train_ids]
+        over = sum(n > cfg.tokens_per_batch for n in lengths)
+        if over:  # token_budget_batches gives each a batch of its own: said, not silently over budget
+            log.warning("%d of the %d training examples are longer than the %d-token budget (%s): each is "
+                        "a batch of its own, over the budget", over, len(lengths), cfg.tokens_per_batch,
+                        _named("batch_tokens"))
         plans = [epoch_batches(lengths, cfg.tokens_per_batch, cfg.batch_size, cfg.seed, e)
                  for e in range(cfg.epochs)]
         total = sum(len(p) for p in plans)

@@ -97,6 +97,33 @@ def test_doctor_int8_reports_its_calibration(tmp_path, monkeypatch, capsys):
     assert e["choice"]["int8_kernel"] in e["choice"]["timings"]["int8_kernel"]
 
 
+def _keys(obj, skip=("timings", "ratios", "errors", "fp32_channels", "int8_speedup", "not_raced", "key",
+                                 "has", "kernels_available", "isa_limits")) -> set[str]:
+    """Every field name of a doctor --json object (the entries of maps keyed by candidate or
+    linear name, and the cache key's own fields, are values, not fields)."""
+    if isinstance(obj, list):
+        return set().union(*(_keys(v) for v in obj)) if obj else set()
+    if not isinstance(obj, dict):
+        return set()
+    return set(obj) | set().union(*(_keys(v) for k, v in obj.items() if k not in skip and k != "precisions"),
+                                   *(_keys(v) for v in obj.get("precisions", {}).values()))
+
+
+def test_doctor_help_names_every_field_of_its_json(tmp_path, monkeypatch, capsys):
+    """The JSON had no documentation: which numbers are seconds, which ratios are below 1 when
+    faster. --help describes it; a field added to the JSON and not to the help fails here."""
+    import re
+
+    from bertscope.cli.doctor import HELP
+
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["doctor", "--json", "--precision", "int8"]) == 0
+    fields = _keys(json.loads(capsys.readouterr().out))
+    assert {"in_use", "choice", "int8_calibration", "gemm_gflops", "cosine_floor", "heap", "model"} <= fields
+    unnamed = sorted(f for f in fields if not re.search(rf"\b{re.escape(f)}\b", HELP))
+    assert not unnamed, " ".join(unnamed)
+
+
 def test_doctor_budget_reaches_the_kernel_choice(tmp_path, monkeypatch, capsys):
     """--budget measures the choice again within that many seconds (a bad value is refused by the
     parser); the default budget is BUDGET_S."""

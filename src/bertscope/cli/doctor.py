@@ -58,6 +58,26 @@ path in brackets. bf16 runs only where the CPU has AVX512-BF16 or AMX, it measur
 than fp32, and embeddings stayed within the stated bound; int8 shows which linears its
 calibration kept in fp32.
 
+--json prints one object: "machine" (cpu; cpu_id: vendor, family, model, stepping, where the CPU
+gives them; cpu_flags; isa_limits: the instruction-set level torch's kernels use, and any limit
+set in the environment; logical_cpus, torch, torch_threads; "has": the instruction sets as
+true/false; "heap": kept, detail, and glibc's mmap_threshold and trim_threshold in bytes),
+"kernels_available" (true/false each), "cache_dir", "tuning_enabled", "model" (the folder, or
+the preset), and "precisions": {fp32, bf16, int8} -> {"in_use" (the precision it runs in),
+"note", "warnings", "choice", and for int8 "int8_calibration"}. In a choice: gemm, batch_tokens
+(tokens), slack (a share) and, for int8, int8_kernel, int8_cast and int8_act are the winners (in
+an fp32 or bf16 choice the int8 fields hold the plain path's values, unused); "timings" are
+median seconds per 1,000 tokens through one layer, "ratios" the median of a candidate's time
+over the plain path's in the same round (below 1 is faster); bf16_speedup and int8_speedup are
+whole-model speeds as multiples of fp32's (above 1 is faster); "source" is measured, cache or
+default; measured_at is Unix time; gemm_gflops the fp32 GEMM rate in GFLOP/s; budget_s and
+seconds the budget and the time measuring took; not_raced the steps left at the plain path's
+value, and why; busy the share (0 to 1) of the CPUs other processes took meanwhile; "path" the
+cache file; "key" what the cache is keyed by. int8_calibration: errors (each linear's relative
+error on the calibration tokens; over error_limit it stays fp32: keep_fp32), fp32_channels
+(input channels kept in fp32), cosine_mean and cosine_min to fp32 on the calibration texts
+(cosine_floor: what they must reach), and steps: each decision the calibration made, as a line.
+
 examples:
   bertscope doctor
   bertscope doctor --json

@@ -186,6 +186,24 @@ def test_coref_cli(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "no <schema>" in err
 
 
+def test_coref_says_when_its_noise_band_is_too_wide_to_tell_a_score_from_chance(tmp_path, capsys):
+    """--limit 1 printed 100% next to "+/- 98.0 points" and nothing more. Under a band wider
+    than 10 points a note says so, and how many schemas narrow it to 10: the n where
+    1.96 x sqrt(0.25 / n) <= 0.10, i.e. 97. At 97 schemas it is gone."""
+    rows = "".join(_schema_xml(f"Sam thanked Kim number {i} because", "she", "had helped.", "Sam", "Kim", "B")
+                   for i in range(97))
+    wsc = tmp_path / "many.xml"
+    wsc.write_text(f"<collection>{rows}</collection>")
+    assert main(["coref", str(wsc), "--limit", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ("  note: with 1 schema, a score within +/- 98.0 points of chance may be noise;\n"
+            "        97 or more schemas narrow that to +/- 10 points\n") in out, out
+    assert main(["coref", str(wsc), "--limit", "96", "--quiet"]) == 0
+    assert "with 96 schemas" in capsys.readouterr().out  # 1.96 x sqrt(0.25 / 96) = 0.1000... > 0.10
+    assert main(["coref", str(wsc), "--quiet"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 def _strict_loads(text: str):
     """json.loads that rejects NaN and Infinity (Python's json accepts them; JSON does not)."""
     def refuse(const):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from .common import add_model_arg, load_model
 from .guard import print_json_strict
 from .progress import add_progress_args, bar
+
+NOISE_NOTE = 0.10  # a 95% noise band wider than this many points (a share) gets a note under the table
 
 HELP = """\
 Read a file in the Winograd Schema Challenge XML format and ask the attention, with no
@@ -96,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
               f"scored on the other {len(f.scored_on)}: {pct(f.test_accuracy)}")
     l, h, a = res.best_in_sample
     print(f"  best head in sample (optimistic)    {pct(a)}   L{l} H{h}, chosen and scored on the same schemas")
+    if res.noise_95 > NOISE_NOTE:  # a band this wide: no score above can be told from chance
+        enough = math.ceil((1.96 * 0.5 / NOISE_NOTE) ** 2)  # the schemas that narrow it to NOISE_NOTE
+        print(f"  note: with {S} schema{'s' * (S != 1)}, a score within +/- {100 * res.noise_95:.1f} points of "
+              f"chance may be noise;\n        {enough} or more schemas narrow that to +/- {100 * NOISE_NOTE:.0f} points")
     print()
     ranked = res.ranked_heads()[: args.top]  # the same ranking that names the best head above
     print("heads where the pronoun attends more to the correct candidate (in sample; ties: lower layer, head first):")

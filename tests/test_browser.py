@@ -315,23 +315,34 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         assert page.eval_on_selector_all("#bs-texts bdi", "els => els.map(e => e.textContent)") == ["abc \u202e def"]
         assert page.locator("#bs-head-view .bs-panel").count() == 1
 
-        # a superseded render that fails later (a slow measure's request dropped) leaves the newer
-        # picture alone: no error over it, no view cleared
+        # a slow measure's request the page no longer wants (another measure is shown) is aborted,
+        # so the server drops it if it has not begun (it kept its place in the server's queue);
+        # the superseded render it belonged to leaves the newer picture alone: no error over it
         held = []
-        page.route("**/api/attention", lambda route: held.append(route) if '"alti"' in (route.request.post_data or "")
+        hold = lambda data: '"alti"' in data and "A new text" not in data  # noqa: E731
+        page.route("**/api/attention", lambda route: held.append(route) if hold(route.request.post_data or "")
                    else route.continue_())
         page.select_option("#bs-measure", "alti")  # waits on the held request
         page.wait_for_function("() => document.documentElement.dataset.rendered === '0'", timeout=30_000)
-        page.select_option("#bs-measure", "attention")  # drawn from what the page holds
-        settle(page)
         assert len(held) == 1
-        with page.expect_event("requestfailed"):
-            held[0].abort()
-        # the failed fetch's rejection runs as a task after that: two frames later it has run
+        with page.expect_event("requestfailed", timeout=30_000) as failed:
+            page.select_option("#bs-measure", "attention")  # drawn from what the page holds
+        assert '"alti"' in failed.value.post_data and "ABORTED" in (failed.value.failure or ""), failed.value.failure
+        settle(page)
+        # the aborted fetch's rejection runs as a task after that: two frames later it has run
         page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         assert page.is_hidden("#bs-error") and page.get_attribute("html", "data-rendered") == "1"
         assert page.locator("#bs-head-view .bs-panel").count() == 1
+        page.select_option("#bs-measure", "alti")  # asked again: fetched again, not the aborted one
+        page.wait_for_function("() => document.documentElement.dataset.rendered === '0'", timeout=30_000)
+        assert len(held) == 2
+        with page.expect_event("requestfailed", timeout=30_000) as failed:  # a new text: the old one's wait ends
+            page.fill("#bs-text", "A new text.")
+            page.click("#bs-submit")
+        assert '"alti"' in failed.value.post_data
         page.unroute("**/api/attention")
+        page.wait_for_selector("#bs-head-view .bs-tok.bs-left:text-is('new')", timeout=60_000)
+        assert page.is_hidden("#bs-error") and page.get_attribute("html", "data-rendered") == "1"
     # the server has stopped: a layer not fetched yet cannot be drawn, and the old layer's
     # picture does not stay under the error
     page.select_option("#bs-layer", "4")

@@ -264,6 +264,108 @@ def test_a_cached_answer_does_not_wait_for_another_requests_computation(bert):
     assert calls == ["x"]
 
 
+def test_a_request_whose_client_left_while_it_waited_computes_nothing(bert):
+    """Requests wait for the model one at a time. One whose client has gone (gone() true) stops
+    waiting and computes nothing; one still wanted computes as before."""
+    import threading
+
+    from bertscope.see.server import Analyzer, Gone
+
+    a = Analyzer(bert)
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def measure(b, text, pair, names):
+        calls.append(names[0])
+        if names[0] == "alti":
+            started.set()
+            assert release.wait(600)
+        return {names[0]: np.zeros((1, 2, 2), np.float32)}
+
+    busy = threading.Thread(target=a.measure, args=(measure, "alti", [IT_ANIMAL]))
+    busy.start()
+    try:
+        assert started.wait(60)
+        left = threading.Event()
+        errors = []
+        waiting = threading.Thread(target=lambda: _catch(errors, a.measure, measure, "norm", [IT_ANIMAL], None,
+                                                         left.is_set))
+        waiting.start()
+        left.set()  # its client goes while "alti" still runs
+        waiting.join(60)
+        assert not waiting.is_alive() and [type(e) for e in errors] == [Gone]
+    finally:
+        release.set()
+        busy.join(60)
+    assert calls == ["alti"]
+    a.measure(measure, "norm", [IT_ANIMAL], None, lambda: False)  # a client still there: computed
+    assert calls == ["alti", "norm"]
+    with pytest.raises(Gone):  # a comparison stops between its two texts
+        a.measure(measure, "value-zeroing", ["one", "two"], None, lambda: bool(calls.count("value-zeroing")))
+    assert calls == ["alti", "norm", "value-zeroing"]
+
+
+def _catch(errors: list, f, *args):
+    try:
+        f(*args)
+    except Exception as e:  # noqa: BLE001 -- handed to the test thread to check
+        errors.append(e)
+
+
+def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
+    """The page moves on (another measure, another text) and aborts its fetch; the request it
+    left kept its place in the queue for the model and computed a map nobody would read (an ALTI
+    map of 512 tokens takes seconds), and every later request waited behind it."""
+    import os
+    import re
+    import socket
+    import time
+
+    calls, release = tmp_path / "calls.txt", tmp_path / "release"
+    code = ("import importlib, pathlib, sys, time\n"
+            "import numpy as np\n"
+            "ex = importlib.import_module('bertscope.explain')\n"
+            "def measure(b, text, wanted, pair=None):\n"
+            f"    with open({str(calls)!r}, 'a') as f: f.write(wanted[0] + '\\n')\n"
+            f"    while wanted[0] == 'alti' and not pathlib.Path({str(release)!r}).exists():\n"
+            "        time.sleep(0.02)\n"
+            "    return {wanted[0]: np.zeros((6, 4, 4), np.float32)}\n"
+            "ex.map_measures = measure\n"
+            "from bertscope.cli.main import main\n"
+            "sys.exit(main(['serve', '--port', '0', '--debug']))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    err_path = tmp_path / "err.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, stdout=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+
+        def wait_for(check, what: str) -> None:  # a guard against a hang, not a timing
+            while not check():
+                assert proc.poll() is None and time.monotonic() < deadline, (what, err_path.read_text())
+                time.sleep(0.05)
+
+        wait_for(lambda: re.search(r"on (http://\S+?)/ ", err_path.read_text()), "the server's address")
+        base = re.search(r"on (http://\S+?)/ ", err_path.read_text()).group(1)
+        ask = lambda m: {"text": IT_ANIMAL, "layer": 0, "heads": [0], "kind": "measure", "measure": m}  # noqa: E731
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(request, base, "POST", "/api/attention", ask("alti"), None, 120)
+            wait_for(lambda: calls.exists() and "alti" in calls.read_text(), "the first computation")
+            u = urllib.parse.urlsplit(base)
+            body = json.dumps(ask("norm-residual")).encode()
+            with socket.create_connection((u.hostname, u.port), timeout=60) as sock:  # sent, then left
+                sock.sendall(f"POST /api/attention HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json"
+                             f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            wait_for(lambda: "the client went away before its computation began; dropped" in err_path.read_text(),
+                     "the dropped request")
+            release.write_text("x")
+            assert first.result(60)[0] == 200
+        assert request(base, "POST", "/api/attention", ask("value-zeroing"))[0] == 200
+        assert calls.read_text().split() == ["alti", "value-zeroing"]  # nothing for the request left behind
+    finally:
+        proc.kill()
+        proc.wait(60)
+
+
 def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebacks(tmp_path):
     """A Ctrl-C during a long request waited silently; a second printed two uvicorn tracebacks
     and then waited for the computation anyway."""

@@ -35,7 +35,10 @@ received are counted (a chunked body without a Content-Length included), and rea
 the limit. The model runs under a lock (one forward at a time; PyTorch already uses every
 core for one), and the last few analyses are cached: at most ``CACHE_ENTRIES`` (16) of them
 and at most ``CACHE_BYTES`` (256 MiB) of attention arrays in all; an analysis larger than that
-on its own is not cached.
+on its own is not cached. A request whose client goes away while it waits for the model (the
+page aborts what it no longer wants: another measure's maps once a new one is shown, everything
+of a text once another is asked for) computes nothing: it is dropped (logged at INFO) and
+answered 499. A computation that has begun runs to its end and is cached.
 
 Measures other than the attention weights (norm, ALTI, ...) are computed by a function the caller
 passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope serve`` passes
@@ -45,6 +48,7 @@ passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope s
 # No "from __future__ import annotations": FastAPI must see the request models defined inside
 # create_app as real classes, not as strings it cannot resolve.
 
+import asyncio
 import base64
 import ipaddress
 import json
@@ -161,6 +165,13 @@ def _nbytes(result: list) -> int:
 MeasureFunction = Callable[[Bert, str, "str | None", list], dict]
 
 
+_GONE_POLL_S = 0.05  # how often a waiting request asks whether its client is still there
+
+
+class Gone(Exception):
+    """The client of a request went away before its computation began: nothing was computed."""
+
+
 class Analyzer:
     """Thread-safe, cached ``analyze``: one forward pass at a time.
 
@@ -183,16 +194,28 @@ class Analyzer:
     def __len__(self) -> int:
         return len(self._cache)
 
-    def __call__(self, texts: list[str], pair: str | None = None) -> list[ReportText]:
+    def __call__(self, texts: list[str], pair: str | None = None,
+                 gone: Callable[[], bool] | None = None) -> list[ReportText]:
+        """The analyses of ``texts``, cached. ``gone()`` true (the client left) while this waits
+        for another computation: :class:`Gone` is raised and nothing is computed."""
         key = (*texts, "\x00pair", pair) if pair is not None else tuple(texts)
-        return self._cached(key, lambda: analyze(self.bert, list(texts), pair=pair, qk=True))
+        return self._cached(key, lambda: analyze(self.bert, list(texts), pair=pair, qk=True), gone)
 
     def measure(self, compute: MeasureFunction, name: str, texts: list[str],
-                pair: str | None = None) -> list[np.ndarray]:
-        """One measure's maps of each text, ``compute(bert, text, pair, [name])[name]``, cached."""
+                pair: str | None = None, gone: Callable[[], bool] | None = None) -> list[np.ndarray]:
+        """One measure's maps of each text, ``compute(bert, text, pair, [name])[name]``, cached;
+        ``gone`` as for a call (also asked between the texts of a comparison)."""
         key = (*texts, "\x00pair", pair, "\x00measure", name)
-        return self._cached(key, lambda: [np.ascontiguousarray(compute(self.bert, t, pair, [name])[name],
-                                                               dtype=np.float32) for t in texts])
+
+        def make() -> list[np.ndarray]:
+            maps = []
+            for t in texts:
+                if maps and gone is not None and gone():
+                    raise Gone
+                maps.append(np.ascontiguousarray(compute(self.bert, t, pair, [name])[name], dtype=np.float32))
+            return maps
+
+        return self._cached(key, make, gone)
 
     def _hit(self, key: tuple) -> list | None:
         with self._guard:
@@ -201,14 +224,22 @@ class Analyzer:
                 self._cache.move_to_end(key)
             return hit
 
-    def _cached(self, key: tuple, make: Callable[[], list]) -> list:
+    def _cached(self, key: tuple, make: Callable[[], list], gone: Callable[[], bool] | None = None) -> list:
         hit = self._hit(key)
         if hit is not None:
             return hit
-        with self._compute:
+        if gone is None:
+            self._compute.acquire()
+        else:  # wait for the computation running, asking now and then whether anyone still waits
+            while not self._compute.acquire(timeout=_GONE_POLL_S):
+                if gone():
+                    raise Gone
+        try:
             hit = self._hit(key)  # computed by the request this one waited for
             if hit is not None:
                 return hit
+            if gone is not None and gone():
+                raise Gone
             result = make()
             size = _nbytes(result)
             if size > self.max_bytes or self.size < 1:
@@ -220,6 +251,8 @@ class Analyzer:
                     _, old = self._cache.popitem(last=False)
                     self.nbytes -= _nbytes(old)
             return result
+        finally:
+            self._compute.release()
 
 
 def body_limit(max_chars: int) -> int:
@@ -325,6 +358,7 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     """
     try:
         from fastapi import FastAPI, HTTPException, Request
+        from fastapi.concurrency import run_in_threadpool
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import HTMLResponse, JSONResponse, Response
         from pydantic import BaseModel, ConfigDict, Field
@@ -427,11 +461,35 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
             raise HTTPException(400, f"unknown measure {m!r}; this server offers: {names}")
         return offered[m]
 
+    async def for_client(request: Request, work: Callable[[Callable[[], bool]], Any]) -> Any:
+        """``work(gone)`` in a worker thread; ``gone()`` turns true once the client has gone (a
+        page that moved on aborts its fetch), so a request still waiting for the model when its
+        page no longer wants it computes nothing (an ALTI map of 512 tokens takes seconds, and
+        every request queued behind it waited too)."""
+        left = threading.Event()
+
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await asyncio.sleep(_GONE_POLL_S)
+            left.set()
+
+        watcher = asyncio.ensure_future(watch())  # not a task group: it would wrap the route's own errors
+        try:
+            return await run_in_threadpool(work, left.is_set)
+        except Gone:
+            log.info("%s: the client went away before its computation began; dropped", request.url.path)
+            return Response(status_code=499)  # nginx's "client closed request": no one reads it
+        finally:
+            watcher.cancel()
+
     @app.post("/api/analyze")
-    def analyze_route(q: AnalyzeQuery) -> dict[str, Any]:
+    async def analyze_route(q: AnalyzeQuery, request: Request) -> Any:
+        return await for_client(request, lambda gone: analyze_answer(q, gone))
+
+    def analyze_answer(q: AnalyzeQuery, gone: Callable[[], bool]) -> dict[str, Any]:
         texts, pair = texts_of(q)
         wanted = [measure_of(m)["name"] for m in dict.fromkeys(q.measures)]
-        result = analyzer(texts, pair)
+        result = analyzer(texts, pair, gone)
         meta = {"model": name, "layers": N, "heads": H, "texts": [t.meta() for t in result]}
         if len(result) == 2:
             meta["alignment"] = alignment_meta(*result)
@@ -439,11 +497,14 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
             meta["measures"] = list(offered.values())
         if wanted:
             meta["maps"] = [{"text": t, "measure": m, "shape": list(M.shape), "data": _b64(M)}
-                            for m in wanted for t, M in enumerate(analyzer.measure(measures, m, texts, pair))]
+                            for m in wanted for t, M in enumerate(analyzer.measure(measures, m, texts, pair, gone))]
         return meta
 
     @app.post("/api/attention")
-    def attention_route(q: AttentionQuery) -> dict[str, Any]:
+    async def attention_route(q: AttentionQuery, request: Request) -> Any:
+        return await for_client(request, lambda gone: attention_answer(q, gone))
+
+    def attention_answer(q: AttentionQuery, gone: Callable[[], bool]) -> dict[str, Any]:
         texts, pair = texts_of(q)
         if q.layer >= N:
             raise HTTPException(400, f"layer must be 0..{N - 1}, got {q.layer}")
@@ -455,11 +516,11 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
                                      + (", ".join(offered) or "none (this server offers no measures)"))
         if q.kind != "measure" and q.measure is not None:
             raise HTTPException(400, f'"measure" goes with kind "measure", not "{q.kind}"')
-        result = analyzer(texts, pair)
+        result = analyzer(texts, pair, gone)
         out = []
         if q.kind == "measure":
             info = measure_of(q.measure)
-            for t, M in enumerate(analyzer.measure(measures, info["name"], texts, pair)):
+            for t, M in enumerate(analyzer.measure(measures, info["name"], texts, pair, gone)):
                 if info["per_head"]:
                     out += [{"text": t, "head": h, "data": _b64(M[q.layer, h])} for h in dict.fromkeys(q.heads)]
                 else:
@@ -476,13 +537,16 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
                 "tokens": [len(rt.tokens) for rt in result], "matrices": out}
 
     @app.post("/api/qk")
-    def qk_route(q: QKQuery) -> dict[str, Any]:
+    async def qk_route(q: QKQuery, request: Request) -> Any:
+        return await for_client(request, lambda gone: qk_answer(q, gone))
+
+    def qk_answer(q: QKQuery, gone: Callable[[], bool]) -> dict[str, Any]:
         texts, pair = texts_of(q)
         if q.layer >= N:
             raise HTTPException(400, f"layer must be 0..{N - 1}, got {q.layer}")
         if q.head >= H:
             raise HTTPException(400, f"head must be 0..{H - 1}, got {q.head}")
-        result = analyzer(texts, pair)
+        result = analyzer(texts, pair, gone)
         if q.which >= len(result):
             raise HTTPException(400, f"which must be 0..{len(result) - 1}, got {q.which}")
         qkv = result[q.which].qkv  # (3, N, H, T, D)

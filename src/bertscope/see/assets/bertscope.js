@@ -220,13 +220,17 @@
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   }
 
-  async function postJSON(url, body) {
+  /** An error that is the page's own doing: a request it no longer wants, aborted. Never shown. */
+  const isAbort = (err) => !!err && err.name === "AbortError";
+
+  async function postJSON(url, body, signal) {
     let r;
     try {
       r = await fetch(url, {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal,
       });
     } catch (err) {  // no answer at all: the browser says only "Failed to fetch"
+      if (isAbort(err)) throw err;
       throw new Error(`the server at ${location.host} did not answer: is bertscope serve still running?`);
     }
     const out = await r.json().catch(() => ({}));
@@ -237,14 +241,34 @@
     return out;
   }
 
-  /** The numbers computed by `bertscope serve`, fetched per layer and head, cached. */
+  /** The numbers computed by `bertscope serve`, fetched per layer and head, cached.
+   *
+   * The server computes one request at a time, and a measure can take seconds (ALTI of 512
+   * tokens). A request the page no longer wants is aborted, and the server drops it if it has
+   * not begun: focus(measure) aborts those of every other measure, close() all of them. */
   class ServerSource {
     constructor(request) {
       this.request = request;  // {text, text_b, pair}
       this.exact = true;
       this.cache = new Map();  // "kind:layer:head" -> Promise of [matrix per text]
+      this.pending = new Map();  // the measure asked for ("" for the weights, rollout, q/k) -> Set of AbortControllers
     }
     get hasQK() { return true; }  // the server computes them on request
+    post(route, body, measure) {
+      const ctl = new AbortController();
+      if (!this.pending.has(measure)) this.pending.set(measure, new Set());
+      this.pending.get(measure).add(ctl);
+      const p = postJSON(cfg.api + route, body, ctl.signal);
+      const done = () => this.pending.get(measure).delete(ctl);
+      p.then(done, done);
+      return p;
+    }
+    focus(measure) {  // the measure now shown (null: the attention weights)
+      for (const [m, ctls] of this.pending) if (m && m !== measure) ctls.forEach((c) => c.abort());
+    }
+    close() {
+      for (const ctls of this.pending.values()) ctls.forEach((c) => c.abort());
+    }
     async matrices(t, kind, layer, heads) {
       const measure = kind.startsWith("m:") ? kind.slice(2) : null;
       const perHead = kind === "attn" || (measure && measureInfo(measure).per_head);
@@ -252,7 +276,7 @@
       const missing = hs.filter((h) => !this.cache.has(`${kind}:${layer}:${h}`));
       if (missing.length) {
         const body = measure ? { kind: "measure", measure } : { kind };
-        const req = postJSON(cfg.api + "attention", { ...this.request, layer, heads: perHead ? missing : [], ...body });
+        const req = this.post("attention", { ...this.request, layer, heads: perHead ? missing : [], ...body }, measure || "");
         missing.forEach((h) => {
           const p = req.then((body) => body.matrices
             .filter((x) => x.head === h)
@@ -268,7 +292,7 @@
     async qk(t, layer, head) {
       const key = `qk:${t}:${layer}:${head}`;
       if (!this.cache.has(key)) {
-        const p = postJSON(cfg.api + "qk", { ...this.request, which: t, layer, head }).then((b) => (
+        const p = this.post("qk", { ...this.request, which: t, layer, head }, "").then((b) => (
           { q: decodeFloat32(b.q), k: decodeFloat32(b.k), v: decodeFloat32(b.v), T: b.tokens, D: b.head_size }));
         p.catch(() => this.cache.delete(key));
         this.cache.set(key, p);
@@ -1581,6 +1605,7 @@
     if (!meta || !source) return;
     const gen = ++renderGen;
     document.documentElement.dataset.rendered = "0";
+    if (source.focus) source.focus(state.measure === "attention" ? null : state.measure);  // the rest is dropped
     try {
       if (state.view === "head") await renderHeadView(gen);
       else if (state.view === "matrix") await renderMatrixView(gen);
@@ -1592,7 +1617,7 @@
         showError("");
       }
     } catch (err) {
-      if (gen !== renderGen) return;  // a render since has drawn (or is drawing) what is asked now
+      if (gen !== renderGen || isAbort(err)) return;  // a render since has drawn (or is drawing) what is asked now
       setProgress("");
       showError(String(err.message || err));
       // no picture of another text, layer or measure stays under the error
@@ -1647,6 +1672,7 @@
       }
     }));
     $("bs-text").addEventListener("invalid", () => showError(""));  // the browser says what is missing
+    let analyzing = null;  // the AbortController of the last analysis asked for
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       const text = $("bs-text").value, textB = $("bs-text-b").value.trim() ? $("bs-text-b").value : null;
@@ -1667,11 +1693,15 @@
       status.textContent = "computing…";
       showError("");  // an old error never stays on screen under a new request
       document.documentElement.dataset.ready = "0";
+      if (analyzing) analyzing.abort();  // an analysis asked for before this one is not wanted now
+      if (source && source.close) source.close();  // nor what the shown text was still waiting for
+      const ctl = analyzing = new AbortController();
       try {
-        const body = await postJSON(cfg.api + "analyze", request);
+        const body = await postJSON(cfg.api + "analyze", request, ctl.signal);
         status.textContent = "";
         await start(body, new ServerSource(request));
       } catch (err) {
+        if (isAbort(err)) return;  // a newer request replaced this one
         status.textContent = "";
         showError(String(err.message || err));
         document.documentElement.dataset.ready = "error";

@@ -311,31 +311,48 @@ def _catch(errors: list, f, *args):
         errors.append(e)
 
 
-def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
-    """The page moves on (another measure, another text) and aborts its fetch; the request it
-    left kept its place in the queue for the model and computed a map nobody would read (an ALTI
-    map of 512 tokens takes seconds), and every later request waited behind it."""
+def _serve_measuring(tmp_path, measure: str, *args: str):
+    """`bertscope serve ARGS` in a subprocess whose explain.map_measures is ``measure`` (Python
+    source defining ``measure(b, text, wanted, pair=None)``). Returns (process, stderr file,
+    base URL) once it listens; the caller stops the process."""
     import os
     import re
-    import socket
     import time
 
-    calls, release = tmp_path / "calls.txt", tmp_path / "release"
     code = ("import importlib, pathlib, sys, time\n"
             "import numpy as np\n"
-            "ex = importlib.import_module('bertscope.explain')\n"
-            "def measure(b, text, wanted, pair=None):\n"
-            f"    with open({str(calls)!r}, 'a') as f: f.write(wanted[0] + '\\n')\n"
-            f"    while wanted[0] == 'alti' and not pathlib.Path({str(release)!r}).exists():\n"
-            "        time.sleep(0.02)\n"
-            "    return {wanted[0]: np.zeros((6, 4, 4), np.float32)}\n"
+            "ex = importlib.import_module('bertscope.explain')  # the package, not bertscope.explain()\n"
+            f"{measure}\n"
             "ex.map_measures = measure\n"
             "from bertscope.cli.main import main\n"
-            "sys.exit(main(['serve', '--port', '0', '--debug']))\n")
+            f"sys.exit(main(['serve', '--port', '0', *{list(args)!r}]))\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     err_path = tmp_path / "err.txt"
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, stdout=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 120
+    while not (m := re.search(r"on (http://\S+?)/ ", err_path.read_text())):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the server did not start: {err_path.read_text()}")
+        time.sleep(0.1)
+    return proc, err_path, m.group(1)
+
+
+def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
+    """The page moves on (another measure, another text) and aborts its fetch; the request it
+    left kept its place in the queue for the model and computed a map nobody would read (an ALTI
+    map of 512 tokens takes seconds), and every later request waited behind it."""
+    import socket
+    import time
+
+    calls, release = tmp_path / "calls.txt", tmp_path / "release"
+    proc, err_path, base = _serve_measuring(tmp_path, (
+        "def measure(b, text, wanted, pair=None):\n"
+        f"    with open({str(calls)!r}, 'a') as f: f.write(wanted[0] + '\\n')\n"
+        f"    while wanted[0] == 'alti' and not pathlib.Path({str(release)!r}).exists():\n"
+        "        time.sleep(0.02)\n"
+        "    return {wanted[0]: np.zeros((6, 4, 4), np.float32)}"), "--debug")
     try:
         deadline = time.monotonic() + 120
 
@@ -344,8 +361,6 @@ def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, (what, err_path.read_text())
                 time.sleep(0.05)
 
-        wait_for(lambda: re.search(r"on (http://\S+?)/ ", err_path.read_text()), "the server's address")
-        base = re.search(r"on (http://\S+?)/ ", err_path.read_text()).group(1)
         ask = lambda m: {"text": IT_ANIMAL, "layer": 0, "heads": [0], "kind": "measure", "measure": m}  # noqa: E731
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(request, base, "POST", "/api/attention", ask("alti"), None, 120)
@@ -369,34 +384,20 @@ def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
 def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebacks(tmp_path):
     """A Ctrl-C during a long request waited silently; a second printed two uvicorn tracebacks
     and then waited for the computation anyway."""
-    import os
-    import re
     import signal
     import time
 
     marker = tmp_path / "started"
-    code = ("import importlib, pathlib, sys, time\n"
-            "ex = importlib.import_module('bertscope.explain')  # the package, not bertscope.explain()\n"
-            "def slow(b, text, wanted, pair=None):\n"
-            f"    pathlib.Path({str(marker)!r}).write_text('x')\n"
-            "    time.sleep(120)\n"
-            "ex.map_measures = slow\n"
-            "from bertscope.cli.main import main\n"
-            "sys.exit(main(['serve', '--port', '0', '--measure', 'alti']))\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    err_path = tmp_path / "err.txt"
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code], stderr=err, stdout=subprocess.DEVNULL, env=env)
+    proc, err_path, base = _serve_measuring(tmp_path, (
+        "def measure(b, text, wanted, pair=None):\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "    time.sleep(120)"), "--measure", "alti")
     try:
         deadline = time.monotonic() + 120
-        while not (m := re.search(r"on (http://\S+?)/ ", err_path.read_text())) and time.monotonic() < deadline:
-            assert proc.poll() is None, err_path.read_text()
-            time.sleep(0.1)
-        assert m, err_path.read_text()
         # over 512 tokens: the page says it was cut; the terminal said so per request and measure
         body = {"text": "b " * 600, "layer": 0, "heads": [0], "kind": "measure", "measure": "alti"}
         with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(request, m.group(1), "POST", "/api/attention", body, None, 120)
+            pending = pool.submit(request, base, "POST", "/api/attention", body, None, 120)
             while not marker.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert marker.exists(), err_path.read_text()

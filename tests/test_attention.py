@@ -97,6 +97,30 @@ def test_reference_and_fused_paths_agree():
     assert torch.equal(ref, forced)
 
 
+def test_a_nan_query_stays_nan_on_the_fused_path_as_on_the_reference():
+    """Without a mask, torch's CPU kernel turned a query row of NaN into zeros for fewer than
+    16 tokens: a NaN weight gave a plausible output on the fused path and NaN on the reference
+    path. Both give NaN in the same places now, for short and long sequences."""
+    for T in (5, 15, 40):
+        attn = make(dropout=0.0)
+        with torch.no_grad():
+            attn.query.weight[0, 0] = float("nan")
+            x = torch.randn(2, T, C)
+            fused, _ = attn(x)
+            ref, _ = attn(x, output_attentions=True)
+        assert ref.isnan().any()
+        assert torch.equal(fused.isnan(), ref.isnan()), T
+
+
+def test_an_input_of_another_dtype_than_the_weights_is_one_clear_error():
+    import pytest
+
+    from bertscope.errors import InputError
+
+    with pytest.raises(InputError, match="x is torch.bfloat16 but the module's weights are torch.float32"):
+        make()(torch.randn(1, 5, C).bfloat16())
+
+
 def test_rows_sum_to_one_and_pad_columns_are_exactly_zero():
     attn = make()
     x, mask = padded_inputs()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import weakref
 
 import numpy as np
@@ -197,6 +198,33 @@ def test_packed_path_sees_weight_changes(make_in_inference_mode):
     real = mask.bool()
     assert (fast.last_hidden_state - before.last_hidden_state)[real].abs().max() > 1e-2
     assert (fast.last_hidden_state - ref.last_hidden_state)[real].abs().max() < TOL
+
+
+def test_a_nan_weight_is_refused_by_the_fast_path_not_turned_into_a_plausible_embedding(bert):
+    """A NaN in W_Q gave a finite, unit-length embedding: torch's unmasked CPU attention kernel
+    (the exact-length groups) turns a query row of NaN into zeros for fewer than 16 tokens, where
+    the reference path gives NaN. The fast path now refuses such weights, and works again once
+    they are restored."""
+    from bertscope.errors import NonFiniteError
+
+    texts = ["The animal didn't cross the street"]  # 9 tokens: one exact-length group
+    before = bert.embed(texts)
+    w = bert.model.layers[2].attention.query.weight
+    kept = w[0, 0].item()
+    try:
+        with torch.no_grad():
+            w[0, 0] = float("nan")
+        ids = bert.encode(texts).input_ids
+        with torch.inference_mode():
+            assert bert.model(ids).last_hidden_state.isnan().any()  # the reference: NaN
+        with pytest.raises(NonFiniteError, match=re.escape("layers.2.attention.query.weight holds 1 NaN")):
+            bert.embed(texts)
+        with pytest.raises(NonFiniteError):
+            bert(ids)
+    finally:
+        with torch.no_grad():
+            w[0, 0] = kept
+    assert torch.equal(torch.as_tensor(bert.embed(texts)), torch.as_tensor(before))
 
 
 def test_blas_activation_sees_few_row_counts_and_keeps_each_row():

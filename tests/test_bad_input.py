@@ -292,12 +292,18 @@ def test_a_weight_that_overflows_float16_is_refused(tmp_path, bundled_path):
         bertscope.load(folder, dtype=torch.float16)
 
 
-def test_embed_never_returns_non_finite_rows(bert):
+@pytest.mark.parametrize("weight, said", [
+    # a NaN the output shows: embed's own check of what it returns
+    ("feed_forward.dense_in.bias", "the model computed NaN or infinite values for 2 text"),
+    # a query, key or value weight: refused before computing (torch's attention could hide it)
+    ("attention.value.bias", "the model's weight layers.0.attention.value.bias holds 1 NaN or infinite value(s)"),
+])
+def test_embed_never_returns_non_finite_rows(bert, weight, said):
     broken = copy.deepcopy(bert.model)
     with torch.no_grad():
-        broken.layers[0].attention.value.bias[0] = math.nan  # after loading: a library user's edit
+        broken.layers[0].get_parameter(weight)[0] = math.nan  # after loading: a library user's edit
     b = Bert(config=bert.config, model=broken, tokenizer=bert.tokenizer, max_seq_length=bert.max_seq_length)
-    with pytest.raises(bertscope.BertscopeError, match="NaN or infinite values for 2 text"):
+    with pytest.raises(bertscope.errors.NonFiniteError, match=re.escape(said)):
         b.embed(["one", "two"])
 
 
@@ -702,6 +708,14 @@ def _ids(bert):
     (lambda b: bertscope.attention_rollout(torch.rand(12, 5, 5)), InputError, r"must be \(N, H, T, T\)"),
     (lambda b: bertscope.word_attention(torch.rand(15, 15), [0, 1, 2]), InputError, "3 entries .* for 15 tokens"),
     (lambda b: bertscope.word_attention([[1.0]], [0]), InputError, "probs must be a tensor"),
+    # a tokenizer's word_ids (None at [CLS]/[SEP]) raised TypeError; gaps gave NaN rows; -1 took the last word
+    (lambda b: bertscope.word_attention(torch.rand(4, 4), b.encode(["hello world"]).word_ids[0]), InputError,
+     re.escape("token_words[0] is None: word indices are whole numbers >= 0 (a tokenizer's word_ids?")),
+    (lambda b: bertscope.word_attention(torch.rand(4, 4), [0, 2, 2, 5]), InputError,
+     re.escape("token_words never names word 1 of 0..5")),
+    (lambda b: bertscope.word_attention(torch.rand(4, 4), [-1, 0, 1, 2]), InputError,
+     re.escape("token_words[0] is -1")),
+    (lambda b: bertscope.word_attention(torch.rand(4, 4), "abcd"), InputError, "a list of word indices"),
     (lambda b: bertscope.MultiHeadSelfAttention(hidden_size=100, num_heads=12), bertscope.ConfigError,
      "not divisible"),
     (lambda b: bertscope.MultiHeadSelfAttention(64, 4)(torch.randn(2, 5, 32)), InputError, r"x must be \(B, T, 64\)"),

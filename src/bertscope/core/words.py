@@ -72,14 +72,30 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
     """Token attention (..., T, T) -> word attention (..., W, W).
 
     To a word: sum over its sub-tokens (columns). From a word: mean over its sub-tokens (rows).
+    ``token_words``: the word of each token, numbered 0..W-1 in order, every number used (as
+    :func:`group_words` gives them, with [CLS] and [SEP] words of their own). A tokenizer's
+    ``word_ids`` (None for [CLS]/[SEP], counted per text) are not such numbers: group them first.
     """
     if not isinstance(probs, torch.Tensor) or probs.dim() < 2 or probs.shape[-1] != probs.shape[-2]:
         shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
         raise InputError(f"probs must be a tensor of token attention (..., T, T), got {shape}")
     T = probs.shape[-1]
+    if isinstance(token_words, (str, bytes)) or not hasattr(token_words, "__len__"):
+        raise InputError(f"token_words must be a list of word indices, one per token, got {type(token_words).__name__}")
     if len(token_words) != T:
         raise InputError(f"token_words has {len(token_words)} entries (one word index per token) for {T} tokens")
-    W = max(token_words) + 1
+    numbers = [as_whole_number(w) for w in token_words]
+    bad = next((i for i, n in enumerate(numbers) if n is None or n < 0), None)
+    if bad is not None:
+        hint = " (a tokenizer's word_ids? group_words gives [CLS] and [SEP] words of their own)" \
+            if token_words[bad] is None else ""
+        raise InputError(f"token_words[{bad}] is {token_words[bad]!r}: word indices are whole numbers >= 0{hint}")
+    W = max(numbers, default=-1) + 1
+    unused = sorted(set(range(W)) - set(numbers))
+    if unused:  # an empty word would be a row of 0/0
+        raise InputError(f"token_words never names word {unused[0]} of 0..{W - 1}: number the words 0..W-1, "
+                         "each with at least one token")
+    token_words = numbers
     assign = torch.zeros(T, W, dtype=probs.dtype, device=probs.device)  # (T, W)
     assign[torch.arange(T), torch.tensor(token_words)] = 1.0
     summed_cols = probs @ assign  # (..., T, T)@(T, W) -> (..., T, W)

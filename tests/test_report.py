@@ -336,6 +336,8 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     ([np.full((1, 2, 3, 3), 1 / 3)], "a b c", {}, "list of token strings"),
     ([np.full((1, 2, 3, 3), 1 / 3)], ["a", None, "c"], {}, "not a string"),
     ("not attention", ["a"], {}, "not an array"),
+    (None, ["a"], {}, "attentions is NoneType, not an array"),  # it said "has shape ()"
+    (0.5, ["a"], {}, "attentions is float, not an array"),
     # one layer's (B=2, H, T, T) as a bare array reads as 2 layers of a batch of 1: the error says so
     (np.full((2, 2, 3, 3), 1 / 3), ["a"] * 3, {"tokens_b": ["b"] * 3}, "as a list, [a]"),
 ])

@@ -53,6 +53,8 @@ def words_from_tokens(tokens: Sequence[str]) -> tuple[list[str], list[int], list
 def _as_array(x: Any, what: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu", torch.float64).numpy()
+    if x is None or isinstance(x, (str, bytes, dict)) or np.isscalar(x):  # np.asarray takes these as 0-d arrays
+        raise InputTypeError(f"{what} is {type(x).__name__}, not an array of numbers")
     try:
         arr = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -38,8 +39,10 @@ def test_from_json_rejects_what_it_cannot_build(tmp_path):
     with pytest.raises(ConfigError, match="not 'bert'"):
         BertConfig.from_json(p)
     p.write_text(json.dumps({"hidden_size": 768}))
-    with pytest.raises(ConfigError, match="lacks"):
+    with pytest.raises(ConfigError, match=re.escape(f"{p}: the config lacks vocab_size, num_hidden_layers")):
         BertConfig.from_json(p)
+    with pytest.raises(ConfigError, match=re.escape("the config lacks vocab_size")):  # no file: none named
+        BertConfig.from_dict({"hidden_size": 768})
     p.write_text(json.dumps({**BertConfig().to_dict(), "num_attention_heads": 7}))
     with pytest.raises(ConfigError, match="not divisible"):
         BertConfig.from_json(p)

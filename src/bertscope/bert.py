@@ -32,10 +32,12 @@ Precision (``load(..., precision=...)``, CPU only):
 ``load(..., dtype=torch.bfloat16 or torch.float16)`` (for a GPU) casts the whole model instead;
 ``bert.precision`` then reads "bf16" or "fp16".
 
-Reduced precision changes only plain inference on the packed path (``embed``, ``bert(...)``
-without extras, the embedding jobs). Anything that asks for attentions, hidden states, head
-masks or intermediates (``view``, ``attend``, ``trace``...) runs ``bert.model``: exactly the
-fp32 reference, whatever the precision. Under autograd the packed path is fp32 too.
+A reduced ``precision=`` changes only plain inference on the packed path (``embed``,
+``bert(...)`` without extras, the embedding jobs). Anything that asks for attentions, hidden
+states, head masks or intermediates (``view``, ``attend``, ``trace``...) runs ``bert.model``:
+exactly the fp32 reference, whatever the precision. Under autograd the packed path is fp32 too.
+``dtype=`` is not such a precision: it casts ``bert.model`` as well, so those tools then run in
+that dtype (attention weights within about 1e-2 of fp32's in bfloat16).
 """
 
 from __future__ import annotations

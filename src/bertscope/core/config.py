@@ -123,6 +123,11 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
+        """A config from the keys of a Hugging Face config.json. The six shape keys (vocab_size,
+        hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+        max_position_embeddings) must be there: a default would give another model BERT-base's
+        shape in silence. Other keys default as in ``BertConfig()``; unknown keys are ignored.
+        To change a few fields of the defaults, call ``BertConfig(hidden_size=...)`` instead."""
         if not isinstance(data, Mapping):
             raise InputTypeError(f"a config must be a dict (what config.json holds), got {type(data).__name__}")
         model_type = data.get("model_type", "bert")
@@ -135,7 +140,8 @@ class BertConfig:
                     "intermediate_size", "max_position_embeddings")
         missing = [k for k in required if k not in data]
         if missing:
-            raise ConfigError(f"config.json lacks {', '.join(missing)}")
+            raise ConfigError(f"the config lacks {', '.join(missing)} (config.json names every shape key; "
+                              "BertConfig(...) takes a few with defaults for the rest)")
         fields = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in data.items() if k in fields}
         return cls(**kwargs)
@@ -154,7 +160,10 @@ class BertConfig:
             raise ConfigError(f"{path} is not a readable JSON file ({e})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} does not hold a JSON object")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

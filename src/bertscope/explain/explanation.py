@@ -170,9 +170,10 @@ class Explanation:
 
 
 def _length_limit(bert: Bert, method: str | None = None) -> int | None:
-    """Where a text is cut: a classifier at the length it was fine-tuned at (as ``predict`` and
-    ``classify`` cut), a gradient method's sentence embedding at ``max_seq_length`` (as ``embed``
-    cuts); other maps at the model's positions (as ``attend`` and ``view``)."""
+    """Where a text is cut: with a classifier, every method at the length it was fine-tuned at
+    (as ``predict`` and ``classify`` cut); otherwise a gradient method's sentence embedding at
+    ``max_seq_length`` (as ``embed`` cuts), other maps at the model's positions (as ``attend``
+    and ``view``)."""
     return bert.max_seq_length if bert.is_classifier or method in GRAD_METHODS else None
 
 
@@ -260,8 +261,11 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
 
     Args:
         bert: a loaded :class:`bertscope.Bert`.
-        text: one text. It is cut where the output explained is computed: a classifier's at
-            the length it was fine-tuned at (as ``predict``), a sentence embedding's at
+        text: one text. It is cut where the output explained is computed. With a fine-tuned
+            classifier (``bert.is_classifier``) every method, the attention maps too, reads it
+            as the classifier does, cut at the length it was fine-tuned at (as ``predict``), so
+            the methods compare on the same tokens (``attend`` and ``view`` read it at the
+            model's positions). Otherwise a gradient method's sentence embedding is cut at
             ``bert.max_seq_length`` (as ``embed``), other maps at the model's positions (as
             ``view``). ``Explanation.truncated`` says whether it was cut.
         method: one of :data:`METHODS`.

@@ -364,6 +364,8 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                progress: Callable[[int, int], None] | None = None) -> HeadStats:
     """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs).
 
+    ``warnings``: notes about the corpus gathered before (a file reader's skipped lines, say),
+    kept in the result's warnings before this function's own; the list is not changed.
     ``progress(done, total)`` is called after each text (one forward pass each).
     """
     check_bert(bert, "head_stats()")

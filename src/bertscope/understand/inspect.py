@@ -78,7 +78,19 @@ class AttendResult:
 
 @analysis
 def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResult:
-    """Attention from ``token`` (a word of ``text``) to every word, per layer and head."""
+    """Attention from ``token`` (a word of ``text``) to every word, per layer and head.
+
+    ``token`` is a word as written in the text, matched case-insensitively (where no word is
+    equal, accents aside: "cafe" finds "café"); ``occurrence`` picks the n-th such word, the
+    first being 1. Words are the tokenizer's pre-tokenized words, a split word's sub-tokens
+    together (from a word: their mean; to a word: their sum), and [CLS] and [SEP] are words of
+    their own. Layers and heads are numbered from 0. The text is read at the model's positions
+    (a longer one is cut, with a warning, and ``truncated`` says so). Runs the reference path
+    (``bert.model``) once.
+
+    Raises InputError for an empty text, a word not in the text (or only in the part cut off),
+    or an occurrence past the last.
+    """
     text, token = check_text(text), check_text(token, "the word")
     if not text.strip():
         raise InputError("the text is empty")

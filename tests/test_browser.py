@@ -299,6 +299,8 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         assert page.input_value("#bs-measure") == "attention" and page.is_hidden("#bs-error")
         assert page.eval_on_selector(vz, "o => o.disabled")
         assert "(texts up to 128 tokens; this one has 182)" in page.eval_on_selector(vz, "o => o.textContent")
+        assert ("value-zeroing takes texts of up to 128 tokens and this one has 182: showing the attention "
+                "weights instead.") in page.inner_text("#bs-texts")  # it changed in silence
 
         page.check("#bs-pair")  # a pair without its second text: said, and nothing is sent
         page.click("#bs-submit")
@@ -325,6 +327,8 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         page.select_option("#bs-measure", "alti")  # waits on the held request
         page.wait_for_function("() => document.documentElement.dataset.rendered === '0'", timeout=30_000)
         assert len(held) == 1
+        n = page.evaluate("() => window.bertscope.meta.texts[0].tokens.length")
+        assert page.inner_text("#bs-progress") == f"computing alti for {n} tokens on the server…"  # not silence
         with page.expect_event("requestfailed", timeout=30_000) as failed:
             page.select_option("#bs-measure", "attention")  # drawn from what the page holds
         assert '"alti"' in failed.value.post_data and "ABORTED" in (failed.value.failure or ""), failed.value.failure
@@ -515,6 +519,14 @@ def test_span_selector(browser, bert, hf_model, tmp_path):
     page.click("#bs-span-all")
     settle(page)
     page.click(".bs-tab[data-view='head']")
+    settle(page)
+    assert len(labels()) == len(rep.texts[0].words)
+    page.fill("#bs-span-start", "2")
+    page.press("#bs-span-start", "Enter")
+    settle(page)
+    page.fill("#bs-span-start", "")  # both boxes emptied: the whole text (it read "" as 0 and 0: one token)
+    page.fill("#bs-span-end", "")
+    page.press("#bs-span-end", "Enter")
     settle(page)
     assert len(labels()) == len(rep.texts[0].words)
     page.close()
@@ -713,7 +725,15 @@ def test_measure_switch_changes_lines_and_values(browser, bert, tmp_path):
     settle(page)
     check_values(shown_values(page), norm[4, 1, it], "1")
 
-    page.select_option("#bs-measure", "alti")
+    page.click(".bs-head[data-head='3']", modifiers=["Shift"])  # heads 1 and 3: their mean, said so
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    assert page.inner_text("#bs-matrix-view .bs-panel h3") == "norm, layer 4, heads 1, 3 (their mean)"
+    assert "Several heads selected: their mean." in page.inner_text("#bs-hint")
+    page.select_option("#bs-measure", "alti")  # per layer: no heads, so no mean of them
+    settle(page)
+    assert page.inner_text("#bs-matrix-view .bs-panel h3") == "alti, layer 4"
+    assert "Several heads" not in page.inner_text("#bs-hint")
     page.click(".bs-tab[data-view='model']")
     settle(page)
     heads = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.dataset.head)")
@@ -723,6 +743,24 @@ def test_measure_switch_changes_lines_and_values(browser, bert, tmp_path):
     settle(page)
     heads = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.dataset.head)")
     assert len(heads) == rep.num_layers * (rep.num_heads + 2)
+    assert not errors, errors
+    page.close()
+
+
+def test_a_cut_text_says_so_first(browser, bert, tmp_path):
+    """"(truncated to fit the model)" followed the whole text inside a box of 4.3 lines: it was
+    seen only by scrolling that box. The note comes first and says how many tokens were kept."""
+    from bertscope import TruncationWarning
+
+    with pytest.warns(TruncationWarning):
+        rep = build_report(bert, "the cat sat on the mat " * 100)
+    page, errors = open_report(browser, rep, tmp_path / "cut.html")
+    settle(page)
+    first = page.eval_on_selector("#bs-texts div", "d => d.firstChild.textContent")
+    assert first == "cut to its first 512 tokens to fit the model: "
+    assert page.eval_on_selector("#bs-texts div .bs-cut", "e => { const r = e.getBoundingClientRect(); "
+                                 "const box = e.parentElement.getBoundingClientRect(); "
+                                 "return r.top >= box.top && r.bottom <= box.bottom; }")  # in view, unscrolled
     assert not errors, errors
     page.close()
 

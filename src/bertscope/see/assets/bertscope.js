@@ -277,6 +277,10 @@
       if (missing.length) {
         const body = measure ? { kind: "measure", measure } : { kind };
         const req = this.post("attention", { ...this.request, layer, heads: perHead ? missing : [], ...body }, measure || "");
+        if (measure) {  // seconds for a long text (ALTI of 500 tokens): say what the wait is for
+          const n = Math.max(...meta.texts.map((x) => x.tokens.length));
+          setProgress(`computing ${measure} for ${n.toLocaleString()} tokens on the server…`);
+        }
         missing.forEach((h) => {
           const p = req.then((body) => body.matrices
             .filter((x) => x.head === h)
@@ -969,7 +973,9 @@
     if (note) root.appendChild(el("div", "bs-note", note));
     const panels = el("div", "bs-panels");
     root.appendChild(panels);
-    const what = describe() + (state.mode === "heads" && state.heads.length > 1 ? " (their mean)" : "");
+    const mi = measureInfo();
+    const several = state.mode === "heads" && state.heads.length > 1 && (!mi || mi.per_head);
+    const what = describe() + (several ? " (their mean)" : "");
     const shared = state.scale === "shared";
     const common = Math.max(1e-9, ...P.map((p) => maxOf(p.M)));
     P.forEach((p, t) => {
@@ -1475,7 +1481,9 @@
         d.append(el("b", "", "A"), el("bdi", "", x.text), document.createTextNode("  "), el("b", "", "B"),
           el("bdi", "", x.pair || ""), document.createTextNode("  (one sentence pair: [CLS] A [SEP] B [SEP])"));
       } else d.appendChild(el("bdi", "", x.text));
-      if (x.truncated) d.appendChild(document.createTextNode("  (truncated to fit the model)"));
+      if (x.truncated) {  // first, where it is seen: the box scrolls, and the cut is at its end
+        d.prepend(el("span", "bs-cut", `cut to its first ${x.tokens.length.toLocaleString()} tokens to fit the model: `));
+      }
       texts.appendChild(d);
     });
     if (meta.alignment && alignment("word").tooDifferent) {
@@ -1534,7 +1542,9 @@
     const hints = {
       head: "Lines join each token (left) to the tokens it attends to (right); opacity = attention weight, one colour per head. Hover a token to focus its lines; click to pin the exact numbers.",
       model: "Thumbnails of every attention map. The colour scale is stated in the legend; point at a thumbnail for its values.",
-      matrix: "Row = the token attending, column = the token attended to. Several heads selected: their mean. Zoom with − and +; the labels stay in view.",
+      matrix: "Row = the token attending, column = the token attended to." +
+        (state.mode === "heads" && state.heads.length > 1 && (!mi || mi.per_head) ? " Several heads selected: their mean." : "") +
+        " Zoom with − and +; the labels stay in view.",
       qk: "The seed's steps for one head and one query token: q and every k over the head's dimensions, q ⊙ k, the score, ÷√D, the mask, the softmax and the weighted sum of the values. Pick the layer and a head above.",
     };
     if (mi && v === "head") {
@@ -1547,7 +1557,8 @@
 
   function readSpan() {
     const T = Math.max(...meta.texts.map((x) => x.tokens.length));
-    let s = Math.floor(Number($("bs-span-start").value)), e = Math.floor(Number($("bs-span-end").value));
+    const read = (id) => { const v = $(id).value.trim(); return v === "" ? NaN : Math.floor(Number(v)); };
+    let s = read("bs-span-start"), e = read("bs-span-end");  // an empty box: its default
     if (!Number.isFinite(s)) s = 0;
     if (!Number.isFinite(e)) e = T;
     s = Math.max(0, Math.min(T - 1, s));
@@ -1637,11 +1648,16 @@
     state.qkQuery = null;
     if (state.measure !== "attention" && !measureInfo()) state.measure = "attention";
     const mi = measureInfo(), longest = Math.max(...meta.texts.map((x) => x.tokens.length));
-    if (mi && mi.max_tokens && longest > mi.max_tokens) state.measure = "attention";  // too long for it
+    const tooLong = mi && mi.max_tokens && longest > mi.max_tokens ? mi : null;
+    if (tooLong) state.measure = "attention";  // too long for it: said under the text
     if (meta.texts.length < 2) { state.modelText = 0; state.qkText = 0; }
     const opts = meta.options || {};
     state.span = opts.span ? [opts.span[0], opts.span[1]] : null;
     buildControls();
+    if (tooLong) {
+      $("bs-texts").appendChild(el("div", "bs-note", `${tooLong.name} takes texts of up to ${tooLong.max_tokens} ` +
+        `tokens and this one has ${longest}: showing the attention weights instead.`));
+    }
     await render();
     document.documentElement.dataset.ready = "1";
   }

@@ -255,11 +255,19 @@ def test_served_app(browser, bert, hf_model):
         page.on("request", lambda r: sent.append(r.url) if "/api/analyze" in r.url else None)
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
-        assert page.inner_text("#bs-error") == "A text has 2,001 characters; this server takes at most 2,000."
+        assert page.inner_text("#bs-error") == "The text has 2,001 characters; this server takes at most 2,000."
         assert not sent  # it used to send it, for a 413 and an error in the console
         # in view, beside the form: it used to sit below the old result, far under the fold
         assert page.eval_on_selector("#bs-error", "e => { const r = e.getBoundingClientRect(); "
                                      "return r.top >= 0 && r.bottom <= innerHeight; }")
+        page.fill("#bs-text", "A short one.")  # the second text over the limit: named as such
+        page.fill("#bs-text-b", "y" * 2001)
+        page.click("#bs-submit")
+        page.wait_for_function("() => document.getElementById('bs-error').textContent.startsWith('The second')",
+                               timeout=30_000)
+        assert page.inner_text("#bs-error") == "The second text has 2,001 characters; this server takes at most 2,000."
+        page.fill("#bs-text-b", "")
+        assert not sent
 
         page.fill("#bs-text", "A short text.")  # Enter submits, and the old error goes away
         page.press("#bs-text", "Enter")
@@ -734,6 +742,14 @@ def test_measure_switch_changes_lines_and_values(browser, bert, tmp_path):
     settle(page)
     assert page.inner_text("#bs-matrix-view .bs-panel h3") == "alti, layer 4"
     assert "Several heads" not in page.inner_text("#bs-hint")
+    plus = "#bs-matrix-view button[data-zoom='1']"
+    for _ in range(12):  # up to the largest cell, where "+" can do nothing and says so
+        if page.is_disabled(plus):
+            break
+        page.click(plus)
+        settle(page)
+    assert page.is_disabled(plus) and "32 px per cell" in page.inner_text("#bs-matrix-view .bs-zoom")
+    assert page.is_enabled("#bs-matrix-view button[data-zoom='-1']")
     page.click(".bs-tab[data-view='model']")
     settle(page)
     heads = page.eval_on_selector_all("#bs-model-view canvas.bs-thumb", "els => els.map(e => e.dataset.head)")

@@ -957,6 +957,7 @@
       const b = el("button", "bs-small", label);
       b.type = "button";
       b.dataset.zoom = String(step);
+      b.disabled = !ZOOMS.some((z) => (step > 0 ? z > cell : z < cell));  // at the largest (smallest) cell
       b.addEventListener("click", () => {
         const bigger = ZOOMS.filter((z) => z > cell), smaller = ZOOMS.filter((z) => z < cell);
         state.zoom = step > 0 ? (bigger[0] || cell) : (smaller[smaller.length - 1] || cell);
@@ -1692,9 +1693,11 @@
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       const text = $("bs-text").value, textB = $("bs-text-b").value.trim() ? $("bs-text-b").value : null;
-      const over = counters.map(([id]) => [...$(id).value].length).find((n) => maxChars && n > maxChars);
-      if (over) {  // the counter is red: the server would answer 413
-        showError(`A text has ${over.toLocaleString()} characters; this server takes at most ${maxChars.toLocaleString()}.`);
+      const lengths = counters.map(([id]) => [...$(id).value].length);
+      const which = lengths.findIndex((n) => maxChars && n > maxChars);
+      if (which >= 0) {  // the counter is red: the server would answer 413
+        const over = lengths[which], name = which === 0 ? "The text" : "The second text";
+        showError(`${name} has ${over.toLocaleString()} characters; this server takes at most ${maxChars.toLocaleString()}.`);
         document.documentElement.dataset.ready = "error";
         return;
       }

@@ -781,6 +781,25 @@ def test_a_cut_text_says_so_first(browser, bert, tmp_path):
     page.close()
 
 
+def test_the_numbers_of_all_twelve_heads_fit_beside_the_lines(browser, bert, tmp_path):
+    """With every head shown, the pinned numbers stopped at head 3 (a box of 460 px, headers
+    wrapping onto two lines) while half the screen stood empty."""
+    rep = build_report(bert, "The quick brown fox jumps over the lazy dog while the committee deliberated.")
+    page, errors = open_report(browser, rep, tmp_path / "heads.html", 1400, 900)
+    settle(page)
+    page.click("#bs-heads-all")
+    settle(page)
+    click_token(page, 5)
+    heads = page.eval_on_selector_all(".bs-readout th[title^='head']", "els => els.map(e => e.textContent)")
+    assert heads == [f"h{h}" for h in range(12)]
+    right, box = page.evaluate("() => { const ro = document.querySelector('.bs-readout'); const th = "
+                               "[...ro.querySelectorAll('th')].pop(); return [th.getBoundingClientRect().right, "
+                               "Math.min(ro.getBoundingClientRect().right, innerWidth)]; }")
+    assert right <= box, (right, box)  # the last column in view, no sideways scroll
+    assert not errors, errors
+    page.close()
+
+
 def test_no_measure_switch_without_measures(browser, bert, tmp_path):
     path = build_report(bert, "A short text.").save(tmp_path / "plain.html")
     page = browser.new_page()
@@ -846,6 +865,10 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
         settle(page)
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 420, (view, width)
+        if view == "head":  # both token columns in view: the band between them narrows (it ran off the edge)
+            right = page.eval_on_selector_all("#bs-head-view .bs-tok.bs-right",
+                                              "els => Math.max(...els.map(e => e.getBoundingClientRect().right))")
+            assert right <= 420, right
     assert page.evaluate("() => getComputedStyle(document.getElementById('bs-controls')).position") == "static"
     page.screenshot(path=str(artifact("narrow-qk-view.png")), full_page=True)
     assert not errors, errors

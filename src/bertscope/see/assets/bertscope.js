@@ -22,6 +22,7 @@
   const ROW = 18;          // head view: pixels per token row
   const COL_W = 132;       // head view: width of a token column
   const GAP = 230;         // head view: width of the band the lines cross
+  const MIN_GAP = 80;      // ... on a screen too narrow for both columns and GAP
   const THUMB = 72;        // model view: largest thumbnail resolution (cells are pooled above it)
   const SLICE_MS = 25;     // longest stretch of work before the page gets the main thread back
   const MAX_CANVAS = 16000;  // largest canvas side drawn, in CSS pixels
@@ -657,13 +658,15 @@
     body.style.minHeight = `min(78vh, ${Math.max(n * ROW, 72 + 23 * (n + 1))}px)`;
     const scroll = el("div", "bs-hv-scroll");
     const hv = el("div", "bs-hv");
-    hv.style.width = `${2 * COL_W + GAP}px`;
+    // the band narrows on a narrow screen, so both token columns stay in view (down to MIN_GAP)
+    const gap = Math.round(Math.max(MIN_GAP, Math.min(GAP, (panels.clientWidth || Infinity) - 2 * COL_W - 8)));
+    hv.style.width = `${2 * COL_W + gap}px`;
     hv.style.height = `${n * ROW}px`;
     const canvas = el("canvas", "bs-lines");
     canvas.style.left = `${COL_W}px`;
     hv.appendChild(canvas);
     const left = el("div", "bs-col"), right = el("div", "bs-col");
-    right.style.left = `${COL_W + GAP}px`;
+    right.style.left = `${COL_W + gap}px`;
     const two = meta.texts.length === 2;
     const leftDivs = [], rightDivs = [];
     for (let a = 0; a < n; a++) {
@@ -696,8 +699,8 @@
     panel.appendChild(body);
     panels.appendChild(panel);
 
-    const ctx = setupCanvas(canvas, GAP, Math.max(1, n * ROW));
-    const view = { t, ctx, canvas, shown, n, keep, hv, readout, base: null, leftDivs, rightDivs, marked: [] };
+    const ctx = setupCanvas(canvas, gap, Math.max(1, n * ROW));
+    const view = { t, ctx, canvas, shown, n, keep, hv, readout, base: null, leftDivs, rightDivs, marked: [], gap };
     panel._draw = () => drawFocus(view);
     panel._view = view;
     hv.addEventListener("mouseover", (e) => {
@@ -745,9 +748,9 @@
    * Lines are grouped by opacity (64 levels) so each group is one stroke. Returns false if a
    * newer render took over. */
   async function drawBase(view, gen) {
-    const { ctx, shown, n } = view;
+    const { ctx, shown, n, gap } = view;
     const H = n * ROW;
-    ctx.clearRect(0, 0, GAP, H);
+    ctx.clearRect(0, 0, gap, H);
     ctx.lineWidth = 1.6;
     const minW = n <= 64 ? 0.002 : (n <= 200 ? 0.01 : 0.02);  // fainter lines are invisible among many
     const slice = slicer();
@@ -774,13 +777,13 @@
           segments++;
           if (w < 1 / 64) {  // faint lines keep their exact opacity
             ctx.globalAlpha = w;
-            ctx.beginPath(); ctx.moveTo(0, ya); ctx.lineTo(GAP, b * ROW + ROW / 2); ctx.stroke();
+            ctx.beginPath(); ctx.moveTo(0, ya); ctx.lineTo(gap, b * ROW + ROW / 2); ctx.stroke();
             continue;
           }
           const bucket = Math.min(64, Math.ceil(w * 64));
           const p = paths[bucket] || (paths[bucket] = new Path2D());
           p.moveTo(0, ya);
-          p.lineTo(GAP, b * ROW + ROW / 2);
+          p.lineTo(gap, b * ROW + ROW / 2);
         }
         if (segments >= SLICE_LINES || (a & 15) === 15) {
           flush();
@@ -839,7 +842,7 @@
           ctx.beginPath();
           const a = f.side === "left" ? pos : k, b = f.side === "left" ? k : pos;
           ctx.moveTo(0, a * ROW + ROW / 2);
-          ctx.lineTo(GAP, b * ROW + ROW / 2);
+          ctx.lineTo(view.gap, b * ROW + ROW / 2);
           ctx.stroke();
         }
       }
@@ -887,7 +890,9 @@
       : `${what} to “${lab}” from each ${state.level}`) + (source.exact ? "" : ` (stored to ±${storedTo()})`) +
       (view.capped ? `; lines: the ${FOCUS_LINES} strongest per head` : "");
     const parts = [`<caption>${esc(caption)}</caption><tr><th>${f.side === "left" ? "to" : "from"}</th>`];
-    shown.forEach((m) => parts.push(`<th style="color:${m.color}">${esc(m.name)}</th>`));
+    const compact = shown.length > 3;  // many heads: "h4" (the name in its tooltip), so more columns fit
+    shown.forEach((m) => parts.push(`<th style="color:${m.color}" title="${esc(m.name)}">` +
+      `${esc(compact && /^\d+$/.test(m.key) ? "h" + m.key : m.name)}</th>`));
     parts.push("</tr>");
     for (let k = 0; k < n; k++) {
       parts.push(`<tr><td>${esc(shown[0].P.labels[k])}</td>`);

@@ -119,8 +119,9 @@ def refuse_non_finite(model) -> None:
     row of NaN into zeros for fewer than 16 tokens (torch 2.13): a NaN in W_Q gave a finite,
     plausible embedding where the reference path gives NaN. NaN from any other weight reaches
     the residual stream and the output, as on the reference path (and ``embed`` refuses it).
-    Giving those groups an all-true mask instead cost 2.6% on 8- and 12-token texts (AMD EPYC,
-    AVX-512): this check runs only when the weights change."""
+    Giving those groups an all-true mask instead cost 1-7% of ``embed``'s time on an AMD EPYC
+    with AVX-512 (docs/BENCHMARKS.md, "A NaN query and the unmasked kernel"); this check (4 ms
+    for the bundled model) runs only when the weights change."""
     for i, layer in enumerate(model.layers):
         for part in ("query", "key", "value"):
             for kind, p in (("weight", getattr(layer.attention, part).weight), ("bias", getattr(layer.attention, part).bias)):

@@ -22,7 +22,7 @@ explain's map methods), each computed when first chosen; --measure offers only t
 (repeatable or a comma list; "attention" alone: none). The rollout is always there, as the
 Attention control's rollout mode. value-zeroing is refused above 128 tokens.
 The model computes one request at a time, and a measure of a long text takes seconds (ALTI of
-461 tokens, 2,000 characters: 4.7 s on a 2-core AMD EPYC). The page drops what it no longer
+461 tokens, 2,000 characters: 4.7-6.5 s on a 2-core AMD EPYC). The page drops what it no longer
 needs (another measure's maps once a new one is chosen, a text's once another is analysed), and
 the server skips such a request if it has not begun (--debug shows each one dropped).
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C: it finishes the

@@ -227,6 +227,23 @@ def test_a_nan_weight_is_refused_by_the_fast_path_not_turned_into_a_plausible_em
     assert torch.equal(torch.as_tensor(bert.embed(texts)), torch.as_tensor(before))
 
 
+def test_in_training_a_nan_query_weight_reaches_the_output():
+    """Training skips the weight check (the loop checks its loss): there the packed path masks
+    its exact-length groups, so a NaN in W_Q reaches the output (and the loss) as on the
+    reference path, instead of torch's unmasked kernel zeroing the head on short texts (with
+    attention dropout the kernel is another, which keeps NaN; without it, it did not)."""
+    torch.manual_seed(0)
+    cfg = bertscope.BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=128, attention_probs_dropout_prob=0.0)
+    model = bertscope.BertModel(cfg).train()
+    with torch.no_grad():
+        model.layers[1].attention.query.weight[0, 0] = float("nan")
+    ids = torch.randint(1, cfg.vocab_size, (3, 7))  # one exact-length group of 7 tokens
+    fast = PackedEncoder().forward(model, ids, torch.ones_like(ids))
+    assert fast.last_hidden_state.isnan().any()
+    assert model(ids).last_hidden_state.isnan().any()  # the reference path, for the record
+
+
 def test_blas_activation_sees_few_row_counts_and_keeps_each_row():
     """oneDNN (torch's CPU GELU) compiles one kernel per tensor shape; on the BLAS backend the
     activation must run on row counts rounded up to ROW_BUCKET, so a stream of batches with

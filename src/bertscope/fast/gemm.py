@@ -389,8 +389,8 @@ class GemmBackend:
     def linears(self, model, x: torch.Tensor) -> list[LayerLinears]:
         """The linears for a forward of ``model`` on inputs like ``x`` (see the module doc)."""
         if torch.is_grad_enabled():
-            if not model.training:  # gradients of a fixed model (training has its own loss checks)
-                self._refuse_non_finite_once(model)
+            if not model.training:  # gradients of a fixed model; in training the weights change every
+                self._refuse_non_finite_once(model)  # step, and the kernels mask every group instead
             return self.build(model, "blas")  # in the graph: every parameter gets its gradient
         backend = self.backend_for(x)
         precision = self.precision_for(x)

@@ -173,7 +173,10 @@ class AttentionKernels:
             else:  # shorter sequences padded to L inside the bucket; PAD keys masked out
                 block = qkv.index_select(0, b.gather).view(b.G, b.L, 3, H, D)  # (G·L, 3C) -> (G, L, 3, H, D)
             q, k, v = block.permute(2, 0, 3, 1, 4).unbind(0)  # (G, H, L, D) each
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=b.keep, dropout_p=dropout_p)  # (G, H, L, D)@(G, H, D, L)@(G, H, L, D) -> (G, H, L, D)
+            keep = b.keep
+            if keep is None and context is None:  # under autograd: masked, a NaN query stays NaN up to
+                keep = torch.ones(b.G, 1, 1, b.L, dtype=torch.bool, device=qkv.device)  # the loss (gemm.refuse_non_finite)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)  # (G, H, L, D)@(G, H, D, L)@(G, H, L, D) -> (G, H, L, D)
             by_token = out.transpose(1, 2)  # (G, H, L, D) -> (G, L, H, D)
             if b.real is None:
                 if context is not None:

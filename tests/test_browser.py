@@ -800,6 +800,30 @@ def test_the_numbers_of_all_twelve_heads_fit_beside_the_lines(browser, bert, tmp
     page.close()
 
 
+def test_a_long_map_of_lengths_draws_its_strongest_lines_and_says_so(browser, bert, tmp_path):
+    """norm (vector lengths, drawn against the layer's largest) put nearly every one of n² lines
+    above the drawing floor: 461 tokens took 11 s to draw, a solid band. Such a map keeps its 50
+    strongest lines per token and the panel says so; the attention weights (shares) do not."""
+    from bertscope.explain import map_measures
+
+    text = "The animal didn't cross the street because it was too tired. " * 10  # 151 tokens
+    rep = build_report(bert, text, measures=lambda b, t, pair: map_measures(b, t, ["norm"], pair=pair))
+    page, errors = open_report(browser, rep, tmp_path / "norm.html")
+    settle(page)
+    n = len(rep.texts[0].tokens)
+    assert page.locator("#bs-head-view .bs-thinned").count() == 0  # shares: their own floor
+    page.select_option("#bs-measure", "norm")
+    settle(page)
+    assert page.inner_text("#bs-head-view .bs-thinned") == (
+        f"lines: the {50 * n:,} strongest of {n * n:,} (norm, head 0: lengths, not shares of a row); "
+        "hover a token for its own")
+    lines = int(page.get_attribute("#bs-head-view .bs-panel[data-panel='0']", "data-lines"))
+    # at most the 50 strongest per unit shown (words here, n tokens at most; an exact tie at the cut adds one)
+    assert 0 < lines <= 51 * n, (lines, n)
+    assert not errors, errors
+    page.close()
+
+
 def test_no_measure_switch_without_measures(browser, bert, tmp_path):
     path = build_report(bert, "A short text.").save(tmp_path / "plain.html")
     page = browser.new_page()

@@ -28,6 +28,7 @@
   const MAX_CANVAS = 16000;  // largest canvas side drawn, in CSS pixels
   const FOCUS_LINES = 120;   // head view: most lines drawn per matrix for a focused token (the strongest)
   const SLICE_LINES = 400;   // head view: line segments drawn before the browser may paint
+  const LINES_PER_TOKEN = 50;  // head view: a map not shared out by rows (norm) draws at most this many lines per token
   const ZOOMS = [2, 3, 4, 6, 8, 11, 14, 18, 22, 26, 32];  // matrix view cell sizes
 
   const $ = (id) => document.getElementById(id);
@@ -744,6 +745,13 @@
     return { drawBase: (gen) => drawBase(view, gen) };
   }
 
+  /** The value (times ink) of the k-th strongest entry of M, or 0 when M has no more than k. */
+  function strongest(M, ink, k) {
+    if (M.length <= k) return 0;
+    const v = Float32Array.from(M, (x) => x * ink).sort();  // ascending
+    return v[v.length - k];
+  }
+
   /** Every line of every matrix shown (no focus), time-sliced; the picture is kept for reuse.
    * Lines are grouped by opacity (64 levels) so each group is one stroke. Returns false if a
    * newer render took over. */
@@ -752,13 +760,20 @@
     const H = n * ROW;
     ctx.clearRect(0, 0, gap, H);
     ctx.lineWidth = 1.6;
-    const minW = n <= 64 ? 0.002 : (n <= 200 ? 0.01 : 0.02);  // fainter lines are invisible among many
+    const base = n <= 64 ? 0.002 : (n <= 200 ? 0.01 : 0.02);  // fainter lines are invisible among many
     const slice = slicer();
+    view.thinned = [];
+    let drawn = 0;  // lines drawn, all matrices (the panel's data-lines)
     for (let k = 0; k < shown.length; k++) {
       const m = shown[k];
       if (shown.length > 1 || n > 150) setProgress(`drawing lines: ${m.name} (${k + 1} of ${shown.length})…`);
       ctx.strokeStyle = m.color;
       const M = m.P.M, ink = m.ink || 1;
+      // A share (a row sums to 1) has at most 1/base lines per row above base; a map of lengths
+      // (norm, drawn against its largest value) can have nearly all n² of them, seconds to draw and
+      // a solid band to see: it keeps its LINES_PER_TOKEN·n strongest, and the panel says so.
+      const minW = m.ink ? Math.max(base, strongest(M, ink, LINES_PER_TOKEN * n)) : base;
+      if (minW > base) view.thinned.push(m.name);
       let paths = new Array(65).fill(null);
       const flush = () => {
         for (let b = 1; b <= 64; b++) {
@@ -775,6 +790,7 @@
           const w = M[row + b] * ink;
           if (w < minW) continue;
           segments++;
+          drawn++;
           if (w < 1 / 64) {  // faint lines keep their exact opacity
             ctx.globalAlpha = w;
             ctx.beginPath(); ctx.moveTo(0, ya); ctx.lineTo(gap, b * ROW + ROW / 2); ctx.stroke();
@@ -797,6 +813,12 @@
     }
     ctx.globalAlpha = 1;
     setProgress("");
+    view.hv.closest(".bs-panel").dataset.lines = String(drawn);
+    if (view.thinned.length) {
+      const body = view.hv.closest(".bs-panel-body");
+      body.before(el("div", "bs-note bs-thinned", `lines: the ${(LINES_PER_TOKEN * n).toLocaleString()} strongest ` +
+        `of ${(n * n).toLocaleString()} (${view.thinned.join(", ")}: lengths, not shares of a row); hover a token for its own`));
+    }
     const copy = document.createElement("canvas");
     copy.width = view.canvas.width;
     copy.height = view.canvas.height;

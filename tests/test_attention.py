@@ -112,6 +112,19 @@ def test_a_nan_query_stays_nan_on_the_fused_path_as_on_the_reference():
         assert torch.equal(fused.isnan(), ref.isnan()), T
 
 
+def test_a_torch_ao_quantized_module_still_runs():
+    """The dtype check read ``query.weight.dtype``; a torch.ao dynamically quantized linear's
+    ``weight`` is a method, and the module raised AttributeError."""
+    attn = make(dropout=0.0)
+    x = torch.randn(1, 5, C)
+    quantized = torch.ao.quantization.quantize_dynamic(attn, {nn.Linear}, dtype=torch.qint8)
+    with torch.no_grad():
+        out, rec = quantized(x, output_attentions=True)
+        ref, _ = attn(x)
+    assert out.shape == (1, 5, C) and rec.probs.shape == (1, H, 5, 5)
+    assert (out - ref).abs().max() < 0.1  # int8 weights: near, not equal
+
+
 def test_an_input_of_another_dtype_than_the_weights_is_one_clear_error():
     import pytest
 

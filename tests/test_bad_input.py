@@ -711,8 +711,10 @@ def _ids(bert):
     # a tokenizer's word_ids (None at [CLS]/[SEP]) raised TypeError; gaps gave NaN rows; -1 took the last word
     (lambda b: bertscope.word_attention(torch.rand(4, 4), b.encode(["hello world"]).word_ids[0]), InputError,
      re.escape("token_words[0] is None: word indices are whole numbers >= 0 (a tokenizer's word_ids?")),
-    (lambda b: bertscope.word_attention(torch.rand(4, 4), [0, 2, 2, 5]), InputError,
+    (lambda b: bertscope.word_attention(torch.rand(6, 6), [0, 2, 2, 5, 5, 5]), InputError,
      re.escape("token_words never names word 1 of 0..5")),
+    (lambda b: bertscope.word_attention(torch.rand(2, 2), [0, 10**9]), InputError,  # at once, not a set of 10^9
+     re.escape("token_words names word 1000000000 for 2 tokens")),
     (lambda b: bertscope.word_attention(torch.rand(4, 4), [-1, 0, 1, 2]), InputError,
      re.escape("token_words[0] is -1")),
     (lambda b: bertscope.word_attention(torch.rand(4, 4), "abcd"), InputError, "a list of word indices"),

@@ -355,6 +355,25 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         page.unroute("**/api/attention")
         page.wait_for_selector("#bs-head-view .bs-tok.bs-left:text-is('new')", timeout=60_000)
         assert page.is_hidden("#bs-error") and page.get_attribute("html", "data-rendered") == "1"
+        # and when that new text's analysis fails: no "computing…" line left from the dropped
+        # request, and the picture is not left dimmed under the error
+        page.select_option("#bs-measure", "attention")
+        settle(page)
+        page.select_option("#bs-layer", "2")  # a layer whose alti map the page has not fetched yet
+        settle(page)
+        page.route("**/api/attention", lambda route: held.append(route) if '"alti"' in (route.request.post_data or "")
+                   else route.continue_())
+        page.route("**/api/analyze", lambda route: route.fulfill(status=500, json={"detail": "the server failed"}))
+        page.select_option("#bs-measure", "alti")
+        page.wait_for_function("() => document.getElementById('bs-progress').textContent.startsWith('computing')",
+                               timeout=30_000)
+        page.fill("#bs-text", "Yet another text.")
+        page.click("#bs-submit")
+        page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
+        assert page.inner_text("#bs-error") == "the server failed"
+        assert page.inner_text("#bs-progress") == "" and page.get_attribute("html", "data-rendered") != "0"
+        page.unroute("**/api/analyze")
+        page.unroute("**/api/attention")
     # the server has stopped: a layer not fetched yet cannot be drawn, and the old layer's
     # picture does not stay under the error
     page.select_option("#bs-layer", "4")

@@ -370,6 +370,8 @@ def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
             with socket.create_connection((u.hostname, u.port), timeout=60) as sock:  # sent, then left
                 sock.sendall(f"POST /api/attention HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json"
                              f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                # answered after the request above was read: it is waiting for the model, not unread
+                assert request(base, "GET", "/api/health")[0] == 200
             wait_for(lambda: "the client went away before its computation began; dropped" in err_path.read_text(),
                      "the dropped request")
             release.write_text("x")

@@ -158,8 +158,8 @@ class MultiHeadSelfAttention(nn.Module):
             raise InputError(f"x must be (B, T, {self.hidden_size}), got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise InputError(f"x must hold floating-point hidden states, got {x.dtype}")
-        w = self.query.weight.dtype
-        if x.dtype != w and not torch.is_autocast_enabled(x.device.type):  # autocast casts for the linears
+        w = getattr(self.query.weight, "dtype", None)  # a torch.ao quantized linear's weight is a method
+        if isinstance(w, torch.dtype) and x.dtype != w and not torch.is_autocast_enabled(x.device.type):
             raise InputError(f"x is {x.dtype} but the module's weights are {w}: convert one to the other "
                              f"(x.to({w}), or module.to({x.dtype}))")
         B, T, C = x.shape
@@ -195,8 +195,8 @@ class MultiHeadSelfAttention(nn.Module):
         if output_attentions or output_intermediates or not self.fused:
             context, record = attention_reference(q, k, v, bias, self.dropout)  # (B, H, T, D)
         else:
-            if bias is None:  # torch's unmasked CPU kernel turns a query row of NaN into zeros for
-                bias = q.new_zeros(1, 1, 1, T)  # T < 16 (torch 2.13); masked, NaN stays NaN, as in the reference
+            if bias is None and q.device.type == "cpu":  # torch's unmasked CPU kernel turns a query row of
+                bias = q.new_zeros(1, 1, 1, T)  # NaN into zeros for T < 16 (torch 2.13); masked, it stays NaN
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=self.dropout_p if self.training else 0.0
             )  # (B, H, T, D)

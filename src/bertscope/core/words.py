@@ -91,6 +91,9 @@ def word_attention(probs: torch.Tensor, token_words: Sequence[int]) -> torch.Ten
             if token_words[bad] is None else ""
         raise InputError(f"token_words[{bad}] is {token_words[bad]!r}: word indices are whole numbers >= 0{hint}")
     W = max(numbers, default=-1) + 1
+    if W > T:  # every word needs a token of its own
+        raise InputError(f"token_words names word {W - 1} for {T} tokens: number the words 0..W-1, "
+                         "each with at least one token")
     unused = sorted(set(range(W)) - set(numbers))
     if unused:  # an empty word would be a row of 0/0
         raise InputError(f"token_words never names word {unused[0]} of 0..{W - 1}: number the words 0..W-1, "

@@ -379,9 +379,11 @@ class GemmBackend:
                             "using 7-bit activations", gemm)
         return self.measured_levels[gemm]
 
-    def _refuse_non_finite_once(self, model) -> None:
-        """:func:`refuse_non_finite`, again only when a parameter has changed since."""
-        key = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    def _refuse_non_finite_once(self, model, params: list | None = None) -> None:
+        """:func:`refuse_non_finite`, again only when a parameter has changed since (for a tensor
+        made under torch.inference_mode, which keeps no version counter: only when it is replaced)."""
+        params = list(model.parameters()) if params is None else params
+        key = tuple((p.data_ptr(), None if p.is_inference() else p._version) for p in params)
         if self._finite.get(model) != key:
             refuse_non_finite(model)
             self._finite[model] = key
@@ -398,7 +400,7 @@ class GemmBackend:
         # Inference tensors (made under torch.inference_mode) keep no version counter, so an
         # in-place change could not be seen: such a model's linears are rebuilt on every call.
         if any(p.is_inference() for p in params):
-            refuse_non_finite(model)
+            self._refuse_non_finite_once(model, params)
             return self.build(model, backend, precision)
         keep = self.int8_keep_fp32.get(model) if precision == "int8" else None
         channels = self.int8_channels.get(model) if precision == "int8" else None

@@ -38,7 +38,8 @@ and at most ``CACHE_BYTES`` (256 MiB) of attention arrays in all; an analysis la
 on its own is not cached. A request whose client goes away while it waits for the model (the
 page aborts what it no longer wants: another measure's maps once a new one is shown, everything
 of a text once another is asked for) computes nothing: it is dropped (logged at INFO) and
-answered 499. A computation that has begun runs to its end and is cached.
+answered 499. A computation that has begun runs to its end and is cached (a comparison's
+second text is not begun once its client has gone).
 
 Measures other than the attention weights (norm, ALTI, ...) are computed by a function the caller
 passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope serve`` passes

@@ -1656,7 +1656,12 @@
         showError("");
       }
     } catch (err) {
-      if (gen !== renderGen || isAbort(err)) return;  // a render since has drawn (or is drawing) what is asked now
+      if (gen !== renderGen) return;  // a render since has drawn (or is drawing) what is asked now
+      if (isAbort(err)) {  // its requests were dropped for a new text: no error, no wait shown, no dimming
+        setProgress("");
+        document.documentElement.dataset.rendered = "dropped";
+        return;
+      }
       setProgress("");
       showError(String(err.message || err));
       // no picture of another text, layer or measure stays under the error
@@ -1666,6 +1671,7 @@
   }
 
   async function start(m, src) {
+    if (source && source !== src && source.close) source.close();  // the last text's requests: not wanted
     meta = m;
     source = src;
     state.layer = Math.min(state.layer, meta.layers - 1);
@@ -1749,6 +1755,7 @@
       } catch (err) {
         if (isAbort(err)) return;  // a newer request replaced this one
         status.textContent = "";
+        setProgress("");
         showError(String(err.message || err));
         document.documentElement.dataset.ready = "error";
       }

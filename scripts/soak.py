@@ -6,8 +6,9 @@ abuse, driven through the command line only, as a user would run them.
           row's status) to an uninterrupted run's, and an unfinished job must never read back
           as a finished one.
   serve:  `bertscope serve` under C concurrent clients for S seconds (analyze and attention
-          requests on more distinct texts than its cache holds); no request may fail, and the
-          server's resident memory must stay bounded (no growth once warm).
+          requests on more distinct texts than its cache holds, and a share of measure requests
+          hung up on within 0.5 s, as a page that moved on aborts them); no request may fail,
+          and the server's resident memory must stay bounded (no growth once warm).
 
 The results, with the command and the machine, replace the generated sections of
 docs/RELIABILITY.md (``bertscope.files.update_section``). Exit status 0 only if everything held.
@@ -25,12 +26,14 @@ import os
 import random
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -177,19 +180,41 @@ def post(base: str, path: str, body: dict, timeout: float = 120.0) -> int:
         return r.status
 
 
-def load_test(base: str, proc: subprocess.Popen, clients: int, seconds: float, seed: int, texts: list[str]):
+def abandon(base: str, body: dict, wait: float) -> None:
+    """Send one request, wait ``wait`` seconds and hang up without reading the answer (a page
+    that moved on: the server drops it if its computation has not begun)."""
+    u = urllib.parse.urlsplit(base)
+    data = json.dumps(body).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=60) as sock:
+        sock.sendall(f"POST /api/attention HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        time.sleep(wait)
+
+
+def load_test(base: str, proc: subprocess.Popen, clients: int, seconds: float, seed: int, texts: list[str],
+              abandon_share: float = 0.0):
     """``clients`` threads post to the server for ``seconds``, while its RSS is sampled:
-    (idle RSS, request stats, RSS samples, whether the server is still alive)."""
+    (idle RSS, request stats, RSS samples, whether the server is still alive). A share
+    ``abandon_share`` of the requests ask for a measure map and hang up within 0.5 s."""
     rss_idle = rss_mib(proc.pid)
     stop = time.monotonic() + seconds
     lock = threading.Lock()
-    stats = {"requests": 0, "errors": 0, "latencies": [], "first_errors": []}
+    stats = {"requests": 0, "errors": 0, "latencies": [], "first_errors": [], "abandoned": 0}
     samples: list[tuple[float, float]] = []
 
     def client(k: int) -> None:
         r = random.Random(seed * 1000 + k)
         while time.monotonic() < stop:
             text = r.choice(texts)
+            if r.random() < abandon_share:
+                try:
+                    abandon(base, {"text": text, "layer": r.randrange(6), "heads": [0], "kind": "measure",
+                                   "measure": r.choice(["norm", "norm-residual", "alti"])}, r.random() * 0.5)
+                except OSError:
+                    pass  # it was to be abandoned anyway; the server's health shows in the others
+                with lock:
+                    stats["abandoned"] += 1
+                continue
             t0 = time.monotonic()
             try:
                 if r.random() < 0.4:
@@ -224,14 +249,15 @@ def load_test(base: str, proc: subprocess.Popen, clients: int, seconds: float, s
     return rss_idle, stats, samples, proc.poll() is None
 
 
-def soak_serve(clients: int, seconds: float, seed: int) -> dict:
+def soak_serve(clients: int, seconds: float, seed: int, abandon_share: float = 0.0) -> dict:
     from bertscope.see.launch import served
 
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.choice([5, 12, 25, 50, 120]))) for _ in range(48)]
     try:
         with served(env=env(), timeout=120) as running:
-            rss_idle, stats, samples, alive = load_test(running.base, running.proc, clients, seconds, seed, texts)
+            rss_idle, stats, samples, alive = load_test(running.base, running.proc, clients, seconds, seed, texts,
+                                                        abandon_share)
     except RuntimeError as e:  # the server did not start
         raise SystemExit(f"soak: {e}") from None
     rss = [m for _, m in samples]
@@ -242,6 +268,7 @@ def soak_serve(clients: int, seconds: float, seed: int) -> dict:
     bounded = last <= middle * 1.10 + 32
     return {"clients": clients, "seconds": seconds, "distinct_texts": len(texts),
             "requests": stats["requests"], "errors": stats["errors"], "first_errors": stats["first_errors"],
+            "abandoned": stats["abandoned"],
             "latency_median_s": round(lat[len(lat) // 2], 3) if lat else None,
             "latency_p99_s": round(lat[int(len(lat) * 0.99)], 3) if lat else None,
             "rss_idle_mib": round(rss_idle), "rss_peak_mib": round(max(rss)), "rss_middle_third_max_mib": round(middle),
@@ -281,11 +308,13 @@ def serve_markdown(r: dict, command: str, machine: str, when: str) -> str:
 
 {verdict}. {r['clients']} clients sent analyze and attention requests for {r['seconds']:.0f} s
 without pause, on {r['distinct_texts']} distinct texts (more than the 16 the server keeps), to
-one `bertscope serve` process on the bundled model.
+one `bertscope serve` process on the bundled model; some of their requests asked for a measure
+map and hung up within 0.5 s.
 
 | check | result |
 |---|---|
 | requests answered | {r['requests']:,} |
+| measure requests sent and hung up on within 0.5 s (a page that moved on) | {r.get('abandoned', 0):,} |
 | failed requests (not HTTP 200, or no answer) | {r['errors']}{errors} |
 | latency, median / 99th percentile | {r['latency_median_s']} s / {r['latency_p99_s']} s |
 | server resident memory: idle / peak | {r['rss_idle_mib']} MiB / {r['rss_peak_mib']} MiB |
@@ -305,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-rows", type=int, default=300)
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--abandon", type=float, default=0.25, metavar="SHARE",
+                   help="share of serve requests that ask for a measure map and hang up (default 0.25)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--doc", type=Path, default=DOC, help="the Markdown document to update (default docs/RELIABILITY.md)")
     p.add_argument("--no-doc", action="store_true", help="print the results; leave the document alone")
@@ -324,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_doc:
             update_section(args.doc, "soak-embed", embed_markdown(r, command, machine, when), title=TITLE)
     if args.only in (None, "serve"):
-        r = soak_serve(args.clients, args.seconds, args.seed)
+        r = soak_serve(args.clients, args.seconds, args.seed, args.abandon)
         print(json.dumps({"serve": r}, indent=1))
         ok &= r["ok"]
         if not args.no_doc:

@@ -798,6 +798,15 @@ def test_a_cut_text_says_so_first(browser, bert, tmp_path):
                                  "return r.top >= box.top && r.bottom <= box.bottom; }")  # in view, unscrolled
     assert not errors, errors
     page.close()
+    with pytest.warns(TruncationWarning):  # compared: after the text's letter, so B is the one cut
+        rep = build_report(bert, "The cat sat.", "the cat sat on the mat " * 100)
+    page, errors = open_report(browser, rep, tmp_path / "cut2.html")
+    settle(page)
+    second = page.eval_on_selector_all("#bs-texts div:nth-child(2) > *", "els => els.map(e => e.textContent)")
+    assert second[:2] == ["B", "cut to its first 512 tokens to fit the model: "], second
+    assert page.locator("#bs-texts div:nth-child(1) .bs-cut").count() == 0
+    assert not errors, errors
+    page.close()
 
 
 def test_the_numbers_of_all_twelve_heads_fit_beside_the_lines(browser, bert, tmp_path):
@@ -815,6 +824,12 @@ def test_the_numbers_of_all_twelve_heads_fit_beside_the_lines(browser, bert, tmp
                                "[...ro.querySelectorAll('th')].pop(); return [th.getBoundingClientRect().right, "
                                "Math.min(ro.getBoundingClientRect().right, innerWidth)]; }")
     assert right <= box, (right, box)  # the last column in view, no sideways scroll
+    page.set_viewport_size({"width": 400, "height": 900})  # narrow: the box stays on the screen and scrolls
+    page.click(".bs-tab[data-view='head']")
+    settle(page)
+    click_token(page, 5)
+    edge = page.evaluate("() => document.querySelector('.bs-readout').getBoundingClientRect().right")
+    assert edge <= 400, edge
     assert not errors, errors
     page.close()
 
@@ -834,7 +849,7 @@ def test_a_long_map_of_lengths_draws_its_strongest_lines_and_says_so(browser, be
     page.select_option("#bs-measure", "norm")
     settle(page)
     assert page.inner_text("#bs-head-view .bs-thinned") == (
-        f"lines: the {50 * n:,} strongest of {n * n:,} (norm, head 0: lengths, not shares of a row); "
+        f"lines: the {50 * n:,} strongest of {n * n:,} (norm: lengths, not shares of a row); "
         "hover a token for its own")
     lines = int(page.get_attribute("#bs-head-view .bs-panel[data-panel='0']", "data-lines"))
     # at most the 50 strongest per unit shown (words here, n tokens at most; an exact tie at the cut adds one)

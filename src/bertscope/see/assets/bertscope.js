@@ -762,7 +762,7 @@
     ctx.lineWidth = 1.6;
     const base = n <= 64 ? 0.002 : (n <= 200 ? 0.01 : 0.02);  // fainter lines are invisible among many
     const slice = slicer();
-    view.thinned = [];
+    view.thinned = false;
     let drawn = 0;  // lines drawn, all matrices (the panel's data-lines)
     for (let k = 0; k < shown.length; k++) {
       const m = shown[k];
@@ -773,7 +773,7 @@
       // (norm, drawn against its largest value) can have nearly all n² of them, seconds to draw and
       // a solid band to see: it keeps its LINES_PER_TOKEN·n strongest, and the panel says so.
       const minW = m.ink ? Math.max(base, strongest(M, ink, LINES_PER_TOKEN * n)) : base;
-      if (minW > base) view.thinned.push(m.name);
+      if (minW > base) view.thinned = true;
       let paths = new Array(65).fill(null);
       const flush = () => {
         for (let b = 1; b <= 64; b++) {
@@ -814,10 +814,11 @@
     ctx.globalAlpha = 1;
     setProgress("");
     view.hv.closest(".bs-panel").dataset.lines = String(drawn);
-    if (view.thinned.length) {
+    if (view.thinned) {
       const body = view.hv.closest(".bs-panel-body");
+      const per = shown.length > 1 ? " per head" : "";
       body.before(el("div", "bs-note bs-thinned", `lines: the ${(LINES_PER_TOKEN * n).toLocaleString()} strongest ` +
-        `of ${(n * n).toLocaleString()} (${view.thinned.join(", ")}: lengths, not shares of a row); hover a token for its own`));
+        `of ${(n * n).toLocaleString()}${per} (${state.measure}: lengths, not shares of a row); hover a token for its own`));
     }
     const copy = document.createElement("canvas");
     copy.width = view.canvas.width;
@@ -1509,8 +1510,10 @@
         d.append(el("b", "", "A"), el("bdi", "", x.text), document.createTextNode("  "), el("b", "", "B"),
           el("bdi", "", x.pair || ""), document.createTextNode("  (one sentence pair: [CLS] A [SEP] B [SEP])"));
       } else d.appendChild(el("bdi", "", x.text));
-      if (x.truncated) {  // first, where it is seen: the box scrolls, and the cut is at its end
-        d.prepend(el("span", "bs-cut", `cut to its first ${x.tokens.length.toLocaleString()} tokens to fit the model: `));
+      if (x.truncated) {  // before the text, where it is seen: the box scrolls, and the cut is at its end
+        const n = x.tokens.length.toLocaleString();
+        if (x.segments) d.prepend(el("span", "bs-cut", `the pair is cut to its first ${n} tokens to fit the model: `));
+        else d.insertBefore(el("span", "bs-cut", `cut to its first ${n} tokens to fit the model: `), d.querySelector("bdi"));
       }
       texts.appendChild(d);
     });
@@ -1689,8 +1692,9 @@
     state.span = opts.span ? [opts.span[0], opts.span[1]] : null;
     buildControls();
     if (tooLong) {
+      const which = meta.texts.length > 1 ? "the longer text has" : "this one has";
       $("bs-texts").appendChild(el("div", "bs-note", `${tooLong.name} takes texts of up to ${tooLong.max_tokens} ` +
-        `tokens and this one has ${longest}: showing the attention weights instead.`));
+        `tokens and ${which} ${longest}: showing the attention weights instead.`));
     }
     await render();
     document.documentElement.dataset.ready = "1";

@@ -216,21 +216,72 @@ def test_report_from_disk(browser, bert, hf_model, tmp_path):
     page.close()
 
 
-def open_served(browser, base: str):
-    """A page on a running `bertscope serve`, its form ready, and the list its page errors go to."""
+def open_served(browser, base: str, query: str = ""):
+    """A page on a running `bertscope serve`, showing the text it opens on, and the list its
+    page errors go to."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(base + "/")
-    page.wait_for_selector("html[data-ready='form']", state="attached", timeout=30_000)
+    page.goto(base + "/" + query)
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
     return page, errors
+
+
+def shown_words(page, panel: int = 0) -> list[str]:
+    return page.eval_on_selector_all(f"#bs-head-view .bs-panel[data-panel='{panel}'] .bs-tok.bs-left",
+                                     "els => els.map(e => e.textContent)")
+
+
+def test_served_page_opens_on_its_sample_and_its_address_holds_the_text(browser, bert, hf_model):
+    """The page opened on a sample text and an empty view until "Show attention" was pressed;
+    a text shown could not be linked to or survive a reload."""
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    with served() as base:
+        page, errors = open_served(browser, base)
+        sample = page.input_value("#bs-text")
+        assert sample == IT_ANIMAL
+        words = shown_words(page)
+        assert "animal" in words and "it" in words  # shown without a click
+        it = words.index("it")
+        click_token(page, it)
+        settle(page)
+        check_values(shown_values(page), reference(bert, hf_model, sample)["words"][0, 0, it], "0")
+        assert parse_qs(urlsplit(page.url).query) == {"text": [sample]}
+
+        page.fill("#bs-text", WIDE)  # a new text goes into the address, and a reload keeps it
+        page.click("#bs-submit")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert parse_qs(urlsplit(page.url).query) == {"text": [WIDE]}
+        page.reload()
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert page.input_value("#bs-text") == WIDE
+        assert "wide" in shown_words(page)
+        assert not errors, errors
+        page.close()
+
+        # a link with a sentence pair opens on the pair: its segment B is marked
+        query = "?" + urlencode({"text": "Where is the cat?", "pair": "The cat sleeps on the mat."})
+        page, errors = open_served(browser, base, query)
+        assert page.input_value("#bs-text-b") == "The cat sleeps on the mat."
+        assert page.is_checked("#bs-pair")
+        assert page.locator("#bs-head-view .bs-panel[data-panel='0'] .bs-segline").count() == 1
+        assert shown_words(page) == ["[CLS]", "Where", "is", "the", "cat", "?", "[SEP]",
+                                     "The", "cat", "sleeps", "on", "the", "mat", ".", "[SEP]"]
+        # two texts to compare: two panels
+        page.goto(base + "/?" + urlencode({"text": "A cat.", "text_b": "A dog."}))
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert shown_words(page, 1) == ["[CLS]", "A", "dog", ".", "[SEP]"]
+        assert not page.is_checked("#bs-pair")
+        assert not errors, errors
+        page.close()
 
 
 def test_served_app(browser, bert, hf_model):
     with served() as base:
         page, errors = open_served(browser, base)
         page.wait_for_function("() => document.getElementById('bs-model').textContent.includes('6 layers')",
-                               timeout=30_000)  # the model is named before any analysis
+                               timeout=30_000)  # the model is named in the header
         page.fill("#bs-text", IT_ANIMAL)
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)

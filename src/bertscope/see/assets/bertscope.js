@@ -1726,6 +1726,22 @@
       }
     }));
     $("bs-text").addEventListener("invalid", () => showError(""));  // the browser says what is missing
+    // The address holds the texts shown (?text=…&text_b=… or ?text=…&pair=…, the API's keys),
+    // so a link or a reload opens on them; without them the page opens on its sample text.
+    const asked = new URLSearchParams(location.search);
+    if (asked.get("text")) {
+      $("bs-text").value = asked.get("text");
+      const second = asked.get("pair") ?? asked.get("text_b") ?? "";
+      $("bs-text-b").value = second;
+      $("bs-pair").checked = asked.get("pair") !== null;
+      count();
+    }
+    const remember = (request) => {
+      const q = new URLSearchParams({ text: request.text });
+      if (request.text_b !== null) q.set("text_b", request.text_b);
+      if (request.pair !== null) q.set("pair", request.pair);
+      history.replaceState(null, "", `${location.pathname}?${q}`);
+    };
     let analyzing = null;  // the AbortController of the last analysis asked for
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
@@ -1755,6 +1771,7 @@
       try {
         const body = await postJSON(cfg.api + "analyze", request, ctl.signal);
         status.textContent = "";
+        remember(request);
         await start(body, new ServerSource(request));
       } catch (err) {
         if (isAbort(err)) return;  // a newer request replaced this one
@@ -1765,6 +1782,7 @@
       }
     });
     document.documentElement.dataset.ready = "form";
+    if ($("bs-text").value.trim()) form.requestSubmit();  // the sample (or the linked text) at once
   }
 
   async function startFile() {

@@ -48,6 +48,14 @@ def test_finetune_reaches_high_dev_accuracy_and_writes_metrics(trained):
     assert metrics["epochs"][1]["train_loss"] < metrics["epochs"][0]["train_loss"]
     for r in metrics["epochs"]:
         assert r["tokens_per_s"] > 0 and r["wall_seconds"] >= r["train_seconds"] > 0
+    # the speed leaves out the process's first step (its warm-up), kept apart in epoch 1's row
+    first, second = metrics["epochs"]
+    assert 0 < first["warmup_tokens"] < first["train_tokens"]
+    assert 0 < first["warmup_seconds"] < first["train_seconds"]
+    assert first["tokens_per_s"] == pytest.approx((first["train_tokens"] - first["warmup_tokens"])
+                                                  / (first["train_seconds"] - first["warmup_seconds"]))
+    assert "warmup_seconds" not in second
+    assert second["tokens_per_s"] == pytest.approx(second["train_tokens"] / second["train_seconds"])
     assert metrics["labels"] == ["neg", "pos"] and metrics["train_examples"] == 240
     assert not (out / "training_state.pt").exists()
     assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",

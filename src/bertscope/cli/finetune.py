@@ -24,7 +24,10 @@ of at most --batch-tokens real tokens and --batch-size examples, AdamW with line
 decay, gradient clipping at 1.0, dropout wherever the checkpoint puts it (attention dropout
 included). DEV is scored each epoch (accuracy, macro-F1). A checkpoint is written atomically
 every --save-every steps and at each epoch end; after an interruption, the same command with
---resume continues exactly where it stopped.
+--resume continues exactly where it stopped. Each epoch's line (and its row in metrics.json)
+gives the training tokens per second without a process's first step, its warm-up (kernel set-up,
+first allocations: several times a later step), whose seconds and tokens are in warmup_seconds and
+warmup_tokens.
 
 examples:
   bertscope finetune train.csv --dev dev.csv --out sentiment/

@@ -193,7 +193,7 @@ class StepInfo:
     step: int  # global steps done, 1-based
     total_steps: int
     loss: float
-    tokens_per_s: float  # real tokens per second of training steps in this epoch so far
+    tokens_per_s: float  # real tokens per second of this epoch's training steps so far (see _speed)
 
 
 @dataclass
@@ -205,6 +205,17 @@ class FinetuneResult:
     resumed_from_step: int = 0
     truncated: int = 0
     written: list[Path] = field(default_factory=list)
+
+
+def _speed(acc: dict) -> float:
+    """Real tokens per second of an epoch's training steps, leaving out the first step this
+    process ran (kernel set-up and first allocations: several times a later step on a CPU) once
+    any other step was timed."""
+    tokens, seconds = acc["tokens"], acc["train_seconds"]
+    if tokens > acc.get("warmup_tokens", 0):
+        tokens -= acc.get("warmup_tokens", 0)
+        seconds -= acc.get("warmup_seconds", 0.0)
+    return tokens / max(seconds, 1e-9)
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -555,20 +566,26 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
                         raise NonFiniteError(f"at step {step + 1} of {total} (epoch {epoch + 1}), {e}: no model "
                                              f"was written; start again in a new {_named('out')} folder with a "
                                              f"lower {_named('lr')[:-1]}; this run's: {cfg.lr:g})") from None
-                    acc["train_seconds"] += time.perf_counter() - t0
+                    took = time.perf_counter() - t0
+                    acc["train_seconds"] += took
+                    if step == resumed_from:  # this process's first step: its warm-up, kept apart
+                        acc["warmup_seconds"] = acc.get("warmup_seconds", 0.0) + took
+                        acc["warmup_tokens"] = acc.get("warmup_tokens", 0) + tokens
                     acc["loss_sum"] += loss * len(idx)
                     acc["examples"] += len(idx)
                     acc["tokens"] += tokens
                     batch += 1
                     step += 1
                     if on_step is not None:
-                        on_step(StepInfo(epoch, step, total, loss, acc["tokens"] / max(acc["train_seconds"], 1e-9)))
+                        on_step(StepInfo(epoch, step, total, loss, _speed(acc)))
                     if cfg.save_every and step % cfg.save_every == 0 and batch < len(plan):
                         tick()
                         checkpoint(epoch, batch)
                 row = {"epoch": epoch + 1, "steps": len(plan), "train_loss": acc["loss_sum"] / max(1, acc["examples"]),
                        "train_tokens": acc["tokens"], "train_seconds": acc["train_seconds"],
-                       "tokens_per_s": acc["tokens"] / max(acc["train_seconds"], 1e-9)}
+                       "tokens_per_s": _speed(acc)}
+                if "warmup_seconds" in acc:
+                    row.update(warmup_seconds=acc["warmup_seconds"], warmup_tokens=acc["warmup_tokens"])
                 if data.dev:
                     t0 = time.perf_counter()
                     probs = _finite(lambda: bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch),

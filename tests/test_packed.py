@@ -227,6 +227,30 @@ def test_a_nan_weight_is_refused_by_the_fast_path_not_turned_into_a_plausible_em
     assert torch.equal(torch.as_tensor(bert.embed(texts)), torch.as_tensor(before))
 
 
+def test_a_nan_written_in_place_into_a_model_made_under_inference_mode_is_refused():
+    """Such a model keeps no version counters, so the check (run once per change of the
+    weights) did not see an in-place NaN until a tensor was replaced; it now runs on every call
+    for such a model. Huge finite weights, whose sum overflows, are not taken for NaN."""
+    from bertscope.errors import NonFiniteError
+
+    torch.manual_seed(0)
+    cfg = bertscope.BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=128)
+    with torch.inference_mode():
+        model = bertscope.BertModel(cfg).eval()
+    ids = torch.randint(1, cfg.vocab_size, (2, 7))  # one exact-length group of 7 tokens
+    mask = torch.ones_like(ids)
+    encoder = PackedEncoder()  # one: its checks are kept per model
+    with torch.inference_mode():
+        assert encoder.forward(model, ids, mask).last_hidden_state.isfinite().all()
+        model.layers[1].attention.key.bias[3] = float("inf")
+        with pytest.raises(NonFiniteError, match=re.escape("layers.1.attention.key.bias holds 1 NaN or infinite")):
+            encoder.forward(model, ids, mask)
+        model.layers[1].attention.key.bias[3] = 0.0
+        model.layers[0].attention.value.weight[:2] = 3e38  # finite; their sum is not
+        encoder.forward(model, ids, mask)  # not refused
+
+
 def test_in_training_a_nan_query_weight_reaches_the_output():
     """Training skips the weight check (the loop checks its loss): there the packed path masks
     its exact-length groups, so a NaN in W_Q reaches the output (and the loss) as on the

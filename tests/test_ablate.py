@@ -34,6 +34,26 @@ def test_silenced_head_matches_hf_with_its_w_o_columns_zeroed(bert, hf_model):
     assert float(res.token_cosine.min()) < 0.9999  # the head did something
 
 
+def test_embedding_effect_of_a_long_text_is_on_what_sentence_transformers_embeds(bert, bundled_path):
+    """The sentence embedding pooled every token up to 512, where the model's own embedding
+    (sentence-transformers, bert.embed) cuts at 256: for a 352-token text the cosine was another.
+    The reference: sentence-transformers, with the head's columns of W_O zeroed."""
+    from sentence_transformers import SentenceTransformer
+
+    text = " ".join(["The animal didn't cross the street because it was too tired."] * 22)
+    assert len(bert.encode([text]).tokens[0]) > 300 > bert.max_seq_length == 256
+    layer, head = 5, 11
+    D = bert.config.head_size
+    st = SentenceTransformer(str(bundled_path), device="cpu")
+    intact = st.encode([text], convert_to_tensor=True)[0]
+    with torch.no_grad():
+        st[0].auto_model.encoder.layer[layer].attention.output.dense.weight[:, head * D:(head + 1) * D] = 0
+    silenced = st.encode([text], convert_to_tensor=True)[0]
+    expected = float(F.cosine_similarity(intact, silenced, dim=0))
+    assert expected < 0.999  # the head matters here
+    assert ablate(bert, text, [(layer, head)]).embedding_cosine == pytest.approx(expected, abs=2e-5)
+
+
 def test_word_shift_only_downstream(bert):
     res = ablate(bert, IT_ANIMAL, [(3, 1)], word="it")
     assert res.word_shift is not None

@@ -113,7 +113,12 @@ def test_trace_cli(capsys):
     data = json.loads(capsys.readouterr().out)
     assert abs(data["weights_sum"] - 1) < 1e-5 and data["shapes"]["x"][0] == 1
     assert main(["trace", "It was unbelievably good", "--token", "unbelievably"]) == 0  # a split word says so
-    assert capsys.readouterr().out.startswith('Trace of "un" (token 3, the first of the 5 tokens of "unbelievably"), ')
+    out = capsys.readouterr().out
+    assert out.startswith('Trace of "un" (token 3, the first of the 5 tokens of "unbelievably"), ')
+    # printed under the traced row's top tokens, its top words said whose rows they are only in the help
+    assert '    top words ("unbelievably"\'s 5 sub-token rows averaged, each summed by word' in out
+    assert main(["trace", "The cat sat", "--token", "cat"]) == 0
+    assert "    top words:  " in capsys.readouterr().out  # one token: its own row
     assert main(["trace", "The cat sat", "--token", "dog"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertscope: error:") and len(err.strip().splitlines()) == 1

@@ -17,7 +17,9 @@ prints the raw scores, the scaled scores, the mask, the softmax row (top tokens 
 what dropout would do in training, the shape at every step and the layer's parameter count.
 
 The trace calls the model's own modules, so its numbers are the model's numbers. A word split into
-several sub-tokens is traced at its first sub-token; --pad N appends N [PAD] tokens to show the mask.
+several sub-tokens is traced at its first sub-token; its "top words" (and the JSON's word_weights
+and top_words) are the word's row at word level, as attend gives it: all its sub-tokens' rows
+averaged, each summed by word. --pad N appends N [PAD] tokens to show the mask.
 Layers and heads are numbered from 0.
 
 examples:
@@ -82,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"    weights = softmax(scores) -> {s['weights']}  (row sums to {float(tr.weights.sum()):.6f})")
     print("      " + _row(tr.tokens, tr.weights, "{:.3f}"))
     print("    top tokens: " + "  ".join(f"{t} {v:.3f}" for t, v in tr.top_tokens()))
-    print("    top words:  " + "  ".join(f"{w} {v:.3f}" for w, v in tr.top_words()))
+    if tr.word_tokens > 1:  # not this row: the word-level row, as attend and the explorer give it
+        print(f'    top words ("{tr.words[tr.word_index]}"\'s {tr.word_tokens} sub-token rows averaged, '
+              f"each summed by word, as attend gives it):")
+        print("                " + "  ".join(f"{w} {v:.3f}" for w, v in tr.top_words()))
+    else:
+        print("    top words:  " + "  ".join(f"{w} {v:.3f}" for w, v in tr.top_words()))
     live = tr.weights != 0
     kept = int((tr.dropped[live] != 0).sum())
     print(f"    dropout p = {tr.dropout_p} (training only; off here): one sample keeps {kept} of "

@@ -8,7 +8,9 @@ before the heads are merged and W_O is applied, so W_O's bias and the other head
 Michel et al. rank heads by the change of a task's loss; with no task here, bertscope ranks them
 by how much the model's output changes: 1 - cosine between the last hidden state of each token
 with and without the head (averaged over tokens), and 1 - cosine of the sentence embedding
-(the mean-pooled, normalised last hidden state, as the bundled sentence-transformers model uses).
+(the mean-pooled, normalised last hidden state, as the bundled sentence-transformers model uses;
+of the text as ``embed`` reads it: a text longer than the model's ``max_seq_length``, 256 tokens
+for the bundled model, gets the embedding's own forward passes on its first 256 tokens).
 
 A silenced head changes nothing in its own layer's attention probabilities (the mask acts after
 the softmax); the layers after it see different inputs, so their attention moves. That move is
@@ -138,6 +140,15 @@ def _embedding(h: torch.Tensor) -> torch.Tensor:
     return F.normalize(h[0].mean(0), dim=0)  # (T, C) -> (C,)  (one text, no PAD)
 
 
+def _embedded(bert: Bert, text: str, batch, hidden: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
+    """The sentence embedding (C,) that ``bert.embed`` gives ``text`` (with ``head_mask``): from
+    ``hidden`` (1, T, C), the last hidden state of ``batch``, unless ``embed`` cuts the text shorter."""
+    if batch.lengths[0] <= bert.max_seq_length:
+        return _embedding(hidden)
+    cut = bert.encode([text], max_length=bert.max_seq_length, warn=False)
+    return _embedding(_run(bert, cut, head_mask, False).last_hidden_state.float().cpu())  # (1, T', C) -> (C,)
+
+
 @analysis
 def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None = None,
            occurrence: int = 1) -> Ablation:
@@ -166,7 +177,7 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
     cut = _run(bert, batch, mask, wi is not None)
     a, b = base.last_hidden_state.float().cpu(), cut.last_hidden_state.float().cpu()  # (1, T, C)
     cos = F.cosine_similarity(a[0], b[0], dim=-1)  # (T,)
-    emb = float(torch.dot(_embedding(a), _embedding(b)))
+    emb = float(torch.dot(_embedded(bert, text, batch, a, None), _embedded(bert, text, batch, b, mask)))
     shift = before = after = None
     if wi is not None:
         pa = torch.stack([x[0] for x in base.attentions]).float().cpu()  # (N, H, T, T)
@@ -193,7 +204,7 @@ def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None 
     if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)
         raise no_tokens()
     a = _run(bert, batch, None, False).last_hidden_state.float().cpu()  # (1, T, C)
-    ea = _embedding(a)
+    ea = _embedded(bert, text, batch, a, None)
     tok = torch.zeros(N, H)
     emb = torch.zeros(N, H)
     for l in range(N):
@@ -204,7 +215,7 @@ def sweep(bert: Bert, text: str, *, progress: Callable[[int, int], None] | None 
             mask[l, h] = 0.0
             b = _run(bert, batch, mask, False).last_hidden_state.float().cpu()  # (1, T, C)
             tok[l, h] = 1 - F.cosine_similarity(a[0], b[0], dim=-1).mean()
-            emb[l, h] = 1 - torch.dot(ea, _embedding(b))
+            emb[l, h] = 1 - torch.dot(ea, _embedded(bert, text, batch, b, mask))
     if progress is not None:
         progress(N * H, N * H)
     return HeadEffects(text=text, token_effect=tok, embedding_effect=emb)

@@ -37,6 +37,28 @@ def test_reader_on_shipped_set():
     assert twin_groups(schemas) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
 
 
+def test_twins_with_another_candidate_are_one_group():
+    """Twins were grouped by their candidates alone, so WSC's "a minnow" / "a shark" (swimming
+    below "that duck") fell into two groups and could straddle the held-out split; now twins
+    are also schemas that share at least half their words, and unrelated neighbours stay apart."""
+    def schema(text: str, candidates: list[str]) -> str:
+        return (f"<schema><text><txt1>{text}</txt1><pron>it</pron><txt2>.</txt2></text><quote><quote1></quote1>"
+                f"<pron>it</pron><quote2></quote2></quote><answers>"
+                + "".join(f"<answer>{c}</answer>" for c in candidates)
+                + "</answers><correctAnswer>A</correctAnswer><source>test</source></schema>")
+    xml = ("<collection>"
+           + schema("Look! There is a minnow swimming right below that duck! It had better get away to safety fast",
+                    ["a minnow", "that duck"])
+           + schema("Look! There is a shark swimming right below that duck! It had better get away to safety fast",
+                    ["a shark", "that duck"])
+           + schema("The trophy doesn't fit into the brown suitcase because", ["the trophy", "the suitcase"])
+           + schema("Pete envies Martin although", ["Pete", "Martin"])
+           + "</collection>")
+    schemas, warns = parse_wsc(xml.encode(), "twins.xml")
+    assert warns == [] and len(schemas) == 4
+    assert twin_groups(schemas) == [0, 0, 1, 2]
+
+
 def test_reader_format_details():
     xml = ('<?xml version="1.0" encoding="ISO-8859-1"?>\n<collection>\n'
            + _schema_xml("\n  The caf\xe9 served the  guests because\n", " they ", " were hungry. \n",

@@ -12,8 +12,8 @@ HELP = """\
 Silence attention heads (their output is zeroed before W_O, through the model's head_mask) and
 report how the model's output changes: the cosine between each token's final vector with and
 without the heads, and between the sentence embeddings (as `bertscope embed` makes them: of the
-text's first 256 tokens for the bundled model, its max_seq_length). With --token WORD, how far WORD's
-attention moves in every later layer too (total variation distance of its word-level row).
+text's first 256 tokens for the bundled model, its max_seq_length). With --token WORD, how far
+WORD's attention moves in every later layer too (total variation distance of its word-level row).
 
 --sweep silences every head alone and ranks the heads by how much the output changes
 (after Michel et al. 2019, who ranked heads by the change of a task's loss); a progress bar on

@@ -188,17 +188,22 @@ def read_wsc(path: str | Path) -> tuple[list[Schema], list[str]]:
 
 
 def twin_groups(schemas: list[Schema]) -> list[int]:
-    """A group id per schema: consecutive schemas with the same candidates are twins, one group.
+    """A group id per schema: consecutive schemas are twins, one group, when they have the same
+    candidates or share at least half their words (Jaccard index of their lower-cased word
+    sets; "a minnow" / "a shark" below "that duck" are twins with another candidate).
 
     Twins share almost all their words, so the held-out split keeps each group on one side.
     """
     groups: list[int] = []
-    last: tuple[str, ...] | None = None
+    last: tuple[tuple[str, ...], set[str]] | None = None
     g = -1
     for s in schemas:
-        key = tuple(c.lower() for c in s.candidates)
-        if key != last:
+        key = (tuple(c.lower() for c in s.candidates), set(_WORD.findall(s.text.lower())))
+        if last is None or not (key[0] == last[0] or len(key[1] & last[1]) >= 0.5 * len(key[1] | last[1])):
             g += 1
-            last = key
+        last = key
         groups.append(g)
     return groups
+
+
+_WORD = re.compile(r"\w+")

@@ -488,6 +488,38 @@ def test_read_records_line_numbers_and_statuses(tmp_path):
     assert [r.status for r in read_records(raw)] == ["ok", "undecodable", "no_field"]
 
 
+def test_a_csv_text_longer_than_the_csv_modules_field_limit_is_read_and_cut(trained, tmp_path, capsys):
+    """One review of 240,000 characters refused the whole file ("field larger than field limit
+    (131072)", the csv module's words) in predict and finetune; in .jsonl it was read and cut."""
+    import csv
+
+    out, _ = trained
+    long_text = "a very long and rather dull review " * 7000  # 245,000 characters
+    kept = csv.field_size_limit(131072)  # the module's default (another test may have raised it)
+    try:
+        _long_csv_texts(out, long_text, tmp_path, capsys)
+    finally:
+        csv.field_size_limit(kept)
+
+
+def _long_csv_texts(out, long_text, tmp_path, capsys):
+    import csv
+
+    assert len(long_text) > csv.field_size_limit()
+    for name, sep in (("long.csv", ","), ("long.tsv", "\t")):
+        path = tmp_path / name
+        path.write_text(f"text{sep}label\n{long_text}{sep}neg\nA fine film.{sep}pos\n")
+        assert main(["predict", str(out), str(path), "--json", "--quiet"]) == 0
+        rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert [(r["line"], r["status"]) for r in rows] == [(2, "truncated"), (3, "ok")]
+        clf = bertscope.load(out)
+        expected = clf.classify([long_text])[0]  # cut as classify cuts it
+        assert max(abs(rows[0]["probs"][n] - float(v)) for n, v in zip(clf.labels, expected)) <= TOL
+    from bertscope.train.data import read_records
+
+    assert [len(r.text) for r in read_records(tmp_path / "long.csv", label_field="label")] == [len(long_text), 12]
+
+
 def test_a_csv_or_tsv_row_that_is_not_utf8_is_an_undecodable_record(tmp_path):
     """As a text or JSON Lines file's line is (predict gives it a row of that status; training
     data with one is refused naming its line), where before the whole file was refused; a

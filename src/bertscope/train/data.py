@@ -189,6 +189,9 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
     # holds: a row with one in a column read is a record of status "undecodable", as a text
     # file's line is (other columns are not read)
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+    # no field is longer than its file: the csv module's own limit (131,072 characters) refused
+    # a whole file for one long review, which is read and cut as a long line of a .jsonl is
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     kind = "CSV" if delimiter == "," else "TSV"
     lines: list[str] = []  # the file's lines, read only when a record must be checked

@@ -451,6 +451,29 @@ def test_explain_a_classifier(classifier, bert):
     np.testing.assert_array_equal(maps, bertscope.explain(bert, SHORT, "alti").maps)
 
 
+def test_a_number_that_is_both_a_class_index_and_another_classs_label_is_refused(classifier):
+    """With labels "1" and "2" (star ratings), target=1 explained class 1, the label '2', where
+    `bertscope explain --label 1` explains the label '1': the same number, another class. An
+    int that names another class is now refused as ambiguous; names are taken as names."""
+    import copy
+
+    stars = copy.copy(classifier)
+    stars.model = copy.copy(classifier.model)
+    stars.model.id2label = {0: "1", 1: "2"}
+    with pytest.raises(InputError, match=re.escape("class 1 is ambiguous: this classifier's labels are numbers, "
+                                                   "and the label '1' is class 0 while class 1 is the label '2'")):
+        bertscope.explain(stars, SHORT, "grad-input", target=1)
+    by_name = bertscope.explain(stars, SHORT, "grad-input", target="2")
+    np.testing.assert_array_equal(by_name.maps, bertscope.explain(classifier, SHORT, "grad-input",
+                                                                  target=classifier.labels[1]).maps)
+    assert by_name.target == "probability of class '2'"
+    stars.model.id2label = {0: "2", 1: "10"}  # 2 is no index here: the message says it is a label
+    with pytest.raises(InputError, match=re.escape("the label '2' is class 0: give it as a string, 2 -> '2'")):
+        bertscope.explain(stars, SHORT, "grad-input", target=2)
+    stars.model.id2label = {0: "0", 1: "1"}  # each number names its own index: not ambiguous
+    np.testing.assert_array_equal(bertscope.explain(stars, SHORT, "grad-input", target=1).maps, by_name.maps)
+
+
 def test_a_classifier_explains_the_text_it_classifies(classifier):
     """A classifier fine-tuned at a shorter length cuts the text there, as classify and predict
     do: explain's predicted class is theirs (it used to read up to 512 tokens, and could explain

@@ -48,6 +48,12 @@ def test_finetune_reaches_high_dev_accuracy_and_writes_metrics(trained):
     assert metrics["epochs"][1]["train_loss"] < metrics["epochs"][0]["train_loss"]
     for r in metrics["epochs"]:
         assert r["tokens_per_s"] > 0 and r["wall_seconds"] >= r["train_seconds"] > 0
+    # beside the dev accuracy, the baseline that learns nothing: TRAIN's commonest label for all
+    train_labels = [r["label"] for r in sentiment_rows(240, seed=1)]
+    commonest = max(sorted(set(train_labels)), key=train_labels.count)
+    dev_labels = [r["label"] for r in sentiment_rows(60, seed=2)]
+    assert last["dev_majority_accuracy"] == pytest.approx(dev_labels.count(commonest) / len(dev_labels))
+    assert last["dev_labels_predicted"] == 2
     # the speed leaves out the process's first step (its warm-up), kept apart in epoch 1's row
     first, second = metrics["epochs"]
     assert 0 < first["warmup_tokens"] < first["train_tokens"]
@@ -266,6 +272,7 @@ def test_resume_after_a_kill_mid_epoch_ends_with_the_uninterrupted_weights(tmp_p
     again = _run_cli(common + ["--out", str(tmp_path / "cut"), "--resume"])
     assert again.returncode == 0, again.stderr
     assert "resumed at step 20" in again.stdout
+    assert again.stderr.startswith("bertscope: resuming at step 20 of 30\n")  # said at once, --quiet or not
     a = load_file(str(tmp_path / "full" / "model.safetensors"))
     b = load_file(str(tmp_path / "cut" / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -355,6 +362,22 @@ def test_refuses_missing_label_field(tmp_path, tiny, capsys):
     csv_train = write_csv(tmp_path / "t.csv", sentiment_rows(10, seed=0))
     _refused(capsys, ["finetune", str(csv_train), "--model", str(tiny), "--out", str(out), "--label-field", "stars"],
              "has no column 'stars'", out)
+
+
+def test_a_run_that_gives_every_dev_example_one_label_says_so(tmp_path, tiny, capsys):
+    """Dev accuracy 0.6067 looked like learning; it was the share of the commonest label, every
+    example predicted 'neg'. The epoch line now gives that baseline, and a warning when every
+    DEV example got the same label (here: DEV's texts are all the same text)."""
+    train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(24, seed=0))
+    dev = write_jsonl(tmp_path / "d.jsonl", [{"text": "the same text", "label": lab} for lab in ("pos", "neg", "neg")])
+    assert main(["finetune", str(train), "--dev", str(dev), "--model", str(tiny), "--out", str(tmp_path / "o"),
+                 "--epochs", "1", "--max-length", "16", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())["epochs"][0]
+    assert metrics["dev_labels_predicted"] == 1
+    assert f"(majority-label baseline {metrics['dev_majority_accuracy']:.4f})" in err
+    assert ("bertscope: warning: epoch 1 gave every DEV example the same label: so far the model does no better "
+            "than the majority-label baseline") in err
 
 
 def test_refuses_only_one_class(tmp_path, tiny, capsys):

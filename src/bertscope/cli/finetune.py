@@ -14,20 +14,22 @@ id2label and label2id; model.safetensors; the tokenizer files) plus metrics.json
 bertscope.load(DIR), `bertscope predict DIR ...` and transformers'
 AutoModelForSequenceClassification.from_pretrained(DIR).
 
-TRAIN and DEV are CSV (.csv) or TSV (.tsv) with a header row, or JSON Lines (.jsonl): one
-record per example, the text in --text-field, an optional second text (NLI-style pairs, segment
-ids 0/1) in --text-pair-field, the label (a string or an integer) in --label-field. The label
-set comes from TRAIN; DEV may hold no other label. A bad record refuses the file, with its line.
+TRAIN and DEV are CSV (.csv) or TSV (.tsv) with a header row, or JSON Lines (.jsonl, .ndjson,
+.json: one JSON object per line): one record per example, the text in --text-field, an optional
+second text (NLI-style pairs, segment ids 0/1) in --text-pair-field, the label (a string or an
+integer) in --label-field. The label set comes from TRAIN; DEV may hold no other label. A bad
+record refuses the file, with its line.
 
-Training is plain PyTorch on the packed path (no arithmetic on padding): length-grouped batches
-of at most --batch-tokens real tokens and --batch-size examples, AdamW with linear warm-up and
-decay, gradient clipping at 1.0, dropout wherever the checkpoint puts it (attention dropout
-included). DEV is scored each epoch (accuracy, macro-F1). A checkpoint is written atomically
-every --save-every steps and at each epoch end; after an interruption, the same command with
---resume continues exactly where it stopped. Each epoch's line (and its row in metrics.json)
-gives the training tokens per second without a process's first step, its warm-up (kernel set-up,
-first allocations: several times a later step), whose seconds and tokens are in warmup_seconds and
-warmup_tokens.
+Training is plain PyTorch on the packed path (no arithmetic on padding): length-grouped batches of
+at most --batch-tokens real tokens and --batch-size examples, AdamW with linear warm-up and decay,
+gradient clipping at 1.0, dropout wherever the checkpoint puts it (attention dropout included). DEV
+is scored each epoch: accuracy beside the majority-label baseline (TRAIN's commonest label for
+every example; a warning when every DEV example gets one label), and macro-F1. A checkpoint is
+written atomically every --save-every steps and at each epoch end; after an interruption, the same
+command with --resume continues exactly where it stopped. Each epoch's line (and its row in
+metrics.json) gives the training tokens per second without a process's first step, its warm-up
+(kernel set-up, first allocations: several times a later step), whose seconds and tokens are in
+warmup_seconds and warmup_tokens.
 
 examples:
   bertscope finetune train.csv --dev dev.csv --out sentiment/
@@ -40,7 +42,7 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune BERT as a sequence classifier", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("train", metavar="TRAIN", help="training data: .csv, .tsv or .jsonl")
+    p.add_argument("train", metavar="TRAIN", help="training data: .csv, .tsv or .jsonl (.ndjson, .json)")
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (must be new or empty, unless --resume)")
     p.add_argument("--dev", metavar="DEV", default=None, help="dev data, scored each epoch (same format)")
     p.add_argument("--model", metavar="PATH", default=None, help="the model to start from: " + MODEL_HELP)
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
     def on_start(total: int, done: int) -> None:
         nonlocal bar
+        if done:  # said now: a resumed run that is stopped again showed no sign that it had resumed
+            print(f"bertscope: resuming at step {done:,} of {total:,}", file=sys.stderr)
         bar = tqdm(total=total, initial=done, unit="step", file=sys.stderr, disable=not show,
                    dynamic_ncols=True, desc="finetune")
 
@@ -107,14 +111,20 @@ def run(args: argparse.Namespace) -> int:
             bar.update(1)
 
     def on_epoch(row: dict) -> None:
-        dev = (f", dev accuracy {row['dev_accuracy']:.4f}, macro-F1 {row['dev_macro_f1']:.4f}"
-               if "dev_accuracy" in row else "")
+        dev = (f", dev accuracy {row['dev_accuracy']:.4f} (majority-label baseline {row['dev_majority_accuracy']:.4f}), "
+               f"macro-F1 {row['dev_macro_f1']:.4f}" if "dev_accuracy" in row else "")
         line = (f"epoch {row['epoch']}: loss {row['train_loss']:.4f}{dev}, "
                 f"{row['tokens_per_s']:,.0f} tokens/s, {row['wall_seconds']:.1f} s")
-        if bar is not None and show:
-            bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr)
+        lines = [line]
+        if row.get("dev_labels_predicted") == 1:
+            lines.append(f"bertscope: warning: epoch {row['epoch']} gave every DEV example the same label: so far "
+                         "the model does no better than the majority-label baseline (train for more epochs, or with "
+                         "a higher --lr)")
+        for text in lines:
+            if bar is not None and show:
+                bar.write(text, file=sys.stderr)
+            else:
+                print(text, file=sys.stderr)
 
     try:
         res = finetune(cfg, out, resume=args.resume, on_step=on_step, on_epoch=on_epoch, on_start=on_start)

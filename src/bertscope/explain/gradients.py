@@ -79,7 +79,9 @@ def class_target(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tens
                  token_type_ids: torch.Tensor, label: int | str | None = None) -> Target:
     """F = p(class | text), a classifier's softmax probability, for a padded batch of B texts.
 
-    label: a class index or name (``bert.labels``); None = each text's predicted class.
+    label: a class index or name (``bert.labels``); None = each text's predicted class. For labels
+    that are numbers ("1".."5" stars), an int that is also another class's label is refused as
+    ambiguous: give the name, as a string.
     """
     if not bert.is_classifier:
         raise InputError("this model has no classification head: a class target needs a fine-tuned "
@@ -99,9 +101,17 @@ def class_target(bert: Bert, input_ids: torch.Tensor, attention_mask: torch.Tens
             index = names.index(label)
         else:  # an int, or numpy's or a 0-d tensor's, as every other index of the API takes
             index = as_whole_number(label)
+            named = names.index(str(index)) if index is not None and str(index) in names else None
             if index is None or not 0 <= index < len(names):
+                also = (f"; the label '{index}' is class {named}: give it as a string, {index!r} -> '{index}'"
+                        if named is not None else "")
                 raise InputError(f"class {label!r} does not exist (the classifier has classes "
-                                 f"0..{len(names) - 1}, or their names: {', '.join(names)})")
+                                 f"0..{len(names) - 1}, or their names: {', '.join(names)}){also}")
+            if named is not None and named != index:  # labels that are numbers: which one is meant?
+                raise InputError(f"class {index} is ambiguous: this classifier's labels are numbers, and the "
+                                 f"label '{index}' is class {named} while class {index} is the label "
+                                 f"'{names[index]}'; give the label's name as a string ('{index}' or "
+                                 f"'{names[index]}')")
         classes = torch.full((B,), index, dtype=torch.long, device=bert.device)  # (B,)
 
     def score(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

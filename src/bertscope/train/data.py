@@ -78,7 +78,7 @@ def file_format(path: str | Path, *, lines_ok: bool = False) -> str:
     if fmt is None:
         if lines_ok:
             return "lines"
-        raise InputError(f"{path}: the file must be .csv, .tsv or .jsonl (JSON Lines), "
+        raise InputError(f"{path}: the file must be .csv, .tsv or JSON Lines (.jsonl, .ndjson, .json), "
                          f"not {Path(path).suffix or 'a file without a suffix'}")
     return fmt
 

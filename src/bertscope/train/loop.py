@@ -99,9 +99,9 @@ class FinetuneConfig:
             elif v is None and name != "train":
                 continue
             elif v is None:
-                raise InputTypeError("train is required: a .csv, .tsv or .jsonl file of labelled examples")
+                raise InputTypeError("train is required: a .csv, .tsv or .jsonl (.ndjson, .json) file of labelled examples")
             elif not isinstance(v, str):
-                what = "a checkpoint folder" if name == "model" else ".csv, .tsv or .jsonl records"
+                what = "a checkpoint folder" if name == "model" else ".csv, .tsv or .jsonl (.ndjson, .json) records"
                 raise InputTypeError(f"{name} must be a file path (a str or Path) of {what}, not "
                                      f"{type(v).__name__}" + (": write the examples to a .jsonl file first"
                                                               if name != "model" else ""))
@@ -591,8 +591,12 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
                     probs = _finite(lambda: bert.classify_ids(dev_ids, dev_types, batch_tokens=cfg.tokens_per_batch),
                                     f"after epoch {epoch + 1} (step {step} of {total})", cfg.lr)
                     pred = probs.argmax(1).tolist()
+                    majority = max(range(len(data.labels.names)), key=data.train_y.count)  # TRAIN's commonest
                     row.update(dev_accuracy=accuracy(pred, data.dev_y),
                                dev_macro_f1=macro_f1(pred, data.dev_y, len(data.labels.names)),
+                               # the baseline that learns nothing: TRAIN's commonest label for every text
+                               dev_majority_accuracy=accuracy([majority] * len(pred), data.dev_y),
+                               dev_labels_predicted=len(set(pred)),
                                dev_seconds=time.perf_counter() - t0)
                 else:  # an epoch's last update is checked by no loss: a few predictions check it, before it is saved
                     _finite(lambda: _predict_a_few(model, encoder, train_ids, train_types),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import re
 import subprocess
@@ -433,6 +434,23 @@ def test_int_labels_are_a_label_set(tmp_path, tiny):
     rows = [dict(r, label=10 if r["label"] == "pos" else 2) for r in sentiment_rows(10, seed=0)]
     ex = read_examples(write_jsonl(tmp_path / "t.jsonl", rows))
     assert LabelSet.from_examples(ex).names == ("2", "10")  # numeric order, not "10" < "2"
+
+
+def test_labels_that_differ_only_in_case_are_said_to(tmp_path, caplog):
+    """'neg' and 'Neg' became two classes without a word."""
+    import logging
+
+    from bertscope.train.data import LabelSet, read_examples
+
+    rows = [dict(r, label="Neg" if i == 3 else r["label"]) for i, r in enumerate(sentiment_rows(10, seed=0))]
+    assert "neg" in {r["label"] for r in rows}
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="bertscope"):
+        names = LabelSet.from_examples(read_examples(path), path).names
+    assert names == ("Neg", "neg", "pos")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path} has the labels 'Neg' and 'neg', which differ only in case: each is a class of its own "
+        "(write each label one way if they are one class)"]
 
 
 def test_refuses_max_length_over_the_positions(tmp_path, tiny, good_train, capsys):
@@ -874,6 +892,22 @@ def test_predict_warns_when_a_pair_model_is_given_single_texts(tmp_path, tiny, c
     assert main(["predict", str(out), str(train), "--quiet"]) == 0
     assert "was fine-tuned on text pairs (its metrics.json: --text-pair-field pair)" in capsys.readouterr().err
     assert main(["predict", str(out), str(train), "--text-pair-field", "pair", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_predict_warns_when_a_single_text_model_is_given_pairs(trained, tmp_path, capsys):
+    """The other way round was silent: pairs given to a classifier fine-tuned on single texts."""
+    out, _ = trained
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [dict(r, pair="and so it was") for r in sentiment_rows(4, seed=3)])
+    assert main(["predict", str(out), str(pairs), "--text-pair-field", "pair", "--quiet"]) == 0
+    assert (f"bertscope: warning: {out} was fine-tuned on single texts (its metrics.json has no --text-pair-field); "
+            "this run gives it pairs") in capsys.readouterr().err
+    assert main(["predict", str(out), str(pairs), "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    bare = tmp_path / "bare"  # a folder without bertscope's metrics.json: nothing is said
+    shutil.copytree(out, bare)
+    (bare / "metrics.json").unlink()
+    assert main(["predict", str(bare), str(pairs), "--text-pair-field", "pair", "--quiet"]) == 0
     assert "warning" not in capsys.readouterr().err
 
 

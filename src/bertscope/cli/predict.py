@@ -121,17 +121,20 @@ def summary(rows: list[dict]) -> str:
     return ", ".join([_count(predicted, "prediction")] + [_count(n, f"{s} record") for s, n in bad.items()])
 
 
-def _fine_tuned_pair_field(folder: Path) -> str | None:
+def _fine_tuned_pair_field(folder: Path) -> str | None | bool:
     """The pair field a classifier was fine-tuned with, from the metrics.json that
-    ``bertscope finetune`` writes beside it (None: single texts, or no such file)."""
+    ``bertscope finetune`` writes beside it: False for single texts, None when it cannot say
+    (no such file, or not bertscope's)."""
     import json
 
     try:
         settings = json.loads((folder / "metrics.json").read_text(encoding="utf-8")).get("settings", {})
-        field = settings.get("pair_field")
+        if not isinstance(settings, dict) or "pair_field" not in settings:
+            return None
+        field = settings["pair_field"]
     except (OSError, ValueError, AttributeError):
         return None
-    return field if isinstance(field, str) else None
+    return field if isinstance(field, str) else False if field is None else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,7 +201,11 @@ def run(args: argparse.Namespace) -> int:
                          f"{' for text pairs' if pairs else ''} (room for one token of each text), "
                          f"got {args.max_length}")
     trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
-    if trained_pair is not None and args.text_pair_field is None:
+    if trained_pair is False and args.text_pair_field is not None:
+        print(f"bertscope: warning: {args.model_dir} was fine-tuned on single texts (its metrics.json has no "
+              f"--text-pair-field); this run gives it pairs ([CLS] A [SEP] B [SEP]), which it never saw in "
+              "training", file=sys.stderr)
+    if isinstance(trained_pair, str) and args.text_pair_field is None:
         print(f"bertscope: warning: {args.model_dir} was fine-tuned on text pairs (its metrics.json: "
               f"--text-pair-field {trained_pair}); this run reads single texts: give it pairs with "
               "--text-pair-field and a .jsonl, .csv or .tsv input that has the pair in a field", file=sys.stderr)

@@ -386,6 +386,12 @@ class LabelSet:
         if numbers and words:
             log.warning("%s mixes number and word labels (%s): each is a class of its own", path,
                         ", ".join(ordered[:6]) + (", ..." if len(ordered) > 6 else ""))
+        folded: dict[str, str] = {}
+        for name in ordered:  # "neg" and "Neg": most likely one class, written two ways
+            if name.casefold() in folded:
+                log.warning("%s has the labels %r and %r, which differ only in case: each is a class of its own "
+                            "(write each label one way if they are one class)", path, folded[name.casefold()], name)
+            folded.setdefault(name.casefold(), name)
         return cls(ordered)
 
     @property

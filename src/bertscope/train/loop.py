@@ -198,6 +198,12 @@ class StepInfo:
 
 @dataclass
 class FinetuneResult:
+    """What :func:`finetune` wrote and measured. ``model`` is the trained torch module (a
+    :class:`BertForSequenceClassification`, eval mode); ``bertscope.load(result.out_dir)`` gives
+    the classifier with its tokenizer (``.classify(texts)``, ``explain``, ``trace``...).
+    ``metrics`` is metrics.json: ``metrics["epochs"]`` one row per epoch (train_loss,
+    tokens_per_s, dev_accuracy, dev_majority_accuracy, dev_macro_f1...)."""
+
     out_dir: Path
     metrics: dict
     model: BertForSequenceClassification

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -117,6 +117,29 @@ def test_predict_agrees_with_classify_and_reports_bad_lines(trained, tmp_path, c
     table = capsys.readouterr().out.splitlines()
     assert table[0].split("\t") == ["line", "status", "label", "p_neg", "p_pos"]
     assert len(table) == len(body) + 1 and table[4].split("\t")[:3] == ["4", "bad_json", ""]
+
+
+def test_predict_moves_its_progress_every_few_long_texts(trained, tmp_path):
+    """The bar moved once per 1,024 records: minutes at 0% on long reviews with a large model.
+    A chunk now also ends past 50,000 characters; the rows are those of one classify call."""
+    from bertscope.cli.predict import predictions
+    from bertscope.train.data import read_records
+
+    out, _ = trained
+    clf = bertscope.load(out)
+    texts = [f"review {i}: " + "a long and rather dull film " * 800 for i in range(12)]  # 22,411 characters each
+    texts[5] = "short"
+    path = write_jsonl(tmp_path / "long.jsonl", [{"text": t} for t in texts])
+    seen: list[int] = []
+    rows = predictions(clf, read_records(path), progress=seen.append)
+    assert seen == [3, 4, 3, 2]  # 3 texts pass 50,000 characters; "short" (text 6) adds a fourth to one
+    assert sum(seen) == len(texts) and [r["line"] for r in rows] == list(range(1, 13))
+    probs = clf.classify(texts)
+    for r, p in zip(rows, probs):
+        assert max(abs(r["probs"][n] - float(v)) for n, v in zip(clf.labels, p)) <= TOL
+    seen.clear()
+    predictions(clf, read_records(write_jsonl(tmp_path / "short.jsonl", [{"text": "ok"}] * 1500)), progress=seen.append)
+    assert seen == [1024, 476]
 
 
 def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys):

@@ -57,7 +57,23 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-CHUNK = 1024  # records classified per progress update
+CHUNK = 1024  # records classified per progress update, at most
+CHUNK_CHARS = 50_000  # and characters: a chunk of long reviews is a few seconds, not minutes at 0%
+
+
+def _chunks(records):
+    """Runs of consecutive records, each of at most CHUNK records and, past its first record,
+    CHUNK_CHARS characters of text: the progress bar moves every few seconds whatever the
+    lengths, and the chunks depend on the input alone (so do the results, to the bit)."""
+    start = 0
+    while start < len(records):
+        end, chars = start, 0
+        while end < len(records) and end - start < CHUNK and (end == start or chars < CHUNK_CHARS):
+            r = records[end]
+            chars += len(r.text or "") + len(r.pair or "")
+            end += 1
+        yield records[start:end]
+        start = end
 
 
 def predictions(bert, records, *, max_length: int | None = None, batch_tokens: int | None = None,
@@ -68,8 +84,7 @@ def predictions(bert, records, *, max_length: int | None = None, batch_tokens: i
     labels = bert.labels
     limit = bert.max_seq_length if max_length is None else max_length
     rows: list[dict] = []
-    for start in range(0, len(records), CHUNK):
-        chunk = records[start:start + CHUNK]
+    for chunk in _chunks(records):
         good = [r for r in chunk if r.status == "ok"]
         pairs = [r.pair or "" for r in good] if any(r.pair is not None for r in good) else None
         ids, types, cut = bert.tokenizer.encode_segments([r.text for r in good], pairs, max_length=limit)

@@ -428,6 +428,62 @@ def test_resume_of_an_output_that_does_not_exist_says_it_starts_a_new_job(tmp_pa
                              "--resume", "--quiet"], capsys)
     assert code == 0 and f"--resume: {tmp_path / 'typo.emb'} does not exist yet; starting a new job" in err
     assert read_embeddings(tmp_path / "typo.emb")[1] == ["ok"]
+    # a run killed while it loaded the model leaves an empty folder (and its lock file): the resume
+    # started a new job with its own flags (fp32, not the killed run's int8) and said nothing
+    (tmp_path / "early.emb").mkdir()
+    (tmp_path / "early.emb" / ".lock").write_text("")
+    code, _, err = _run_cli(["embed", str(tmp_path / "in.txt"), "--out", str(tmp_path / "early.emb"),
+                             "--resume", "--quiet"], capsys)
+    assert code == 0 and (f"--resume: {tmp_path / 'early.emb'} holds no job yet (a run stopped before it began "
+                          "one); starting a new job there with this command's settings") in err
+    assert read_embeddings(tmp_path / "early.emb")[1] == ["ok"]
+
+
+def test_resume_refuses_other_weights_in_the_same_folder_and_takes_the_same_weights_moved(tmp_path, bundled_path,
+                                                                                         capsys):
+    """A job knew its model by the path as typed: new weights copied into the model's folder were
+    resumed (rows from two models in one output), and `--model m` from another working folder
+    named another folder. A job now keeps the fingerprint of the model's files."""
+    from trainkit import tiny_checkpoint
+
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(f"line number {i}\n" for i in range(30)))
+    model, out = tiny_checkpoint(tmp_path / "m", bundled_path, seed=0), tmp_path / "out"
+    args = ["embed", str(inp), "--out", str(out), "--shard-rows", "10", "--quiet"]
+    assert _run_cli(args + ["--model", str(model)], capsys)[0] == 0
+    before = read_embeddings(out)[0]
+    kept = (model / "model.safetensors").read_bytes()
+    tiny_checkpoint(tmp_path / "m", bundled_path, seed=1)  # other weights, same folder
+    code, _, err = _run_cli(args + ["--model", str(model), "--resume"], capsys)
+    assert code == 2 and err.startswith(f"bertscope: error: cannot resume: the model's files in {model.resolve()} "
+                                        "(config.json, weights, tokenizer) are not those the job began with")
+    (model / "model.safetensors").write_bytes(kept)
+    moved = model.rename(tmp_path / "moved")  # the same files elsewhere: the same model
+    code, _, err = _run_cli(args + ["--model", str(moved), "--resume"], capsys)
+    assert (code, err) == (0, "")
+    assert np.array_equal(read_embeddings(out)[0], before)
+    elsewhere = tmp_path / "other"
+    tiny_checkpoint(elsewhere / "moved", bundled_path, seed=2)
+    cwd = os.getcwd()
+    os.chdir(elsewhere)  # "moved" is now another folder, with other weights
+    try:
+        code, _, err = _run_cli(args + ["--model", "moved", "--resume"], capsys)
+    finally:
+        os.chdir(cwd)
+    assert code == 2 and err.startswith("bertscope: error: cannot resume: the model is now "
+                                        f"{(elsewhere / 'moved').resolve()}, not the {model.resolve()} the job began with")
+
+
+@pytest.mark.parametrize("damage", ["[]", '{"shards": 3}', '{"shards": [1]}'])
+def test_a_damaged_manifest_is_one_line_not_an_internal_error(tmp_path, capsys, damage):
+    """'[]' in _manifest.json gave "AttributeError: 'list' object has no attribute 'get'", exit 1."""
+    (tmp_path / "in.txt").write_text("hello\n")
+    out = tmp_path / "out"
+    assert _run_cli(["embed", str(tmp_path / "in.txt"), "--out", str(out), "--quiet"], capsys)[0] == 0
+    (out / "_manifest.json").write_text(damage)
+    code, _, err = _run_cli(["embed", str(tmp_path / "in.txt"), "--out", str(out), "--resume", "--quiet"], capsys)
+    assert (code, err) == (2, f"bertscope: error: {out / '_manifest.json'} is damaged (not the JSON object a job "
+                              f"writes); remove {out} and start again\n")
 
 
 def test_json_nested_too_deep_is_a_row_or_a_one_line_refusal(tmp_path, capsys):

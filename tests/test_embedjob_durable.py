@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -395,6 +396,24 @@ def test_read_embeddings_names_a_corrupt_parquet_shard(tmp_path, capsys):
     (out / "part-00000.parquet").unlink()
     with pytest.raises(InputError, match=r"part-00000\.parquet is missing; run the embed job again with --resume"):
         read_embeddings(out)
+
+
+def test_read_embeddings_checks_each_shard_against_its_sha256(tmp_path, capsys):
+    """Four bytes changed in a shard (its size kept) were read back as embeddings without a word,
+    though the manifest holds each file's SHA-256 (and --resume did catch it)."""
+    inp = _input(tmp_path / "in.txt")
+    out = tmp_path / "out"
+    assert _cli(["embed", str(inp), "--out", str(out), "--quiet"], capsys)[0] == 0
+    good = read_embeddings(out)[0]
+    victim = out / "part-00000.npy"
+    raw = bytearray(victim.read_bytes())
+    raw[-4:] = b"\x00\x00\xc0\x7f"  # the last value becomes NaN; the size stays
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(InputError, match=re.escape(f"{victim} is corrupt: it does not match the SHA-256 its "
+                                                   "manifest records; run the embed job again with --resume")):
+        read_embeddings(out)
+    unchecked = read_embeddings(out, verify=False)[0]  # what it read before: the damage, unseen
+    assert unchecked.shape == good.shape and np.isnan(unchecked[-1, -1])
 
 
 def test_resume_refusal_names_each_change_with_its_old_and_new_value(tmp_path, capsys):

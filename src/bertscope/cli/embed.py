@@ -225,7 +225,7 @@ def _lines(res, nums: list[int], k: int = 10) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fast.embedjob import JobOptions, describe_model_folder, run_embed_job
+    from ..fast.embedjob import JobOptions, describe_model_folder, holds_no_job, run_embed_job
     from ..errors import InputError
     from .common import check_output_dir
 
@@ -252,6 +252,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not Path(args.out).exists():  # runs (a script may always pass --resume), but said
         print(f"bertscope: note: --resume: {args.out} does not exist yet; starting a new job there",
               file=sys.stderr)
+    elif args.resume and holds_no_job(args.out):  # a run stopped while it loaded the model
+        print(f"bertscope: note: --resume: {args.out} holds no job yet (a run stopped before it began one); "
+              "starting a new job there with this command's settings", file=sys.stderr)
     from tqdm import tqdm
 
     bar = None

@@ -55,6 +55,27 @@ def bundled_model_path() -> Path:
 FINETUNE_STATE_FILE = "training_state.pt"  # what `bertscope finetune` keeps in --out until it finishes
 
 
+FINGERPRINT_FILES = ("config.json", *WEIGHT_FILES, "tokenizer.json", "vocab.txt")
+
+
+def fingerprint(folder: Path) -> str | None:
+    """SHA-256 of what a load of ``folder`` reads that decides its outputs: config.json, the
+    weights and the tokenizer's files (each present one, name and bytes); None if it has none.
+    Two folders with one fingerprint give the same model, wherever they are."""
+    import hashlib
+
+    from ..files import sha256_file
+
+    h, seen = hashlib.sha256(), False
+    for name in FINGERPRINT_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            h.update(name.encode() + b"\0")
+            sha256_file(path, h)
+            seen = True
+    return h.hexdigest() if seen else None
+
+
 def check_folder(folder: Path) -> None:
     """Raise CheckpointError unless ``folder`` is a folder holding config.json."""
     if not folder.exists():

@@ -100,7 +100,7 @@ from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
            "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "check_json_lines", "compute_shard", "decode_record",
-           "describe_model_folder", "embed_texts", "finish_embed_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
+           "describe_model_folder", "embed_texts", "finish_embed_job", "holds_no_job", "prepare_embed_job", "read_embeddings", "release_free_memory", "run_embed_job",
            "write_error"]
 
 log = logging.getLogger(__name__)
@@ -401,6 +401,13 @@ def _contents(out: Path) -> list[Path]:
     return [p for p in out.iterdir() if p.name != LOCK_FILE and not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))]
 
 
+def holds_no_job(out: str | os.PathLike) -> bool:
+    """Whether OUTPUT is a folder with nothing of a job in it: empty, or what a run killed
+    while it loaded the model left (its lock file, temporaries)."""
+    out = Path(out)
+    return out.is_dir() and not _contents(out)
+
+
 def _check_out_dir(out: Path, resume: bool) -> bool:
     """Refuse an OUTPUT that cannot hold this job; True if it holds a job."""
     if out.exists() and not out.is_dir():
@@ -414,7 +421,7 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
                 raise _in_use(out, pid)
             if (out / MANIFEST_FILE).is_file():
                 raise InputError(f"{out} already holds a finished job; pass {_RESUME} to check it (and "
-                                 "redo what changed), or choose a new --out")
+                                 "recompute missing or damaged shard files), or choose a new --out")
             raise InputError(f"{out} already holds an unfinished job; pass {_RESUME} to finish it, or choose "
                              "a new --out")
         return True
@@ -507,14 +514,41 @@ def _remove_temporaries(folder: Path) -> None:
 
 def _read_json(path: Path, out: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise InputError(f"{path} is unreadable; remove {out} and start again") from None
+    shards = data.get("shards", []) if isinstance(data, dict) else None
+    if not (isinstance(shards, list) and all(isinstance(x, dict) for x in shards)):  # "[]", or edited by hand
+        raise InputError(f"{path} is damaged (not the JSON object a job writes); remove {out} and start again")
+    return data
 
 
 def _describe_model(bert) -> dict:
-    return {"model": str(bert.path or bert.name), "dim": bert.config.hidden_size,
-            "max_seq_length": bert.max_seq_length, "precision": getattr(bert, "precision", "fp32")}
+    from ..core.checkpoint import fingerprint
+
+    folder = Path(bert.path).expanduser().resolve() if bert.path is not None else None
+    return {"model": str(folder or bert.name), "weights": fingerprint(folder) if folder else None,
+            "dim": bert.config.hidden_size, "max_seq_length": bert.max_seq_length,
+            "precision": getattr(bert, "precision", "fp32")}
+
+
+def _same_model(before: dict, job: dict) -> tuple[dict, dict]:
+    """``before`` and ``job`` as they are compared: a job records its model's folder and the
+    fingerprint of its files (``weights``); the same fingerprint is the same model, by any path
+    (a moved folder, another working folder), and other weights by the same path are another
+    model. A job from before fingerprints (no ``weights``) compares the folders it names."""
+    before, job = dict(before), dict(job)
+    if before.get("weights") is not None and before.get("weights") == job.get("weights"):
+        before.pop("model", None)
+        job.pop("model", None)
+    elif "weights" not in before:
+        job.pop("weights", None)
+        try:
+            if Path(str(before.get("model"))).expanduser().resolve() == Path(str(job.get("model"))):
+                job["model"] = before.get("model")
+        except (OSError, RuntimeError):
+            pass
+    return before, job
 
 
 def describe_model_folder(path: str | os.PathLike | None, precision: str = "fp32") -> dict:
@@ -527,11 +561,11 @@ def describe_model_folder(path: str | os.PathLike | None, precision: str = "fp32
     that runs it). Where the load would not (bf16 on a CPU without AVX512-BF16 or AMX, int8
     without an int8 kernel), a finished job recorded in that precision is still confirmed
     complete: it needs nothing computed. Any other difference loads the model to decide."""
-    from ..core.checkpoint import bundled_model_path, read_config, read_max_seq_length
+    from ..core.checkpoint import bundled_model_path, fingerprint, read_config, read_max_seq_length
 
-    folder = bundled_model_path() if path is None else Path(path).expanduser()
+    folder = (bundled_model_path() if path is None else Path(path).expanduser()).resolve()
     config = read_config(folder)
-    return {"model": str(folder), "dim": config.hidden_size,
+    return {"model": str(folder), "weights": fingerprint(folder), "dim": config.hidden_size,
             "max_seq_length": read_max_seq_length(folder, config), "precision": precision}
 
 
@@ -683,7 +717,7 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
         if not isinstance(before, dict):
             raise InputError(f"{out / JOB_FILE} is unreadable; remove {out} and start again")
         before.setdefault("precision", "fp32")  # jobs from before precisions existed were fp32
-        if before != job:
+        if _same_model(before, job)[0] != _same_model(before, job)[1]:
             if only_if_complete:  # the loaded model may differ from its description: let it decide
                 raise _NeedsModel
             raise InputError(_why_not_resumable(before, job))
@@ -801,7 +835,11 @@ def _why_not_resumable(before: dict, job: dict) -> str:
             if key == "field":  # a text input has none
                 old, new = ("none" if v is None else repr(v) for v in (old, new))
             settings.append(f"{flag} is now {began(new, old)}")
-    if before.get("model") != job.get("model"):
+    before, job = _same_model(before, job)
+    if before.get("weights") != job.get("weights") and before.get("model") == job.get("model"):
+        settings.append(f"the model's files in {job.get('model')} (config.json, weights, tokenizer) are not "
+                        "those the job began with")
+    elif before.get("model") != job.get("model"):
         settings.append(f"the model is now {began(job.get('model'), before.get('model'))}")
     else:
         for key in ("dim", "max_seq_length"):
@@ -810,7 +848,7 @@ def _why_not_resumable(before: dict, job: dict) -> str:
     if before.get("precision") != job.get("precision"):
         settings.append(f"precision changed: the job began with {before.get('precision')}, this run is "
                         f"{job.get('precision')}")
-    known = {"input", "rows", "model", "dim", "max_seq_length", "precision", *flags}
+    known = {"input", "rows", "model", "weights", "dim", "max_seq_length", "precision", *flags}
     for key in sorted(k for k in set(job) | set(before) if k not in known and before.get(k) != job.get(k)):
         settings.append(f"{key} is now {began(job.get(key), before.get(key))}")
     fixes = (["restore the input"] if inputs else []) + (["rerun with the settings the job began with"]
@@ -998,11 +1036,12 @@ def run_embed_job(bert, input_path: str | Path, out_dir: str | Path, options: Jo
     return finish_embed_job(job, records)
 
 
-def read_embeddings(out_dir: str | Path) -> tuple[np.ndarray, list[str]]:
+def read_embeddings(out_dir: str | Path, *, verify: bool = True) -> tuple[np.ndarray, list[str]]:
     """A finished job's folder -> (embeddings (rows, C) float32, status per row), in input order.
 
-    A shard file that is missing, truncated or corrupt (or not the size the manifest records)
-    raises InputError naming it; ``--resume`` on the job recomputes it.
+    A shard file that is missing, truncated or corrupt (not the size, or with ``verify`` not the
+    SHA-256, that the manifest records for it) raises InputError naming it; ``--resume`` on the
+    job recomputes it. ``verify=False`` skips the hashes (about 1 s per 1.5 GB read).
     """
     out = Path(out_dir)
     if not out.exists():
@@ -1027,12 +1066,12 @@ def read_embeddings(out_dir: str | Path) -> tuple[np.ndarray, list[str]]:
             s["file"], s["rows"]
     except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise InputError(f"{out / MANIFEST_FILE} is damaged ({type(e).__name__}: {_first_line(e)})") from None
-    parts = [_read_shard_file(out, s, fmt, dim) for s in shards]
+    parts = [_read_shard_file(out, s, fmt, dim, verify) for s in shards]
     emb = np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
     return emb, status
 
 
-def _read_shard_file(out: Path, entry: dict, fmt: str, dim: int) -> np.ndarray:
+def _read_shard_file(out: Path, entry: dict, fmt: str, dim: int, verify: bool = True) -> np.ndarray:
     """One finished shard's embeddings (rows, dim), or InputError naming its file."""
     path = out / entry["file"]
     fix = "run the embed job again with --resume to recompute it"
@@ -1045,6 +1084,13 @@ def _read_shard_file(out: Path, entry: dict, fmt: str, dim: int) -> np.ndarray:
     if entry.get("file_bytes") not in (None, size):
         raise InputError(f"{path} is truncated or corrupt: it has {size} bytes, not the "
                          f"{entry['file_bytes']} its manifest records; {fix}")
+    if verify and entry.get("file_sha256") is not None:  # a same-size change: only the hash sees it
+        try:
+            digest = _file_sha256(path)
+        except OSError as e:
+            raise InputError(f"cannot read {path} ({e.strerror or e})") from None
+        if digest != entry["file_sha256"]:
+            raise InputError(f"{path} is corrupt: it does not match the SHA-256 its manifest records; {fix}")
     try:
         if fmt == "npy":
             arr = np.load(path)

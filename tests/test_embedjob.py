@@ -474,6 +474,25 @@ def test_resume_refuses_other_weights_in_the_same_folder_and_takes_the_same_weig
                                         f"{(elsewhere / 'moved').resolve()}, not the {model.resolve()} the job began with")
 
 
+def test_a_job_inside_another_jobs_folder_is_refused(tmp_path, capsys):
+    """A new job inside a finished parquet job's folder added its rows to that job's dataset
+    (pyarrow read 512 rows of a 500-row job), which --resume still called complete."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in.txt").write_text("one\ntwo\n")
+    out = tmp_path / "out"
+    assert _run_cli(["embed", str(tmp_path / "in.txt"), "--out", str(out), "--format", "parquet", "--quiet"],
+                    capsys)[0] == 0
+    for inner in (out / "sub", out / "_staging" / "deeper"):
+        code, _, err = _run_cli(["embed", str(tmp_path / "in.txt"), "--out", str(inner), "--format", "parquet",
+                                 "--quiet"], capsys)
+        assert (code, err) == (2, f"bertscope: error: {inner} is inside the embedding job's folder {out.resolve()}, "
+                                  "whose readers would take its files for rows of that job; choose a --out "
+                                  "outside it\n")
+        assert not inner.exists()
+    assert pq.read_table(out).num_rows == 2
+
+
 @pytest.mark.parametrize("damage", ["[]", '{"shards": 3}', '{"shards": [1]}'])
 def test_a_damaged_manifest_is_one_line_not_an_internal_error(tmp_path, capsys, damage):
     """'[]' in _manifest.json gave "AttributeError: 'list' object has no attribute 'get'", exit 1."""

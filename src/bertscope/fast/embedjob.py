@@ -412,6 +412,10 @@ def _check_out_dir(out: Path, resume: bool) -> bool:
     """Refuse an OUTPUT that cannot hold this job; True if it holds a job."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a folder")
+    for parent in out.resolve().parents:  # a job's readers (pyarrow's dataset, too) read its whole folder
+        if (parent / JOB_FILE).is_file() and ((parent / RUNS_FILE).is_file() or (parent / MANIFEST_FILE).is_file()):
+            raise InputError(f"{out} is inside the embedding job's folder {parent}, whose readers would take "
+                             "its files for rows of that job; choose a --out outside it")
     if out.is_dir() and _contents(out):
         if not (out / JOB_FILE).is_file():
             raise InputError(f"{out} exists and is not an embedding job's folder; choose a new --out")

@@ -474,6 +474,24 @@ def test_resume_refuses_other_weights_in_the_same_folder_and_takes_the_same_weig
                                         f"{(elsewhere / 'moved').resolve()}, not the {model.resolve()} the job began with")
 
 
+def test_a_file_of_several_with_no_text_in_the_field_is_refused(tmp_path, capsys):
+    """Of two JSON Lines files, one with its text under another key became 500 zero vectors,
+    exit 0: the refusal of a wrong --field held only for the input as a whole."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(3)))
+    (folder / "b.jsonl").write_text("\n" + "".join(json.dumps({"body": f"line {i}"}) + "\n" for i in range(4)))
+    code, _, err = _run_cli(["embed", str(folder / "*.jsonl"), "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert (code, err) == (2, f"bertscope: error: {folder / 'b.jsonl'}: no line holds a text in the field 'text': "
+                              "4 line(s) without it (first: line 2); line 2 has 'body' (choose the field with "
+                              "--field) (the input's other files hold texts)\n")
+    assert not (tmp_path / "o").exists()
+    (folder / "b.jsonl").write_text(json.dumps({"body": "x"}) + "\n" + json.dumps({"text": "late"}) + "\n")
+    code, _, err = _run_cli(["embed", str(folder / "*.jsonl"), "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 0, err  # a file with one text is read, its other lines reported as bad lines are
+    assert read_embeddings(tmp_path / "o")[1] == ["ok"] * 3 + ["no_field", "ok"]
+
+
 def test_a_job_inside_another_jobs_folder_is_refused(tmp_path, capsys):
     """A new job inside a finished parquet job's folder added its rows to that job's dataset
     (pyarrow read 512 rows of a 500-row job), which --resume still called complete."""

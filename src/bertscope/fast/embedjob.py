@@ -226,46 +226,63 @@ def decode_record(raw: bytes | None, kind: str, field_name: str | None) -> tuple
 
 def check_has_text(plan: InputPlan) -> None:
     """Refuse an input in which no record at all holds a text (see the module doc), before any
-    work. Records are decoded only until the first one with a text."""
+    work; of several files, each must hold one (a file read with the wrong --field became zero
+    vectors, exit 0, when another file had texts). Records are decoded only until each file's
+    first one with a text."""
     jsonl = plan.kind == "jsonl"
-    failed: dict[str, list[int]] = {s: [] for s in _FAILED}
-    raws: dict[int, bytes | None] = {}
+    several = len(plan.files) > 1 and len(plan.first_rows) == len(plan.files)
+    failed: dict[int, dict[str, list[int]]] = {}  # file -> status -> its line numbers in that file
+    raws: dict[tuple[int, int], bytes | None] = {}
+    found: set[int] = set()
     for n, raw in iter_records(plan, verify=False):
-        _, status = decode_record(raw, plan.kind, plan.field)
-        if status not in failed:
-            if status == "ok" or (jsonl and raw is not None and raw.strip() != b"") or plan.kind == "parquet":
-                return  # a text, or (JSON) a maybe-empty string field
+        i = bisect.bisect_right(plan.first_rows, n) - 1 if several else 0
+        if i in found:
             continue
-        failed[status].append(n)
-        if len(failed[status]) == 1:
-            raws[n] = raw
-    if not any(failed.values()):
+        line = n - plan.first_rows[i] + 1 if several else n
+        _, status = decode_record(raw, plan.kind, plan.field)
+        if status not in _FAILED:
+            if status == "ok" or (jsonl and raw is not None and raw.strip() != b"") or plan.kind == "parquet":
+                found.add(i)  # a text, or (JSON) a maybe-empty string field
+                if not several or len(found) == len(plan.files):
+                    return
+            continue
+        mine = failed.setdefault(i, {s: [] for s in _FAILED})
+        mine[status].append(line)
+        if len(mine[status]) == 1:
+            raws[i, line] = raw
+    bad = [i for i in sorted(failed) if i not in found]
+    if not bad:
         return
-    path = plan.files[0].name if len(plan.files) == 1 else plan.spec
+    i = bad[0]
+    path = plan.files[i].name if several or len(plan.files) == 1 else plan.spec
+    others = " (the input's other files hold texts)" if found else ""
+    failed_i = failed[i]
     if plan.kind == "text":
-        raise InputError(f"{path}: no line is UTF-8 text (line {failed['undecodable'][0]} is the first)")
+        raise InputError(f"{path}: no line is UTF-8 text (line {failed_i['undecodable'][0]} is the first){others}")
     if plan.kind == "parquet":
-        raise InputError(f"{path}: no row holds a text in the column {plan.field!r} "
-                         f"(row {failed['not_text'][0] if failed['not_text'] else failed['undecodable'][0]} is the first)")
-    if not any(failed[s] for s in ("no_field", "not_text")) and failed["bad_json"]:
-        n = failed["bad_json"][0]
+        raise InputError(f"{path}: no row holds a text in the column {plan.field!r} (row "
+                         f"{failed_i['not_text'][0] if failed_i['not_text'] else failed_i['undecodable'][0]} is the "
+                         f"first){others}")
+    if not any(failed_i[s] for s in ("no_field", "not_text")) and failed_i["bad_json"]:
+        n = failed_i["bad_json"][0]
         try:
-            json.loads((raws[n] or b"").decode("utf-8").lstrip("\ufeff"))
+            json.loads((raws[i, n] or b"").decode("utf-8").lstrip("\ufeff"))
             why = ""
         except ValueError as e:
             why = f" (line {n}: {getattr(e, 'msg', e)})"
         except RecursionError:
             why = f" (line {n}: nested too deep to read)"
-        raise InputError(f"{path}: no line is valid JSON{why}; is it JSON Lines, one object per line?")
+        raise InputError(f"{path}: no line is valid JSON{why}; is it JSON Lines, one object per line?{others}")
     reasons = []
     for status, what in (("no_field", "without it"), ("not_text", "where it is not a string"),
                          ("bad_json", "not valid JSON"), ("undecodable", "not UTF-8")):
-        if failed[status]:
-            reasons.append(f"{len(failed[status])} line(s) {what} (first: line {failed[status][0]})")
-    keys = fields_note(raws[failed["no_field"][0]], failed["no_field"][0]) if failed["no_field"] else ""
-    hint = " (choose the field with --field)" if failed["no_field"] else ""
+        if failed_i[status]:
+            reasons.append(f"{len(failed_i[status])} line(s) {what} (first: line {failed_i[status][0]})")
+    first = failed_i["no_field"][0] if failed_i["no_field"] else None
+    keys = fields_note(raws[i, first], first) if first is not None else ""
+    hint = " (choose the field with --field)" if first is not None else ""
     raise InputError(f"{path}: no line holds a text in the field {plan.field!r}: {'; '.join(reasons)}"
-                     f"{keys}{hint}")
+                     f"{keys}{hint}{others}")
 
 
 # --- embedding -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,6 +177,9 @@ def test_embed_jsonl_bad_lines_are_zero_rows_in_order(tmp_path, bert, capsys):
     assert manifest["problems"]["not_text"] == [3, 4]
     assert manifest["problems"]["no_field"] == [5, 6, 9]
     assert manifest["status_counts"]["no_field"] == 3 and manifest["rows"] == len(lines)
+    # every row counted once, "ok" too, from the statuses read back; and the precision that ran
+    assert {k: n for k, n in manifest["status_counts"].items() if n} == {s: status.count(s) for s in set(status)}
+    assert (manifest["precision"], manifest["max_seq_length"], manifest["dim"]) == ("fp32", 256, 384)
 
 
 def test_embed_json_lines_in_a_json_file(tmp_path, capsys):
@@ -490,6 +494,24 @@ def test_a_file_of_several_with_no_text_in_the_field_is_refused(tmp_path, capsys
     code, _, err = _run_cli(["embed", str(folder / "*.jsonl"), "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code == 0, err  # a file with one text is read, its other lines reported as bad lines are
     assert read_embeddings(tmp_path / "o")[1] == ["ok"] * 3 + ["no_field", "ok"]
+
+
+def test_embed_help_names_every_field_of_the_manifest(tmp_path, capsys):
+    """The manifest's fields were documented nowhere but in the module's source."""
+    from bertscope.cli.embed import HELP
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one\n\n")
+    (folder / "b.txt").write_text("two\n")
+    assert _run_cli(["embed", str(folder), "--out", str(tmp_path / "o"), "--quiet"], capsys)[0] == 0
+    manifest = json.loads((tmp_path / "o" / "_manifest.json").read_text())
+    named = re.sub(r"\s+", " ", HELP)
+    for keys in (manifest, manifest["input"], manifest["shards"][0], manifest["runs"][0]):
+        for key in keys:
+            assert re.search(rf"\b{re.escape(key)}\b", named), key
+    assert set(manifest["status_counts"]) == {"ok", "truncated", "empty", "undecodable", "bad_json", "no_field",
+                                              "not_text"}
 
 
 def test_a_job_inside_another_jobs_folder_is_refused(tmp_path, capsys):

@@ -15,9 +15,10 @@ folder of shards plus _manifest.json. One row per input line, in input order.
 
 INPUT is one file, a folder (every file in it and its subfolders, in sorted order; names that
 start with "." or "_" are skipped) or a glob ("crawl/*.jsonl", "crawl/**/*.jsonl"), local or
-any URI pyarrow reads (s3://, gs://, hdfs://). Rows follow the files in that order; the
-manifest numbers lines across them (its input.first_lines says where each file begins), and the
-bad lines printed here are named FILE:LINE, each file's own line.
+any URI pyarrow reads (s3://, gs://, hdfs://); not standard input ("-"): write it to a file
+first. Rows follow the files in that order; the manifest numbers lines across them (its
+input.first_lines says where each file begins), and the bad lines printed here are named
+FILE:LINE, each file's own line, where there are several files (of one file: "line N").
 Each file is a text file (one text per line), JSON Lines (one JSON object per line, the text in
 field "text" or the one --field names) if its name ends in .jsonl, .ndjson or .json, or if
 --field is given, or Parquet (.parquet: the text in column "text" or --field). All the files of
@@ -29,21 +30,31 @@ is not a whole JSON object) is refused.
 A bad line never stops the job: it gets a zero vector and a status -- empty (blank, or only
 characters the tokenizer drops, such as U+200B), undecodable (not UTF-8 text, or NUL bytes),
 bad_json (not valid JSON), no_field (not an object with the field), not_text (the field is not a
-string) -- and over-long texts are cut to the model's max_seq_length (truncated); each is
-reported with its line numbers, here and in the manifest. But if NO line holds a text (every
+string) -- and over-long texts are cut to the model's max_seq_length (truncated); each is reported
+with its line numbers, here and in the manifest. But if NO line of a file holds a text (every
 non-blank line fails), the input is refused at once: that is the wrong --field or file; so is a
-file with a NUL byte in its first 8,000 bytes (binary data, or UTF-16 text).
-Each shard is written to a temporary file and renamed, so a crash never leaves a half-written
-file. Finished shards wait in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a
-dataset reader never mistakes an unfinished job for a complete one. --resume finishes a job
-without redoing shards (--format, --shard-rows, --field and --precision default to the job's); a shard whose
-input lines changed since (by content, not by size or date) is computed again in an unfinished
-job, and a shard whose file is missing or no longer has the size and SHA-256 recorded when it
-was written is computed again in any job, finished or not. A finished job whose input lines
-changed is refused, and so is any job whose input changed in size (lines added, other files):
-start a new one with another --out. A finished job that is sound is checked without loading the
-model, in about a second plus the time to read its shards.
-One job at a time per OUTPUT (a lock file): a second is refused.
+file with a NUL byte in its first 8,000 bytes (binary data, or UTF-16 text). Each shard is written
+to a temporary file and renamed, so a crash never leaves a half-written file. Finished shards wait
+in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a dataset reader never mistakes
+an unfinished job for a complete one. --resume finishes a job without redoing shards (--format,
+--shard-rows, --field and --precision default to the job's); a shard whose input lines changed
+since (by content, not by size or date) is computed again in an unfinished job, and a shard whose
+file is missing or no longer has the size and SHA-256 recorded when it was written is computed
+again in any job, finished or not. A finished job whose input lines changed is refused, and so is
+any job whose input changed in size (lines added, other files): start a new one with another --out.
+A finished job that is sound is checked without loading the model, in about a second plus the time
+to read its shards.
+One job at a time per OUTPUT (a lock file): a second is refused, and so is an OUTPUT inside
+another job's folder. A job records its model's folder and the SHA-256 of its files
+(config.json, weights, tokenizer): --resume refuses other weights, even in the same folder.
+
+OUTPUT/_manifest.json, written last (the job is done when it exists): rows, dim, format, model,
+weights, precision (the one that ran: int8 or bf16 fall back to fp32 where slower), max_seq_length,
+input (files, kind, rows, first_lines), status_counts (ok and each status), problems (status ->
+line numbers, across files), shards (file, shard, rows, first_line, sha256 of its input lines,
+file_bytes, file_sha256, run), runs (run, engine, started, precision_asked) and rows_note.
+_job.json and _runs.json hold the job's settings and runs while it runs; _staging/ its finished
+shards.
 
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
 writes the same OUTPUT (a job can be resumed by either engine). Without --address Ray starts on

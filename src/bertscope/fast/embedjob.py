@@ -996,8 +996,11 @@ def finish_embed_job(job: EmbedJob, records: dict[int, dict]) -> EmbedJobResult:
         first_lines = {"first_lines": list(plan.first_rows)} if len(plan.files) > 1 else {}
         manifest = {
             "rows": plan.rows, "dim": job.job["dim"], "format": job.fmt, "model": job.job["model"],
+            "weights": job.job.get("weights"), "precision": job.job["precision"],  # the precision that ran
+            "max_seq_length": job.job["max_seq_length"],
             "input": {**job.job["input"], **first_lines}, "shards": shards, "runs": runs,
-            "status_counts": {p: len(v) for p, v in problems.items()},
+            "status_counts": {"ok": plan.rows - sum(len(v) for v in problems.values()),
+                              **{p: len(v) for p, v in problems.items()}},
             "problems": problems,
             "rows_note": "one row per input line, in order; empty, undecodable, bad_json, no_field and "
                          "not_text lines are zero vectors; truncated lines embed their first "

@@ -918,6 +918,21 @@ def test_predict_warns_when_a_pair_model_is_given_single_texts(tmp_path, tiny, c
     assert "warning" not in capsys.readouterr().err
 
 
+def test_predict_warns_of_a_csv_header_in_a_text_file(trained, tmp_path, capsys):
+    """A CSV named .txt was read line by line without a word: its header predicted as a text,
+    each row's label part of its text."""
+    out, _ = trained
+    path = tmp_path / "reviews.txt"
+    path.write_text("text,label\nA fine film.,pos\n")
+    assert main(["predict", str(out), str(path), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"bertscope: warning: line 1 of {path} looks like a CSV/TSV header ('text,label'); a file not "
+                   "named .csv or .tsv is read as one text per line, header and all: rename it to read its columns\n")
+    path.write_text("Texts, labels and more: a film about text.\n")  # prose with commas: no header
+    assert main(["predict", str(out), str(path), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_predict_warns_when_a_single_text_model_is_given_pairs(trained, tmp_path, capsys):
     """The other way round was silent: pairs given to a classifier fine-tuned on single texts."""
     out, _ = trained

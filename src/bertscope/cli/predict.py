@@ -154,6 +154,7 @@ def _fine_tuned_pair_field(folder: Path) -> str | None | bool:
 
 def run(args: argparse.Namespace) -> int:
     import os
+    import re
     import sys
     from pathlib import Path
 
@@ -205,6 +206,12 @@ def run(args: argparse.Namespace) -> int:
             keys = fields_note(lines[first.line - 1] if first.line <= len(lines) else None, first.line)
         raise InputError(f"no record of {args.input} holds a text (first: line {first.line} is "
                          f"{first.status}{keys}); check --text-field and the file's format")
+    if records and file_format(args.input, lines_ok=True) == "lines" and records[0].status == "ok":
+        cells = [c.strip().strip('"').lower() for c in re.split(r"[,\t]", records[0].text)]
+        if len(cells) > 1 and args.text_field.lower() in cells:  # "text,label": a CSV named .txt
+            print(f"bertscope: warning: line 1 of {args.input} looks like a CSV/TSV header ({records[0].text.strip()!r}); "
+                  "a file not named .csv or .tsv is read as one text per line, header and all: rename it to read "
+                  "its columns", file=sys.stderr)
     bert = load(args.model_dir)
     if not bert.is_classifier:
         raise InputError(f"{args.model_dir} is not a classifier (its config.json does not name "

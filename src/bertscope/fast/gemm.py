@@ -122,7 +122,8 @@ def refuse_non_finite(model) -> None:
     Giving those groups an all-true mask instead cost 1-7% of ``embed``'s time on an AMD EPYC
     with AVX-512 (docs/BENCHMARKS.md, "A NaN query and the unmasked kernel"). This check is one
     sum of every such tensor (NaN or infinity in any makes it non-finite; so may an overflow of
-    finite values, which the exact count then clears): 0.3 ms for the bundled model."""
+    finite values, which the exact count then clears): 0.4-0.7 ms for the bundled model, from 3.7
+    with a count per tensor (docs/BENCHMARKS.md)."""
     named = [(f"layers.{i}.attention.{part}.{kind}", getattr(getattr(layer.attention, part), kind))
              for i, layer in enumerate(model.layers) for part in ("query", "key", "value") for kind in ("weight", "bias")
              if getattr(getattr(layer.attention, part), kind) is not None]

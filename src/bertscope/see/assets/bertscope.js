@@ -1740,7 +1740,8 @@
       const q = new URLSearchParams({ text: request.text });
       if (request.text_b !== null) q.set("text_b", request.text_b);
       if (request.pair !== null) q.set("pair", request.pair);
-      history.replaceState(null, "", `${location.pathname}?${q}`);
+      const query = String(q);  // a long text is not kept: an address has limits (servers', browsers')
+      history.replaceState(null, "", query.length <= 8000 ? `${location.pathname}?${query}` : location.pathname);
     };
     let analyzing = null;  // the AbortController of the last analysis asked for
     form.addEventListener("submit", async (e) => {

@@ -646,16 +646,23 @@ def test_attend_result_names_an_index_out_of_range(bert):
         res.heads_for(torch.tensor([2]))
 
 
-@pytest.mark.parametrize("command", ["attend", "trace", "ablate"])
+@pytest.mark.parametrize("command", ["attend", "trace", "ablate", "explain"])
 def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
-    """trace and ablate said "not in the text", listing some 500 words in one line."""
+    """trace and ablate said "not in the text", listing some 500 words in one line; and the
+    error came after a truncation warning, two lines where the error says it all."""
     from bertscope.cli.main import main
 
     text = "the cat sat on the mat . " * 90 + "zebra"  # over 512 tokens, zebra last
-    extra = ["--layer", "0", "--head", "0"] if command == "ablate" else []
+    extra = {"ablate": ["--layer", "0", "--head", "0"], "explain": ["--method", "norm"]}.get(command, [])
     assert main([command, text, "--token", "zebra", *extra]) == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the truncation warning, if any
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # the error alone
+    last = err[-1]
     assert last.startswith("bertscope: error: the word 'zebra' was cut off") and len(last) < 300, last
+    assert main([command, text, "--token", "cat", *extra]) == 0  # found: the warning is still given
+    assert "bertscope: warning: the text is longer than 512 tokens and was truncated" in capsys.readouterr().err
+    if command == "explain":
+        return
     # an occurrence past the part kept is cut off too; a piece of a word ("at" in "cat") is not a word
     if command != "ablate":  # (ablate takes a word's first occurrence)
         assert main([command, text, "--token", "mat", "--occurrence", "90", *extra]) == 2

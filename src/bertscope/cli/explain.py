@@ -135,6 +135,22 @@ def _locate(bert, exp, args) -> int | None:
                      positions=len(exp.tokens))
 
 
+def _explain_and_locate(bert, args, method: str):
+    """The explanation and --token's index in it; a warning the explanation gave (a text cut to
+    the model's positions) is shown only if the word is found: else the error says it all."""
+    import warnings
+
+    from ..explain import explain
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exp = explain(bert, args.text, method, **_target_kwargs(args, method))
+        index = _locate(bert, exp, args)
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return exp, index
+
+
 def _check_ranges(bert, args) -> None:
     """Mistakes that need the model: layers and heads out of range, a gradient method without
     an output to explain."""
@@ -167,10 +183,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one(bert, args) -> int:
-    from ..explain import METHOD_INFO, explain
+    from ..explain import METHOD_INFO
 
-    exp = explain(bert, args.text, args.method, **_target_kwargs(args, args.method))
-    index = _locate(bert, exp, args)
+    exp, index = _explain_and_locate(bert, args, args.method)
     layer = None if exp.kind == "input" else (bert.config.num_hidden_layers - 1 if args.layer is None else args.layer)
     ranked = None
     if exp.kind == "input":
@@ -236,10 +251,11 @@ def _compare(bert, args) -> int:
     first = None
     target = None
     for m in methods:
-        exp = explain(bert, args.text, m, **_target_kwargs(args, m))
-        if index is None:
+        if first is None:
+            exp, index = _explain_and_locate(bert, args, m)
             first = exp
-            index = _locate(bert, exp, args)
+        else:
+            exp = explain(bert, args.text, m, **_target_kwargs(args, m))
         if exp.kind == "input":
             target = exp.target
             columns[m] = exp.ranked(k=args.top)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InputError, as_count, as_whole_number
-from ..core.tokenizer import check_text, no_tokens
+from ..core.tokenizer import check_text, no_tokens, warn_truncated
 from ..core.words import find_word, group_words, word_attention
 from ..bert import Bert, analysis
 
@@ -164,12 +164,13 @@ def ablate(bert: Bert, text: str, heads: list[tuple[int, int]], word: str | None
                          "--head H), or sweep every head (bertscope.understand.ablate.sweep(bert, text); --sweep)")
     heads = list(dict.fromkeys(_check_heads(bert, heads)))  # each head once, in order (-1 and 5 are one)
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
-    batch = bert.encode([text])
+    batch = bert.encode([text], warn=False)  # the warning once the word is found: else the error says it
     if batch.lengths[0] <= 2:  # [CLS] [SEP]: characters the tokenizer drops (U+200B...)
         raise no_tokens()
     words = group_words(batch, text)
     wi = (find_word(words.words, word, occurrence, cut_text=text if batch.truncated[0] else None,
                     positions=bert.tokenizer.max_length) if word is not None else None)
+    warn_truncated(batch.truncated, bert.tokenizer.max_length)
     mask = torch.ones(N, H)
     for l, h in heads:
         mask[l, h] = 0.0

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import InputError, as_count, as_index
 from ..bert import Bert, analysis
-from ..core.tokenizer import check_text
+from ..core.tokenizer import check_text, warn_truncated
 from ..core.words import find_word, group_words, word_attention
 
 __all__ = ["AttendResult", "attend"]
@@ -94,10 +94,11 @@ def attend(bert: Bert, text: str, token: str, occurrence: int = 1) -> AttendResu
     text, token = check_text(text), check_text(token, "the word")
     if not text.strip():
         raise InputError("the text is empty")
-    batch = bert.encode([text])
+    batch = bert.encode([text], warn=False)  # the warning once the word is found: else the error says it
     words = group_words(batch, text)
     index = find_word(words.words, token, occurrence, cut_text=text if batch.truncated[0] else None,
                       positions=bert.tokenizer.max_length)
+    warn_truncated(batch.truncated, bert.tokenizer.max_length)
     dev = bert.device
     out = bert.encoder(batch.input_ids.to(dev), batch.attention_mask.to(dev),
                      batch.token_type_ids.to(dev), output_attentions=True)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..bert import Bert, analysis
 from ..core.masks import mask_to_bias
-from ..core.tokenizer import check_text
+from ..core.tokenizer import check_text, warn_truncated
 from ..core.words import find_word, group_words, word_attention
 from ..errors import InputError, as_count, as_index, as_whole_number, check_seed, setting
 
@@ -140,10 +140,11 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
         raise InputError(f"{setting('pad', '--pad')} (how many [PAD] tokens to add) must be a whole number, 0 or more, got {pad!r}")
     pad = n_pad
     check_seed(seed)
-    batch = bert.encode([text])
+    batch = bert.encode([text], warn=False)  # the warning once the word is found: else the error says it
     words = group_words(batch, text)
     w = find_word(words.words, token, occurrence, cut_text=text if batch.truncated[0] else None,
                   positions=bert.tokenizer.max_length)
+    warn_truncated(batch.truncated, bert.tokenizer.max_length)
     t = words.token_words.index(w)  # the word's first sub-token
 
     ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids  # (1, T)

@@ -472,6 +472,15 @@ def test_a_number_that_is_both_a_class_index_and_another_classs_label_is_refused
         bertscope.explain(stars, SHORT, "grad-input", target=2)
     stars.model.id2label = {0: "0", 1: "1"}  # each number names its own index: not ambiguous
     np.testing.assert_array_equal(bertscope.explain(stars, SHORT, "grad-input", target=1).maps, by_name.maps)
+    # the faithfulness scores pass the predicted class to the same target: by its label, so a
+    # classifier whose labels are numbers scores every sentence (it refused class 1 as ambiguous)
+    from bertscope.explain.faithfulness import sentence_attributions
+
+    stars.model.id2label = {0: "1", 1: "2"}
+    for text in (SHORT, "a dull , lifeless and boring film", "a wonderful , moving and beautiful film"):
+        got, ref = sentence_attributions(stars, text), sentence_attributions(classifier, text)
+        assert got.predicted == ref.predicted
+        np.testing.assert_array_equal(got.grad_input, ref.grad_input)
 
 
 def test_a_classifier_explains_the_text_it_classifies(classifier):

@@ -562,6 +562,7 @@ def test_a_csv_text_longer_than_the_csv_modules_field_limit_is_read_and_cut(trai
     kept = csv.field_size_limit(131072)  # the module's default (another test may have raised it)
     try:
         _long_csv_texts(out, long_text, tmp_path, capsys)
+        assert csv.field_size_limit() == 131072  # raised while a file is read, then given back
     finally:
         csv.field_size_limit(kept)
 

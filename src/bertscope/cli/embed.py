@@ -32,7 +32,8 @@ characters the tokenizer drops, such as U+200B), undecodable (not UTF-8 text, or
 bad_json (not valid JSON), no_field (not an object with the field), not_text (the field is not a
 string) -- and over-long texts are cut to the model's max_seq_length (truncated); each is reported
 with its line numbers, here and in the manifest. But if NO line of a file holds a text (every
-non-blank line fails), the input is refused at once: that is the wrong --field or file; so is a
+non-blank line fails; of several files, with lines without the field or not JSON rather than a
+null or non-string field), the input is refused at once: that is the wrong --field or file; so is a
 file with a NUL byte in its first 8,000 bytes (binary data, or UTF-16 text). Each shard is written
 to a temporary file and renamed, so a crash never leaves a half-written file. Finished shards wait
 in OUTPUT/_staging/ and move into OUTPUT when the job is done, so a dataset reader never mistakes
@@ -264,8 +265,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bertscope: note: --resume: {args.out} does not exist yet; starting a new job there",
               file=sys.stderr)
     elif args.resume and holds_no_job(args.out):  # a run stopped while it loaded the model
-        print(f"bertscope: note: --resume: {args.out} holds no job yet (a run stopped before it began one); "
-              "starting a new job there with this command's settings", file=sys.stderr)
+        print(f"bertscope: note: --resume: {args.out} holds no job yet (a run stopped, or is still loading its "
+              "model, before it began one); starting a new job there with this command's settings", file=sys.stderr)
     from tqdm import tqdm
 
     bar = None

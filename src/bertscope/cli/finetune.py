@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         line = (f"epoch {row['epoch']}: loss {row['train_loss']:.4f}{dev}, "
                 f"{row['tokens_per_s']:,.0f} tokens/s, {row['wall_seconds']:.1f} s")
         lines = [line]
-        if row.get("dev_labels_predicted") == 1:
+        if row.get("dev_labels_predicted") == 1 and row.get("dev_accuracy", 1.0) < 1.0:  # DEV of one label: no sign
             lines.append(f"bertscope: warning: epoch {row['epoch']} gave every DEV example the same label: so far "
                          "the model does no better than the majority-label baseline (train for more epochs, or with "
                          "a higher --lr)")

@@ -55,23 +55,23 @@ def bundled_model_path() -> Path:
 FINETUNE_STATE_FILE = "training_state.pt"  # what `bertscope finetune` keeps in --out until it finishes
 
 
-FINGERPRINT_FILES = ("config.json", *WEIGHT_FILES, "tokenizer.json", "vocab.txt")
-
-
 def fingerprint(folder: Path) -> str | None:
-    """SHA-256 of what a load of ``folder`` reads that decides its outputs: config.json, the
-    weights and the tokenizer's files (each present one, name and bytes); None if it has none.
-    Two folders with one fingerprint give the same model, wherever they are."""
+    """SHA-256 of the files a load of ``folder`` reads (names and bytes): config.json, the weight
+    file it loads (model.safetensors, else pytorch_model.bin), tokenizer.json (else vocab.txt),
+    tokenizer_config.json and sentence_bert_config.json, those present; None if none is. Two
+    folders with one fingerprint load the same model, wherever they are."""
     import hashlib
 
     from ..files import sha256_file
 
+    folder = Path(folder)
+    weights = next((f for f in WEIGHT_FILES if (folder / f).is_file()), None)
+    tokenizer = "tokenizer.json" if (folder / "tokenizer.json").is_file() else "vocab.txt"
     h, seen = hashlib.sha256(), False
-    for name in FINGERPRINT_FILES:
-        path = Path(folder) / name
-        if path.is_file():
+    for name in ("config.json", weights, tokenizer, "tokenizer_config.json", "sentence_bert_config.json"):
+        if name is not None and (folder / name).is_file():
             h.update(name.encode() + b"\0")
-            sha256_file(path, h)
+            sha256_file(folder / name, h)
             seen = True
     return h.hexdigest() if seen else None
 

@@ -218,7 +218,7 @@ def sentence_attributions(clf: Bert, text: str, ig_steps: int = 0) -> Attributio
         variants = [full] + [[tok for t, tok in enumerate(full) if words.token_words[t] != w] for w in real]
         probs = clf.classify_ids(variants)  # (1 + R, K), packed path
         c = int(probs[0].argmax())
-        target = class_target(clf, ids, mask, types, label=c)
+        target = class_target(clf, ids, mask, types, label=clf.labels[c])  # by name: numbers are labels too
         F = embedding_function(clf, ids, mask, types, target)
         gi = _word_sums(grad_input(F)[0].detach(), words.token_words, W)[real]  # (R,)
         ig = None

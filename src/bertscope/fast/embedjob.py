@@ -87,7 +87,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -95,8 +95,8 @@ from ..core.tokenizer import tokenless
 from ..errors import InputError, InputTypeError, as_whole_number, setting
 from ..files import TEMP_SUFFIX, FolderLock, fields_note, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
 from .heap import release_free_memory
-from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_shard, require_pyarrow,
-                       resolve_inputs, where)
+from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_piece, read_shard,
+                       require_pyarrow, resolve_inputs, where)
 
 __all__ = ["EmbedJob", "EmbedJobResult", "JOB_FILE", "JobOptions", "KILL_HOOK_ENV", "LOCK_FILE", "MANIFEST_FILE",
            "RUNS_FILE", "STAGING", "STATUSES", "check_has_text", "check_json_lines", "compute_shard", "decode_record",
@@ -224,20 +224,39 @@ def decode_record(raw: bytes | None, kind: str, field_name: str | None) -> tuple
     return line, "ok"
 
 
+def _records_until_found(plan: InputPlan, found: set[int]) -> Iterator[tuple[int, bytes | None]]:
+    """(record number, raw record) of the plan, file by file, leaving out the rest of a file
+    once its index is in ``found`` (which the caller fills): each file is read only up to its
+    first text, not to its end."""
+    if len(plan.first_rows) != len(plan.files):  # a plan without file boundaries: all of it
+        yield from iter_records(plan, verify=False)
+        return
+    row, current = 0, -1
+    for shard in plan.shards:
+        for piece in shard.pieces:
+            if piece.file != current:
+                current, row = piece.file, plan.first_rows[piece.file]
+            if piece.file in found:
+                continue  # no need to read on: its rows are not counted either
+            for raw in read_piece(plan, piece):
+                yield row, raw
+                row += 1
+                if piece.file in found:
+                    break
+
+
 def check_has_text(plan: InputPlan) -> None:
     """Refuse an input in which no record at all holds a text (see the module doc), before any
-    work; of several files, each must hold one (a file read with the wrong --field became zero
-    vectors, exit 0, when another file had texts). Records are decoded only until each file's
-    first one with a text."""
+    work; of several files, each must hold one unless its field is there but null or not a
+    string (a file read with the wrong --field became zero vectors, exit 0, when another file
+    had texts). Each file is read only up to its first record with a text."""
     jsonl = plan.kind == "jsonl"
     several = len(plan.files) > 1 and len(plan.first_rows) == len(plan.files)
     failed: dict[int, dict[str, list[int]]] = {}  # file -> status -> its line numbers in that file
     raws: dict[tuple[int, int], bytes | None] = {}
     found: set[int] = set()
-    for n, raw in iter_records(plan, verify=False):
+    for n, raw in _records_until_found(plan, found):
         i = bisect.bisect_right(plan.first_rows, n) - 1 if several else 0
-        if i in found:
-            continue
         line = n - plan.first_rows[i] + 1 if several else n
         _, status = decode_record(raw, plan.kind, plan.field)
         if status not in _FAILED:
@@ -250,7 +269,9 @@ def check_has_text(plan: InputPlan) -> None:
         mine[status].append(line)
         if len(mine[status]) == 1:
             raws[i, line] = raw
-    bad = [i for i in sorted(failed) if i not in found]
+    # of several files, one without a text is refused when it looks read wrongly (lines without
+    # the field, or not JSON): a file of nulls (not_text) is data, zero vectors with statuses
+    bad = [i for i in sorted(failed) if i not in found and not (found and failed[i]["not_text"])]
     if not bad:
         return
     i = bad[0]

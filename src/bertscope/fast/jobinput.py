@@ -473,6 +473,23 @@ def plan_input(spec: str | os.PathLike, *, field_name: str | None = None, shard_
                      shard_rows=shard_rows, rows=cut.rows, shards=tuple(cut.shards), first_rows=tuple(first_rows))
 
 
+def read_piece(plan: InputPlan, piece: Piece, h=None) -> list[bytes | None]:
+    """The raw records of one piece of a shard (see :func:`read_shard`), its content added to
+    the hash ``h`` when given."""
+    f = plan.files[piece.file]
+    if plan.kind == "parquet":
+        values = _read_parquet_rows(f, plan.field, piece.start, piece.stop)  # type: ignore[arg-type]
+        if h is not None:
+            h.update(_hash_values(values))
+        return values
+    with f.open() as fh:
+        fh.seek(piece.start)
+        data = fh.read(piece.stop - piece.start)
+    if h is not None:
+        h.update(data)
+    return split_lines(data)  # a byte range that ends after a "\n" or at the end
+
+
 def read_shard(plan: InputPlan, shard: Shard, *, verify: bool = True) -> list[bytes | None]:
     """The raw records of one shard, in order: bytes of each line (without its line ending),
     or each Parquet value's bytes (None for a null). With ``verify``, the content must still
@@ -480,18 +497,8 @@ def read_shard(plan: InputPlan, shard: Shard, *, verify: bool = True) -> list[by
     h = hashlib.sha256()
     out: list[bytes | None] = []
     for piece in shard.pieces:
-        f = plan.files[piece.file]
         h.update(f"{piece.file}:".encode())
-        if plan.kind == "parquet":
-            values = _read_parquet_rows(f, plan.field, piece.start, piece.stop)  # type: ignore[arg-type]
-            h.update(_hash_values(values))
-            out.extend(values)
-            continue
-        with f.open() as fh:
-            fh.seek(piece.start)
-            data = fh.read(piece.stop - piece.start)
-        h.update(data)
-        out.extend(split_lines(data))  # a byte range that ends after a "\n" or at the end
+        out.extend(read_piece(plan, piece, h))
     if len(out) != shard.rows or (verify and h.hexdigest() != shard.sha256):
         raise InputError(f"the input changed while the job ran: records {shard.first_row}.."
                          f"{shard.first_row + shard.rows - 1} differ from when it was planned")

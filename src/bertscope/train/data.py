@@ -190,8 +190,18 @@ def _delimited(path: Path, data: bytes, delimiter: str, text_field: str, pair_fi
     # file's line is (other columns are not read)
     text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
     # no field is longer than its file: the csv module's own limit (131,072 characters) refused
-    # a whole file for one long review, which is read and cut as a long line of a .jsonl is
-    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
+    # a whole file for one long review, which is read and cut as a long line of a .jsonl is.
+    # The limit is the process's: raised while this file is read, then given back.
+    kept_limit = csv.field_size_limit()
+    csv.field_size_limit(min(max(kept_limit, len(text) + 1), 2**31 - 1))
+    try:
+        yield from _delimited_rows(path, text, delimiter, text_field, pair_field, label_field, keep_blank)
+    finally:
+        csv.field_size_limit(kept_limit)
+
+
+def _delimited_rows(path: Path, text: str, delimiter: str, text_field: str, pair_field: str | None,
+                    label_field: str | None, keep_blank: bool) -> Iterator[Record]:
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     kind = "CSV" if delimiter == "," else "TSV"
     lines: list[str] = []  # the file's lines, read only when a record must be checked

@@ -118,9 +118,11 @@ def explore(page, ref: dict, words: list[str]) -> None:
     page.select_option("#bs-mode", "mean")
     settle(page)
     check_values(shown_values(page), ref["mean_words"][3, it], "mean")
+    assert "the mean over the layer's heads" in page.inner_text("#bs-hint")  # it said "one colour per head"
     page.select_option("#bs-mode", "rollout")
     settle(page)
     check_values(shown_values(page), ref["rollout_words"][3, it], "rollout")
+    assert "rolled out through the layers" in page.inner_text("#bs-hint")
 
     page.select_option("#bs-mode", "heads")
     page.click(".bs-head[data-head='1']")
@@ -257,11 +259,30 @@ def test_served_page_opens_on_its_sample_and_its_address_holds_the_text(browser,
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
         assert page.input_value("#bs-text") == WIDE
         assert "wide" in shown_words(page)
-        page.fill("#bs-text", "é漢 " * 600)  # 9,600 characters in the address: not kept there
+        page.fill("#bs-text", "é漢 " * 600)  # 9,600 characters in the address: not kept there, and said
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
         assert urlsplit(page.url).query == ""
+        assert page.inner_text("#bs-form-status") == ("too long to keep in the page's address: a link or a "
+                                                      "reload opens the sample")
+        # Back and Forward go through the texts analysed (Back left the page)
+        page.go_back()
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too wide')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert "wide" in shown_words(page) and parse_qs(urlsplit(page.url).query) == {"text": [WIDE]}
+        page.go_back()
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too tired')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert "tired" in shown_words(page)
+        page.go_forward()
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too wide')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert "wide" in shown_words(page)
         assert not errors, errors
+        page.close()
+
+        page, errors = open_served(browser, base, "?text=+")  # a blank text in a link: the sample
+        assert page.input_value("#bs-text") == IT_ANIMAL and "animal" in shown_words(page)
         page.close()
 
         # a link with a sentence pair opens on the pair: its segment B is marked

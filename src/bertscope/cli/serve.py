@@ -12,8 +12,8 @@ query-key views as `bertscope view`, computed on demand (only the layer and head
 travel). The page's JSON API: GET /api/health; POST /api/analyze, /api/attention, /api/qk, each
 with a JSON body sent as Content-Type: application/json. The page opens on a sample text, shown
 at once; its address holds the text shown (?text=..., with &text_b=... to compare a second text
-or &pair=... for a sentence pair; not a text that makes it over 8,000 characters), so a link or a
-reload opens on that text.
+or &pair=... for a sentence pair; not a text that makes it over 8,000 characters, which the page
+says), so a link or a reload opens on that text, and Back and Forward go through the texts shown.
 Binds to 127.0.0.1 unless --host says otherwise; an address in use or not this machine's is a
 one-line error. Texts longer than --max-chars get HTTP 413. The last analyses are kept in memory
 (at most 16, and at most 256 MiB of attention arrays).

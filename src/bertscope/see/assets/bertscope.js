@@ -1571,7 +1571,10 @@
     document.querySelectorAll(".bs-head").forEach((b) => { b.disabled = off.heads; });
     $("bs-heads-all").disabled = off.headsAll;
     const hints = {
-      head: "Lines join each token (left) to the tokens it attends to (right); opacity = attention weight, one colour per head. Hover a token to focus its lines; click to pin the exact numbers.",
+      head: "Lines join each token (left) to the tokens it attends to (right); opacity = attention weight" +
+        (state.mode === "mean" ? ", the mean over the layer's heads" : state.mode === "rollout"
+          ? ", rolled out through the layers up to this one (Abnar & Zuidema)" : ", one colour per head") +
+        ". Hover a token to focus its lines; click to pin the exact numbers.",
       model: "Thumbnails of every attention map. The colour scale is stated in the legend; point at a thumbnail for its values.",
       matrix: "Row = the token attending, column = the token attended to." +
         (state.mode === "heads" && state.heads.length > 1 && (!mi || mi.per_head) ? " Several heads selected: their mean." : "") +
@@ -1673,7 +1676,9 @@
     }
   }
 
-  async function start(m, src) {
+  let asked = 0;  // analyses asked for in serve mode (a file's page has one, not counted)
+
+  async function start(m, src, ticket) {
     if (source && source !== src && source.close) source.close();  // the last text's requests: not wanted
     meta = m;
     source = src;
@@ -1697,7 +1702,7 @@
         `tokens and ${which} ${longest}: showing the attention weights instead.`));
     }
     await render();
-    document.documentElement.dataset.ready = "1";
+    if (ticket === undefined || ticket === asked) document.documentElement.dataset.ready = "1";  // not a dropped text's
   }
 
   function startServer() {
@@ -1713,7 +1718,7 @@
       c.classList.toggle("bs-over", !!maxChars && n > maxChars);
     });
     counters.forEach(([id]) => $(id).addEventListener("input", count));
-    fetch(cfg.api + "health").then((r) => r.json()).then((h) => {
+    const health = fetch(cfg.api + "health").then((r) => r.json()).then((h) => {
       maxChars = h.max_chars || null;
       count();
       if (!meta && h.model) $("bs-model").textContent = `${h.model} · ${h.layers} layers × ${h.heads} heads`;  // before any analysis
@@ -1727,22 +1732,36 @@
     }));
     $("bs-text").addEventListener("invalid", () => showError(""));  // the browser says what is missing
     // The address holds the texts shown (?text=…&text_b=… or ?text=…&pair=…, the API's keys),
-    // so a link or a reload opens on them; without them the page opens on its sample text.
-    const asked = new URLSearchParams(location.search);
-    if (asked.get("text")) {
-      $("bs-text").value = asked.get("text");
-      const second = asked.get("pair") ?? asked.get("text_b") ?? "";
-      $("bs-text-b").value = second;
-      $("bs-pair").checked = asked.get("pair") !== null;
+    // so a link or a reload opens on them, and Back and Forward go through the texts analysed;
+    // without them the page opens on its sample text.
+    const sample = $("bs-text").value;
+    const fromAddress = () => {
+      const params = new URLSearchParams(location.search);
+      const text = params.get("text") || "";
+      const linked = text.trim() !== "";
+      $("bs-text").value = linked ? text : sample;
+      $("bs-text-b").value = linked ? (params.get("pair") ?? params.get("text_b") ?? "") : "";
+      $("bs-pair").checked = linked && params.get("pair") !== null;
       count();
-    }
-    const remember = (request) => {
+    };
+    // how the next analysis goes into the history: a new entry for one the user asks for; the
+    // first one, and one that Back or Forward asked for, take the entry they are in
+    let how = "replace";
+    const remember = (request, mode) => {
       const q = new URLSearchParams({ text: request.text });
       if (request.text_b !== null) q.set("text_b", request.text_b);
       if (request.pair !== null) q.set("pair", request.pair);
       const query = String(q);  // a long text is not kept: an address has limits (servers', browsers')
-      history.replaceState(null, "", query.length <= 8000 ? `${location.pathname}?${query}` : location.pathname);
+      const url = query.length <= 8000 ? `${location.pathname}?${query}` : location.pathname;
+      if (mode === "push" && url !== location.pathname + location.search) history.pushState(null, "", url);
+      else history.replaceState(null, "", url);
+      return query.length <= 8000 ? "" : "too long to keep in the page's address: a link or a reload opens the sample";
     };
+    window.addEventListener("popstate", () => {  // Back or Forward: the texts that address holds
+      fromAddress();
+      how = "replace";
+      form.requestSubmit();
+    });
     let analyzing = null;  // the AbortController of the last analysis asked for
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
@@ -1769,11 +1788,13 @@
       if (analyzing) analyzing.abort();  // an analysis asked for before this one is not wanted now
       if (source && source.close) source.close();  // nor what the shown text was still waiting for
       const ctl = analyzing = new AbortController();
+      const ticket = ++asked;  // the newest analysis asked for: only it may say the page is ready
+      const mode = how;
+      how = "push";
       try {
         const body = await postJSON(cfg.api + "analyze", request, ctl.signal);
-        status.textContent = "";
-        remember(request);
-        await start(body, new ServerSource(request));
+        status.textContent = remember(request, mode);
+        await start(body, new ServerSource(request), ticket);
       } catch (err) {
         if (isAbort(err)) return;  // a newer request replaced this one
         status.textContent = "";
@@ -1783,7 +1804,10 @@
       }
     });
     document.documentElement.dataset.ready = "form";
-    if ($("bs-text").value.trim()) form.requestSubmit();  // the sample (or the linked text) at once
+    fromAddress();
+    // the sample (or the linked text) at once, once the server's limit is known: the page's
+    // own check of a long linked text, rather than the server's 413
+    health.finally(() => { if ($("bs-text").value.trim()) form.requestSubmit(); });
   }
 
   async function startFile() {

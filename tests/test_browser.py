@@ -320,6 +320,8 @@ def test_served_app(browser, bert, hf_model):
         page.select_option("#bs-measure", "alti")
         settle(page)
         assert lines_image(page) != before
+        assert page.get_attribute("#bs-measure option[value='alti']", "title").endswith("(Ferrando et al. 2022)")
+        assert page.get_attribute("#bs-measure", "title").endswith("(Ferrando et al. 2022)")  # the one chosen
         check_values(shown_values(page), explain(bert, IT_ANIMAL, "alti").word_maps()[5, words.index("it")], "alti")
         page.select_option("#bs-measure", "attention")
         settle(page)

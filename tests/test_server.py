@@ -583,6 +583,8 @@ def test_measures_over_http_equal_the_library(server, bert):
     offered = {m["name"]: m for m in meta["measures"]}
     assert set(offered) == {"norm", "norm-residual", "value-zeroing", "alti"}  # rollout: the page's own mode
     assert offered["norm"]["per_head"] and not offered["alti"]["per_head"] and not offered["norm"]["share"]
+    # what a value is, and whose method: the page had only the names to go on
+    assert offered["alti"]["about"] == "share of the input token in this token, rolled out to this layer (Ferrando et al. 2022)"
     maps = {m["measure"]: m for m in meta["maps"]}
     assert maps["alti"]["shape"] == list(alti.shape) and len(alti.shape) == 3  # (N, T, T)
     assert maps["norm"]["shape"] == list(norm.shape) and len(norm.shape) == 4  # (N, H, T, T)

@@ -295,14 +295,17 @@ def explain(bert: Bert, text: str, method: str, *, text_b: str | None = None,
 
 
 def measure_info(name: str) -> dict[str, object]:
-    """What a view needs to know of a map method: {"name", "per_head", "share", "max_tokens"};
-    share: its rows sum to 1 (every map method but ``norm``, whose values are vector lengths);
-    max_tokens: the longest text it computes (value zeroing's limit), or None."""
+    """What a view needs to know of a map method: {"name", "per_head", "share", "max_tokens",
+    "about"}; share: its rows sum to 1 (every map method but ``norm``, whose values are vector
+    lengths); max_tokens: the longest text it computes (value zeroing's limit), or None; about:
+    what a value is, and whose method (:data:`METHOD_INFO`)."""
     check_method(name)
     if name not in MAP_METHODS:
         raise InputError(f"{name} attributes one output to the words; it has no token x token map to show")
+    who, unit = METHOD_INFO[name]
     return {"name": name, "per_head": name in HEAD_METHODS, "share": name != "norm",
-            "max_tokens": VALUE_ZEROING_MAX_TOKENS if name == "value-zeroing" else None}
+            "max_tokens": VALUE_ZEROING_MAX_TOKENS if name == "value-zeroing" else None,
+            "about": f"{unit} ({who})"}
 
 
 def parse_measures(values: list[str] | None) -> list[str]:

@@ -1493,6 +1493,7 @@
     const longest = Math.max(...meta.texts.map((x) => x.tokens.length));
     for (const m of meta.measures || []) {
       const opt = new Option(m.name + (m.per_head ? "" : " (per layer)"), m.name);
+      if (m.about) opt.title = m.about;  // what a value is, and whose method (also the switch's, below)
       if (m.max_tokens && longest > m.max_tokens) {  // the server would refuse it: say why here
         opt.disabled = true;
         opt.textContent += ` (texts up to ${m.max_tokens} tokens; this one has ${longest})`;
@@ -1534,6 +1535,8 @@
     $("bs-layer").value = String(state.layer);
     $("bs-mode").value = state.mode;
     $("bs-measure").value = state.measure;
+    const chosen = $("bs-measure").selectedOptions[0];
+    $("bs-measure").title = chosen && chosen.title ? chosen.title : "";  // what the chosen measure's values are
     $("bs-level").value = state.level;
     $("bs-hide-special").checked = state.hideSpecial;
     $("bs-scale").value = state.scale;

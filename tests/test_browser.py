@@ -672,6 +672,15 @@ def test_query_key_view_equals_trace(browser, bert, tmp_path):
     assert np.abs(ctx - tr.context.numpy()).max() <= 1e-4  # Σ weight·v, the model's context
     top = max(rows, key=lambda r: r["weight"])
     assert rep.texts[0].tokens[top["key"]] == "animal"  # S12, seen step by step
+    assert "(the first" not in page.inner_text("#bs-qk-view h3")
+    page.click(".bs-tab[data-view='head']")  # two heads selected: the query-key view says it shows the first
+    settle(page)
+    page.click(".bs-head[data-head='5']", modifiers=["Shift"])
+    settle(page)
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    assert page.inner_text("#bs-qk-view h3").startswith(
+        f"layer {layer}, head {head} (the first of the 2 heads selected: this view shows one): how")
     page.close()
 
 

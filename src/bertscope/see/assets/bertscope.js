@@ -1388,7 +1388,8 @@
     const context = new Float64Array(D);
     for (let j = 0; j < T; j++) for (let d = 0; d < D; d++) context[d] += weight[j] * v[j * D + d];
 
-    const head3 = el("h3", "", `layer ${layer}, head ${head}: how “${x.tokens[i]}” (token ${i}) attends`);
+    const others = state.heads.length > 1 ? ` (the first of the ${state.heads.length} heads selected: this view shows one)` : "";
+    const head3 = el("h3", "", `layer ${layer}, head ${head}${others}: how “${x.tokens[i]}” (token ${i}) attends`);
     root.appendChild(head3);
     const pick = el("label", "bs-qk-pick", "Query token ");
     const sel = el("select");

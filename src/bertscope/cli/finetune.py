@@ -28,8 +28,8 @@ every example; a warning when every DEV example gets one label), and macro-F1. A
 written atomically every --save-every steps and at each epoch end; after an interruption, the same
 command with --resume continues exactly where it stopped. Each epoch's line (and its row in
 metrics.json) gives the training tokens per second without a process's first step, its warm-up
-(kernel set-up, first allocations: several times a later step), whose seconds and tokens are in
-warmup_seconds and warmup_tokens.
+(first allocations, kernel plans), whose seconds and tokens are in warmup_seconds and
+warmup_tokens.
 
 examples:
   bertscope finetune train.csv --dev dev.csv --out sentiment/

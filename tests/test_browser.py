@@ -1065,3 +1065,69 @@ def test_pair_marks_segment_b_and_a_file_without_qkv_switches_its_controls_off(b
     assert not page.is_disabled("#bs-layer") and not page.is_disabled("#bs-span-start")
     assert not errors and not errors2, errors + errors2
     page.close()
+
+
+def test_the_address_holds_the_view_and_a_link_opens_on_it(browser, bert, hf_model, tmp_path):
+    """A link could not open on "layer 3, head 1, it -> animal": the view's settings were in
+    no address. They go after "#", from a file's page and from `bertscope serve`."""
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    rep = build_report(bert, IT_ANIMAL, WIDE)
+    path = rep.save(tmp_path / "two.html")
+    page, errors = open_report(browser, rep, path)
+    assert urlsplit(page.url).fragment == ""  # how the page opens: nothing to say
+    it, animal = rep.texts[0].words.index("it"), rep.texts[0].words.index("animal")
+    page.select_option("#bs-layer", "3")
+    settle(page)
+    page.click(".bs-head[data-head='1']")
+    settle(page)
+    click_token(page, it)
+    assert parse_qs(urlsplit(page.url).fragment) == {"layer": ["3"], "heads": ["1"], "pin": [f"A.left.{it}"]}
+    link = page.url
+    page.close()
+
+    page, errors = open_report(browser, rep, path)  # the link opens on the same picture
+    page.goto(link)
+    page.reload()
+    page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
+    assert page.input_value("#bs-layer") == "3"
+    values = shown_values(page)
+    check_values(values, reference(bert, hf_model, IT_ANIMAL)["words"][3, 1, it], "1")
+    assert max(values, key=lambda v: v["value"])["to"] == animal
+    # an edited address: the settings it leaves out go back to their defaults
+    page.evaluate("location.hash = '#view=matrix&level=token&heads=2,11'")
+    settle(page)
+    assert page.get_attribute(".bs-tab[data-view='matrix']", "aria-selected") == "true"
+    assert page.input_value("#bs-layer") == "0" and page.input_value("#bs-level") == "token"
+    assert page.eval_on_selector_all(".bs-head[aria-pressed='true']", "els => els.map(e => e.dataset.head)") == ["2", "11"]
+    # what does not fit the text shown is left at its default, and said
+    page.evaluate("location.hash = '#layer=9&heads=1&pin=B.left.400'")
+    settle(page)
+    assert page.input_value("#bs-layer") == "0"
+    assert page.eval_on_selector_all(".bs-head[aria-pressed='true']", "els => els.map(e => e.dataset.head)") == ["1"]
+    assert "(layer=9, pin=B.left.400): left at the default" in page.inner_text(".bs-address-note")
+    assert not errors, errors
+    page.close()
+
+    with served() as base:  # the texts in the query, the view after "#"
+        query = "?" + urlencode({"text": IT_ANIMAL}) + "#view=qk&layer=2&heads=4"
+        page, errors = open_served(browser, base, query)
+        assert page.get_attribute(".bs-tab[data-view='qk']", "aria-selected") == "true"
+        assert page.input_value("#bs-layer") == "2"
+        page.fill("#bs-text", WIDE)  # a new text keeps the view
+        page.click("#bs-submit")
+        page.wait_for_function("() => location.search.includes('wide')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert parse_qs(urlsplit(page.url).fragment) == {"view": ["qk"], "layer": ["2"], "heads": ["4"]}
+        page.click(".bs-tab[data-view='matrix']")
+        settle(page)
+        page.go_back()  # the first text, with the view it had
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too tired')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert page.get_attribute(".bs-tab[data-view='qk']", "aria-selected") == "true"
+        page.go_forward()  # and the second, with the view it was left on
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too wide')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert page.get_attribute(".bs-tab[data-view='matrix']", "aria-selected") == "true"
+        assert not errors, errors
+        page.close()

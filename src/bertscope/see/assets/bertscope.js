@@ -740,6 +740,7 @@
       const same = cur && cur.side === f.side && cur.index === f.index;
       state.focus = same ? null : f;
       state.hover = null;
+      writeView();
       redrawHeadPanels();
     });
     return { drawBase: (gen) => drawBase(view, gen) };
@@ -1654,6 +1655,7 @@
     if (!meta || !source) return;
     const gen = ++renderGen;
     document.documentElement.dataset.rendered = "0";
+    writeView();
     if (source.focus) source.focus(state.measure === "attention" ? null : state.measure);  // the rest is dropped
     try {
       if (state.view === "head") await renderHeadView(gen);
@@ -1680,6 +1682,108 @@
     }
   }
 
+  // ---- the view in the address ----
+  // The settings that differ from how the page opens go into the address after "#"
+  // (#layer=3&heads=1&pin=A.left.5: layer 3, head 1, the fifth word on the left pinned), so a
+  // link or a reload opens on the same picture. A value that does not fit what is shown (a
+  // layer the model lacks, a word past the text's end) is left at its default, and the page
+  // says which.
+  let opening = { span: null };  // how the page opens before the address's settings apply
+  let pendingView = null;        // settings read from the address, applied when the text is shown
+  const LETTER = ["A", "B"];
+
+  function viewToHash() {
+    const q = new URLSearchParams();
+    if (state.view !== "head") q.set("view", state.view);
+    if (state.layer !== 0) q.set("layer", String(state.layer));
+    if (state.heads.join(",") !== "0") q.set("heads", state.heads.join(","));
+    if (state.mode !== "heads") q.set("mode", state.mode);
+    if (state.measure !== "attention") q.set("measure", state.measure);
+    if (state.level !== "word") q.set("level", state.level);
+    if (state.hideSpecial) q.set("special", "hidden");
+    if (state.scale !== "shared") q.set("scale", state.scale);
+    const span = state.span ? state.span.join("-") : "all";
+    if (span !== (opening.span ? opening.span.join("-") : "all")) q.set("span", span);
+    if (state.focus) q.set("pin", `${LETTER[state.focus.panel]}.${state.focus.side}.${state.focus.index}`);
+    if (state.modelText !== 0) q.set("model", state.modelText === "diff" ? "A-B" : LETTER[state.modelText]);
+    if (state.qkText !== 0) q.set("qk", LETTER[state.qkText]);
+    if (state.qkQuery !== null) q.set("query", String(state.qkQuery));
+    if (state.zoom !== null) q.set("zoom", String(state.zoom));
+    return String(q);
+  }
+
+  /** Puts the shown settings into the address (the entry it is in: no new history entry). */
+  function writeView() {
+    if (!meta) return;
+    const hash = viewToHash();
+    const url = location.pathname + location.search + (hash ? "#" + hash : "");
+    if (url === location.pathname + location.search + location.hash) return;
+    try {
+      history.replaceState(history.state, "", url);
+    } catch (err) {  // a page where the address cannot be set (a notebook's frame): the view still works
+    }
+  }
+
+  /** Applies settings read from the address to the text shown; returns the ones that did not
+   * fit ("layer=9"), which are left as they were. */
+  function applyView(hash) {
+    const q = new URLSearchParams(hash.replace(/^#/, ""));
+    const unfit = [];
+    unitCache.clear();  // the words of the text now shown
+    alignCache.clear();
+    // what the address leaves out is at its default
+    Object.assign(state, { view: "head", layer: 0, heads: [0], mode: "heads", measure: "attention", level: "word",
+      hideSpecial: false, scale: "shared", span: opening.span, focus: null, hover: null, modelText: 0, qkText: 0,
+      qkQuery: null, zoom: null });
+    const int = (v) => (/^\d+$/.test(v) ? Number(v) : NaN);
+    const take = (key, ok, set) => {
+      const v = q.get(key);
+      if (v === null) return;
+      if (ok(v)) set(v);
+      else unfit.push(`${key}=${v}`);
+    };
+    const T = (t) => meta.texts[t].tokens.length;
+    const textOf = (v) => LETTER.indexOf(v);
+    take("view", (v) => ["head", "model", "matrix", "qk"].includes(v), (v) => { state.view = v; });
+    take("layer", (v) => int(v) < meta.layers, (v) => { state.layer = int(v); });
+    take("heads", (v) => v.split(",").every((h) => int(h) < meta.heads),
+      (v) => { state.heads = [...new Set(v.split(",").map(int))].sort((x, y) => x - y); });
+    take("measure", (v) => v === "attention" || (!!measureInfo(v) && !(measureInfo(v).max_tokens &&
+      Math.max(...meta.texts.map((x) => x.tokens.length)) > measureInfo(v).max_tokens)), (v) => { state.measure = v; });
+    take("mode", (v) => ["heads", "mean"].includes(v) || (v === "rollout" && !measureInfo()), (v) => { state.mode = v; });
+    take("level", (v) => ["word", "token"].includes(v), (v) => { state.level = v; });
+    take("special", (v) => v === "hidden" || v === "shown", (v) => { state.hideSpecial = v === "hidden"; });
+    take("scale", (v) => ["shared", "panel"].includes(v), (v) => { state.scale = v; });
+    const longest = Math.max(...meta.texts.map((x) => x.tokens.length));
+    take("span", (v) => v === "all" || (/^\d+-\d+$/.test(v) && int(v.split("-")[0]) < int(v.split("-")[1]) &&
+      int(v.split("-")[0]) < longest), (v) => {
+      state.span = v === "all" ? null : [int(v.split("-")[0]), Math.min(longest, int(v.split("-")[1]))];
+      if (state.span && state.span[0] === 0 && state.span[1] === longest) state.span = null;
+    });
+    take("pin", (v) => {
+      const [p, side, i] = v.split(".");
+      const t = textOf(p);
+      return t >= 0 && t < meta.texts.length && ["left", "right"].includes(side) && int(i) < units(t).labels.length;
+    }, (v) => {
+      const [p, side, i] = v.split(".");
+      state.focus = { panel: textOf(p), side, index: int(i) };
+    });
+    take("model", (v) => v === "A" || (meta.texts.length > 1 && (v === "B" || v === "A-B")),
+      (v) => { state.modelText = v === "A-B" ? "diff" : textOf(v); });
+    take("qk", (v) => v === "A" || (meta.texts.length > 1 && v === "B"), (v) => { state.qkText = textOf(v); });
+    take("query", (v) => int(v) < T(Math.min(state.qkText, meta.texts.length - 1)), (v) => { state.qkQuery = int(v); });
+    take("zoom", (v) => ZOOMS.includes(int(v)), (v) => { state.zoom = int(v); });
+    return unfit;
+  }
+
+  /** Says under the texts which of the address's settings were left at their default. */
+  function noteUnfit(unfit) {
+    document.querySelectorAll(".bs-address-note").forEach((n) => n.remove());
+    if (!unfit.length) return;
+    $("bs-texts").appendChild(el("div", "bs-note bs-address-note", "The address asks for what this page cannot " +
+      `show (${unfit.join(", ")}): left at the default.`));
+  }
+
   let asked = 0;  // analyses asked for in serve mode (a file's page has one, not counted)
 
   async function start(m, src, ticket) {
@@ -1699,7 +1803,11 @@
     if (meta.texts.length < 2) { state.modelText = 0; state.qkText = 0; }
     const opts = meta.options || {};
     state.span = opts.span ? [opts.span[0], opts.span[1]] : null;
+    opening = { span: state.span };
+    const unfit = pendingView === null ? [] : applyView(pendingView);
+    pendingView = null;
     buildControls();
+    noteUnfit(unfit);
     if (tooLong) {
       const which = meta.texts.length > 1 ? "the longer text has" : "this one has";
       $("bs-texts").appendChild(el("div", "bs-note", `${tooLong.name} takes texts of up to ${tooLong.max_tokens} ` +
@@ -1758,11 +1866,20 @@
       const query = String(q);  // a long text is not kept: an address has limits (servers', browsers')
       const url = query.length <= 8000 ? `${location.pathname}?${query}` : location.pathname;
       if (mode === "push" && url !== location.pathname + location.search) history.pushState(null, "", url);
-      else history.replaceState(null, "", url);
+      else history.replaceState(null, "", url);  // the view's settings follow once it is drawn
+      shown = location.search;
       return query.length <= 8000 ? "" : "too long to keep in the page's address: a link or a reload opens the sample";
     };
-    window.addEventListener("popstate", () => {  // Back or Forward: the texts that address holds
+    let shown = null;  // the query of the address whose texts are shown
+    window.addEventListener("popstate", () => {  // Back or Forward, or an edited "#...": what the address holds
+      if (meta && location.search === shown) {  // the same texts: their view only
+        noteUnfit(applyView(location.hash));
+        syncControls();
+        render();
+        return;
+      }
       fromAddress();
+      pendingView = location.hash;
       how = "replace";
       form.requestSubmit();
     });
@@ -1809,6 +1926,7 @@
     });
     document.documentElement.dataset.ready = "form";
     fromAddress();
+    pendingView = location.hash;
     // the sample (or the linked text) at once, once the server's limit is known: the page's
     // own check of a long linked text, rather than the server's 413
     health.finally(() => { if ($("bs-text").value.trim()) form.requestSubmit(); });
@@ -1816,6 +1934,13 @@
 
   async function startFile() {
     wireControls();
+    pendingView = location.hash;
+    window.addEventListener("popstate", () => {  // an edited "#..." (or Back through such edits)
+      if (!meta) return;
+      noteUnfit(applyView(location.hash));
+      syncControls();
+      render();
+    });
     try {
       await start(cfg.meta, await FileSource.load(cfg.meta));
     } catch (err) {

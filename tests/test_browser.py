@@ -8,6 +8,8 @@ Tolerance 1e-3: the report stores weights to within 1/2048; the text it shows ha
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -564,12 +566,25 @@ def test_word_alignment_marks_unmatched_words_and_links_focus(browser, bert, hf_
     ref_a = reference(bert, hf_model, IT_ANIMAL)
     page.click(".bs-tab[data-view='matrix']")
     settle(page)
-    assert "B: old today" in page.inner_text("#bs-matrix-view .bs-unmatched-note")
+    note = page.inner_text("#bs-matrix-view .bs-unmatched-note")
+    assert "B: old today" in note
+    # and says what leaving them out does: B's shared words give them weight that A - B lacks
+    unmatched_b = [wb.index("old"), wb.index("today")]
+    shared_b = [i for i in range(len(wb)) if i not in unmatched_b]
+    lost_b = ref_b["words"][0, 0][np.ix_(shared_b, unmatched_b)].sum(1).mean()
+    shown = re.search(r"B's shared words give them ([\d.]+) of their weight", note)
+    assert abs(float(shown[1]) - lost_b) <= TEXT_TOL, (note, lost_b)
+    assert "B's cells here are that much smaller, so A − B leans blue (positive)" in note
     for fx, fy in ((0.55, 0.45), (0.8, 0.7), (0.3, 0.9)):
         frm, to, val = matrix_readout(page, "diff", fx, fy)
         i, j = int(frm), int(to)  # A's word indices; B's are found by the words themselves
         bi, bj = _same_word(wa, wb, i), _same_word(wa, wb, j)
         assert abs(val - (ref_a["words"][0, 0, i, j] - ref_b["words"][0, 0, bi, bj])) <= 2 * TOL
+    page.click(".bs-tab[data-view='model']")  # the model view's A - B names them too
+    settle(page)
+    page.click(".bs-segment button[data-text='diff']")
+    settle(page)
+    assert "left out of every difference: B: old today." in page.inner_text("#bs-model-view .bs-unmatched-note")
 
     # texts with no words in common: said plainly, no difference drawn
     rep2 = build_report(bert, IT_ANIMAL, "그 동물은 너무 피곤해서 길을 건너지 않았다")

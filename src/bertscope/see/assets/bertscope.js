@@ -963,7 +963,17 @@
       }
     }
     const inA = new Set(rows.map((r) => r[0])), inB = new Set(rows.map((r) => r[1]));
+    // the weight a shared row gives the words left out (mean over the rows): it is in neither side
+    // of the difference, so the text that gives more has the smaller cells here
+    const lost = (P, side, kept) => {
+      let total = 0;
+      for (const r of rows) {
+        for (let j = 0; j < P.n; j++) if (!kept.has(j)) total += P.M[r[side] * P.n + j];
+      }
+      return n ? total / n : 0;
+    };
     return {
+      lostA: lost(PA, 0, inA), lostB: lost(PB, 1, inB),
       t: 0, n, M, keep: rows.map((r) => PA.keep[r[0]]), keepB: rows.map((r) => PB.keep[r[1]]),
       labels: rows.map((r) => PA.labels[r[0]]), special: rows.map((r) => PA.special[r[0]]), segment: null,
       unmatchedA: PA.labels.filter((_, i) => !inA.has(i) && !PA.special[i]),
@@ -1021,10 +1031,19 @@
         const vmax = Math.max(1e-9, maxAbs(d.M));
         const panel = matrixPanel(d, `A − B: ${what}`, true, "diff", vmax, cell, scaleText(true, vmax, "the difference"));
         if (d.unmatchedA.length || d.unmatchedB.length) {
-          panel.appendChild(el("div", "bs-note bs-unmatched-note",
-            "Words without a counterpart, left out of the difference: " +
+          let text = "Words without a counterpart, left out of the difference: " +
             [d.unmatchedA.length ? `A: ${d.unmatchedA.join(" ")}` : "", d.unmatchedB.length ? `B: ${d.unmatchedB.join(" ")}` : ""]
-              .filter(Boolean).join("; ")));
+              .filter(Boolean).join("; ") + ".";
+          if (!mi || mi.share) {  // rows are shares: what goes to those words is missing from the rest
+            const gap = d.lostA - d.lostB;
+            const gives = [[d.unmatchedA, "A", d.lostA], [d.unmatchedB, "B", d.lostB]].filter(([u]) => u.length)
+              .map(([, side, v]) => `${side}'s shared words give them ${fmt(v)}`).join(" and ");
+            text += ` ${gives} of their weight (mean per row), which the difference leaves out` +
+              (Math.abs(gap) < 0.0005 ? "." :
+              `: ${gap > 0 ? "A" : "B"}'s cells here are that much smaller, so A − B leans ` +
+              `${gap > 0 ? "red (negative)" : "blue (positive)"}.`);
+          }
+          panel.appendChild(el("div", "bs-note bs-unmatched-note", text));
         }
         panels.appendChild(panel);
       }
@@ -1218,6 +1237,7 @@
     root.appendChild(table);
     const textsNeeded = diverging ? [0, 1] : [which];
     const thumbs = [];
+    let leftOut = null;  // A − B: the words without a counterpart (the same in every thumbnail)
     const slice = slicer();
     for (let l = 0; l < N; l++) {
       setProgress(`model view: layer ${l + 1} of ${N}…`);
@@ -1235,6 +1255,7 @@
       for (let k = 0; k < cols.length; k++) {
         let p = perText[0][k];
         if (diverging) p = diffOf(perText[0][k], perText[1][k]);
+        if (diverging && p && !leftOut) leftOut = [p.unmatchedA, p.unmatchedB];
         const td = document.createElement("td");
         tr.appendChild(td);
         if (!p || !p.n) { td.textContent = "–"; continue; }
@@ -1276,6 +1297,13 @@
       });
     }
     legendSlot.appendChild(legend(common, diverging, scaleText(diverging, common, "every thumbnail"), !shared));
+    if (leftOut && (leftOut[0].length || leftOut[1].length)) {
+      legendSlot.appendChild(el("div", "bs-note bs-unmatched-note", "Words without a counterpart, left out of " +
+        "every difference: " + [leftOut[0].length ? `A: ${leftOut[0].join(" ")}` : "",
+        leftOut[1].length ? `B: ${leftOut[1].join(" ")}` : ""].filter(Boolean).join("; ") + ". A text whose shared " +
+        "words give them weight has smaller cells here, so the differences lean away from it (the matrix view " +
+        "says by how much, for one layer)."));
+    }
   }
 
   function wireThumb(x, diverging) {

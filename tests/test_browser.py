@@ -1020,14 +1020,27 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
                              "parseFloat(getComputedStyle(document.querySelector('.bs-qk-table th')).top)]")
     assert bar > 0 and top == bar, (bar, top)
     page.set_viewport_size({"width": 420, "height": 800})
-    for view in ("head", "model", "qk"):
+    for view in ("head", "model", "matrix", "qk"):
         page.click(f".bs-tab[data-view='{view}']")
         settle(page)
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 420, (view, width)
+        # nothing in the view is cut off: what is wider scrolls inside its own box, where the
+        # notes above it stay whole (the whole view scrolled sideways, or a matrix panel was cut)
+        inside = page.evaluate(f"() => document.getElementById('bs-{view}-view').scrollWidth")
+        assert inside <= 420 - 18, (view, inside)
         if view == "head":  # both token columns in view: the band between them narrows (it ran off the edge)
             right = page.eval_on_selector_all("#bs-head-view .bs-tok.bs-right",
                                               "els => Math.max(...els.map(e => e.getBoundingClientRect().right))")
+            assert right <= 420, right
+        if view in ("model", "qk"):  # the table scrolls sideways; its row names stay in view
+            box = f"#bs-{view}-view .bs-xscroll"
+            assert page.eval_on_selector(box, "e => e.scrollWidth > e.clientWidth")
+            page.eval_on_selector(box, "e => { e.scrollLeft = 300; }")
+            name = page.eval_on_selector(f"{box} tr:nth-child(2) > :first-child", "e => e.getBoundingClientRect().left")
+            assert 0 <= name <= 30, (view, name)
+        if view == "matrix":  # the readout under the map is whole
+            right = page.eval_on_selector("#bs-matrix-view .bs-mreadout", "e => e.getBoundingClientRect().right")
             assert right <= 420, right
     assert page.evaluate("() => getComputedStyle(document.getElementById('bs-controls')).position") == "static"
     page.screenshot(path=str(artifact("narrow-qk-view.png")), full_page=True)

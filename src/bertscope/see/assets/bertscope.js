@@ -1234,7 +1234,7 @@
     hr.appendChild(el("th"));
     for (const col of cols) hr.appendChild(el("th", "", col.header));
     table.appendChild(hr);
-    root.appendChild(table);
+    root.appendChild(el("div", "bs-xscroll")).appendChild(table);  // on a narrow screen it scrolls sideways, not the view
     const textsNeeded = diverging ? [0, 1] : [which];
     const thumbs = [];
     let leftOut = null;  // A − B: the words without a counterpart (the same in every thumbnail)
@@ -1456,7 +1456,7 @@
     const hr = document.createElement("tr");
     for (const h of ["key", "k", "q ⊙ k", "q·k", "÷√D", "mask", "softmax", "weight · v"]) hr.appendChild(el("th", "", h));
     table.appendChild(hr);
-    root.appendChild(table);
+    root.appendChild(el("div", "bs-xscroll")).appendChild(table);  // on a narrow screen it scrolls sideways, not the view
     let top = s;
     for (let j = s; j < e; j++) if (weight[j] > weight[top]) top = j;
     const slice = slicer();

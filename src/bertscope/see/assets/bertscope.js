@@ -1948,7 +1948,8 @@
         if (isAbort(err)) return;  // a newer request replaced this one
         status.textContent = "";
         setProgress("");
-        showError(String(err.message || err));
+        // the text in the box is not the one drawn: say so, or the picture passes for it
+        showError(String(err.message || err) + (meta ? " (Below: the last text analysed, not this one.)" : ""));
         document.documentElement.dataset.ready = "error";
       }
     });

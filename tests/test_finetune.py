@@ -142,6 +142,70 @@ def test_predict_moves_its_progress_every_few_long_texts(trained, tmp_path):
     assert seen == [1024, 476]
 
 
+def _long_reviews(path: Path, n: int = 60) -> Path:
+    """n reviews of about 2,100 characters: a predict chunk ends past 50,000, so 24 per chunk."""
+    rows = sentiment_rows(n, seed=7)
+    return write_jsonl(path, [{"text": ((r["text"] + ". ") * 200)[:2100]} for r in rows])
+
+
+def test_predict_resumes_after_a_kill_and_writes_what_an_unstopped_run_writes(trained, tmp_path, capsys):
+    """predict kept its rows in memory and wrote at the end: a kill near the end of a large
+    input lost every row. The rows now go to FILE.partial chunk by chunk."""
+    out, _ = trained
+    inp = _long_reviews(tmp_path / "in.jsonl")
+    whole, cut = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    assert main(["predict", str(out), str(inp), "--json", "--out", str(whole), "--quiet"]) == 0
+    assert not Path(f"{whole}.partial").exists()  # a finished run leaves its output alone
+    killed = _run_cli(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet"],
+                      {"BERTSCOPE_PREDICT_KILL_AFTER_CHUNKS": "2"})
+    assert killed.returncode == -9, killed.stderr
+    partial = Path(f"{cut}.partial")
+    assert not cut.exists() and partial.is_file()
+    with partial.open("a") as f:  # a row cut off by the kill, after the second chunk's mark
+        f.write('{"line": 49, "status": "ok", "lab')
+    capsys.readouterr()
+    # the same command again without --resume: refused, nothing dropped
+    assert main(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet"]) == 2
+    assert "holds an unfinished predict run (48 of 60 records done); pass --resume" in capsys.readouterr().err
+    assert main(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet", "--resume"]) == 0
+    assert capsys.readouterr().err.startswith(f"bertscope: resuming at record 49 of 60 (48 done in {partial})")
+    assert cut.read_bytes() == whole.read_bytes() and not partial.exists()
+    rows = [json.loads(x) for x in cut.read_text().splitlines()]
+    probs = bertscope.load(out).classify([json.loads(x)["text"] for x in inp.read_text().splitlines()])
+    assert [r["line"] for r in rows] == list(range(1, 61))
+    assert max(abs(r["probs"]["pos"] - float(p[1])) for r, p in zip(rows, probs)) <= TOL
+
+
+def test_predict_resume_refuses_another_input_or_setting_and_ctrl_c_says_resume(trained, tmp_path, capsys,
+                                                                                monkeypatch):
+    from bertscope.train.progressfile import RunProgress
+
+    out, _ = trained
+    inp = _long_reviews(tmp_path / "in.jsonl")
+    pred = tmp_path / "pred.tsv"
+    add = RunProgress.add
+
+    def stop_after_one(self, rows):
+        add(self, rows)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunProgress, "add", stop_after_one)
+    args = ["predict", str(out), str(inp), "--out", str(pred), "--quiet"]
+    assert main(args) == 130
+    assert capsys.readouterr().err == ("bertscope: interrupted; rerun the same command with --resume to "
+                                       "finish\n")
+    monkeypatch.setattr(RunProgress, "add", add)
+    assert main(args + ["--resume", "--max-length", "16"]) == 2
+    assert capsys.readouterr().err == (f"bertscope: error: cannot resume: max-length was 32 when the run began, "
+                                       f"now 16; delete {pred}.partial to start over\n")
+    inp.write_text(inp.read_text() + json.dumps({"text": "one more"}) + "\n")
+    assert main(args + ["--resume"]) == 2
+    assert "cannot resume: INPUT " in capsys.readouterr().err
+    assert Path(f"{pred}.partial").is_file() and not pred.exists()  # the rows are kept
+    assert main(["predict", str(out), str(inp), "--resume", "--quiet"]) == 2
+    assert "--resume needs --out" in capsys.readouterr().err
+
+
 def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys):
     """A blank line of a text file is a record with status "empty", as `embed` gives it, so the
     output's rows line up with the input's lines; a file whose every non-blank line fails is

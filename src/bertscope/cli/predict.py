@@ -28,10 +28,19 @@ nothing), INPUT is refused: the wrong --text-field, or the wrong file. A file of
 gives rows of status empty; an empty file, the header alone. With --out, stderr counts the
 predictions written and the records without one.
 
+With --out, the rows are kept on disk as they are computed, in FILE.partial (every 1,024
+records or 50,000 characters), so a run stopped by Ctrl-C, a kill or a crash loses at most the
+chunk it was in: the same command with --resume goes on from there and writes the FILE a run
+that never stopped would have written. It refuses when INPUT, the model's files or a setting
+that changes a row (--max-length, --text-field, --text-pair-field) differ from the run's; a run
+without --resume refuses to start over a FILE.partial that holds rows. FILE.partial goes when
+FILE is written.
+
 examples:
   bertscope predict sentiment/ reviews.txt
   bertscope predict sentiment/ reviews.jsonl --text-field body --json --out predictions.jsonl
   bertscope predict nli/ pairs.tsv --text-field premise --text-pair-field hypothesis
+  bertscope predict sentiment/ big.jsonl --out big.tsv --resume    # after an interruption
 """
 
 
@@ -53,8 +62,18 @@ def register(sub) -> None:
                         "the model's positions (512 for BERT); default: the length the model was fine-tuned at")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="real tokens per batch (default: 2048 on CPU, 16384 on a GPU)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish the run whose rows FILE.partial holds (needs --out); without one, start")
     add_progress_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, resumable=_resumable)
+
+
+def _resumable(args: argparse.Namespace) -> bool:
+    """Whether a stopped run left rows for --resume (none before its first chunk)."""
+    from ..train.progressfile import peek
+
+    done = peek(args.out) if args.out else None
+    return bool(done and done[0])
 
 
 CHUNK = 1024  # records classified per progress update, at most
@@ -77,14 +96,16 @@ def _chunks(records):
 
 
 def predictions(bert, records, *, max_length: int | None = None, batch_tokens: int | None = None,
-                progress=None) -> list[dict]:
-    """One dict per record, in order: line, status, label and probs (None for a bad record)."""
+                progress=None, on_chunk=None) -> list[dict]:
+    """One dict per record, in order: line, status, label and probs (None for a bad record).
+    ``on_chunk(rows)`` gets each chunk's rows as it is done (to keep them on disk)."""
     from ..core.tokenizer import tokenless
 
     labels = bert.labels
     limit = bert.max_seq_length if max_length is None else max_length
     rows: list[dict] = []
     for chunk in _chunks(records):
+        first = len(rows)
         good = [r for r in chunk if r.status == "ok"]
         pairs = [r.pair or "" for r in good] if any(r.pair is not None for r in good) else None
         ids, types, cut = bert.tokenizer.encode_segments([r.text for r in good], pairs, max_length=limit)
@@ -104,6 +125,8 @@ def predictions(bert, records, *, max_length: int | None = None, batch_tokens: i
             rows.append({"line": r.line, "status": "truncated" if cut[k] else "ok",
                          "label": labels[int(p.argmax())], "probs": {n: float(v) for n, v in zip(labels, p)}})
             k += 1
+        if on_chunk is not None:
+            on_chunk(rows[first:])
         if progress is not None:
             progress(len(chunk))
     return rows
@@ -169,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.input).is_file():
         raise InputError(why_not_a_file(args.input))
+    if args.resume and args.out is None:
+        raise InputError("--resume needs --out: a run to standard output keeps no rows to resume from")
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise InputError(f"--batch-tokens must be at least 1, not {args.batch_tokens}")
     out = check_output_file(args.out) if args.out is not None else None
@@ -233,16 +258,39 @@ def run(args: argparse.Namespace) -> int:
               "--text-pair-field and a .jsonl, .csv or .tsv input that has the pair in a field", file=sys.stderr)
     from tqdm import tqdm
 
-    with tqdm(total=len(records), unit="text", file=sys.stderr, disable=not progress_enabled(args), dynamic_ncols=True,
-              desc="predict") as bar:
-        rows = predictions(bert, records, max_length=args.max_length, batch_tokens=args.batch_tokens,
-                           progress=bar.update)
-    text = render(rows, bert.labels, args.json)
-    if out is None:
-        sys.stdout.write(text)
-    else:
-        with writing(out):
-            write_text_atomic(out, text)
+    kept = None  # the rows on disk as they are done (--out): what --resume goes on from
+    if out is not None:
+        from ..train.progressfile import RunProgress, describe_run
+
+        settings = {"max_length": args.max_length if args.max_length is not None else bert.max_seq_length,
+                    "text_field": args.text_field if file_format(args.input, lines_ok=True) != "lines" else None,
+                    "text_pair_field": args.text_pair_field}
+        with writing(f"{out}.partial"):
+            kept = RunProgress(out, describe_run(args.input, len(records), bert.path, settings), resume=args.resume)
+        kept.check_rows([r.line for r in records])
+        if kept.rows:
+            print(f"bertscope: resuming at record {len(kept.rows) + 1:,} of {len(records):,} "
+                  f"({len(kept.rows):,} done in {kept.path})", file=sys.stderr)
+        elif args.resume:
+            print(f"bertscope: no rows to resume from beside {out}: starting", file=sys.stderr)
+    try:
+        done = kept.rows if kept is not None else []
+        with tqdm(total=len(records), initial=len(done), unit="text", file=sys.stderr,
+                  disable=not progress_enabled(args), dynamic_ncols=True, desc="predict") as bar:
+            with writing(f"{out}.partial"):
+                rows = list(done) + predictions(bert, records[len(done):], max_length=args.max_length,
+                                                batch_tokens=args.batch_tokens, progress=bar.update,
+                                                on_chunk=kept.add if kept is not None else None)
+        text = render(rows, bert.labels, args.json)
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            with writing(out):
+                write_text_atomic(out, text)
+            kept.finish()
+    finally:
+        if kept is not None:
+            kept.close()
     bad: dict[str, list[int]] = {}
     for r in rows:
         if r["status"] != "ok":

@@ -119,3 +119,38 @@ def test_vocab_txt_only_tokenizes_like_tokenizer_json(tmp_path, bundled_path, st
     other = bertscope.load(folder)
     texts = ["The animal didn't cross the street", "Ünïcödé façade, naïve café!"]
     assert torch.equal(other.encode(texts).input_ids, bert.encode(texts).input_ids)
+
+
+def test_a_checkpoint_saved_without_the_pooler_loads_as_hf_loads_it(tmp_path, bundled_path, caplog):
+    """HF's BertForMaskedLM (and BertModel(add_pooling_layer=False)) save no pooler weights:
+    bertscope refused such a folder ("missing weight 'pooler.dense.weight'"), which HF loads."""
+    import logging
+
+    import transformers
+
+    from bertscope.core.classifier import BertForSequenceClassification
+
+    folder = tmp_path / "mlm"
+    transformers.BertForMaskedLM.from_pretrained(str(bundled_path)).save_pretrained(str(folder))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(bundled_path / name, folder / name)
+    assert not any(k.startswith("bert.pooler") for k in load_file(str(folder / "model.safetensors")))
+    with caplog.at_level(logging.WARNING, logger="bertscope"):
+        mlm = bertscope.load(folder)
+    assert "has no pooler weights" in caplog.text
+    hf = transformers.BertModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    b = mlm.encode(["The animal didn't cross the street because it was too tired.", "A short one."])
+    with torch.no_grad():
+        ref = hf(input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids,
+                 output_attentions=True)
+        ours = mlm.model(b.input_ids, b.attention_mask, b.token_type_ids, output_attentions=True)
+        packed = mlm(b.input_ids, b.attention_mask, b.token_type_ids)  # the fast path too
+    real = b.attention_mask.bool()
+    assert (ours.last_hidden_state - ref.last_hidden_state)[real].abs().max() <= 1e-5
+    assert max((a - r).abs().max() for a, r in zip(ours.attentions, ref.attentions)) <= 1e-5
+    assert (packed.last_hidden_state - ref.last_hidden_state)[real].abs().max() <= 1e-5
+    assert ours.pooler_output is None and packed.pooler_output is None
+    # a classifier on it gets a new pooler, as HF's does, and runs
+    clf = BertForSequenceClassification(mlm.config, 2, encoder=mlm.model)
+    assert clf.bert.pooler is not None
+    assert clf(b.input_ids, b.attention_mask, b.token_type_ids).logits.shape == (2, 2)

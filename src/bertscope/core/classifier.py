@@ -19,6 +19,7 @@ For gradient attributions the head can be reached from three places: :meth:`forw
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +28,10 @@ from torch import nn
 
 from ..errors import InputError
 from .config import BertConfig, ConfigError
-from .model import BertModel
+from .model import BertModel, BertPooler
 from .outputs import BertOutput
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ARCHITECTURE", "BertForSequenceClassification", "ClassifierOutput"]
 
@@ -110,6 +113,14 @@ class BertForSequenceClassification(nn.Module):
         self.id2label = {int(i): str(name) for i, name in sorted(id2label.items())}
         self.classifier_dropout = classifier_dropout
         self.bert = encoder if encoder is not None else BertModel(config)
+        if self.bert.pooler is None:  # an encoder saved without one: a new pooler, trained with the head
+            log.warning("the encoder has no pooler weights: the classifier's pooler starts from random "
+                        "numbers (as HF's does) and is trained with the head")
+            self.bert.pooler = BertPooler(config)
+            nn.init.normal_(self.bert.pooler.dense.weight, mean=0.0, std=0.02)
+            nn.init.zeros_(self.bert.pooler.dense.bias)
+            like = next(self.bert.parameters())
+            self.bert.pooler.to(device=like.device, dtype=like.dtype)
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, num_labels)  # (K, C)
         nn.init.normal_(self.classifier.weight, mean=0.0, std=0.02)

@@ -295,7 +295,7 @@ class BertModel(nn.Module):
                 scores.append(rec.scores)  # (B, H, T, T)
         return BertOutput(
             last_hidden_state=x,
-            pooler_output=self.pooler(x),
+            pooler_output=self.pooler(x) if self.pooler is not None else None,  # None: saved without one
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if output_attentions else None,
             scores=tuple(scores) if output_attentions else None,

@@ -18,7 +18,8 @@ class BertOutput:
     """What :class:`bertscope.core.model.BertModel` returns.
 
     last_hidden_state: (B, T, C) the last layer's output.
-    pooler_output:     (B, C) tanh(W·h_[CLS] + b), BERT's pooler.
+    pooler_output:     (B, C) tanh(W·h_[CLS] + b), BERT's pooler; None for a checkpoint saved
+                       without one (HF's BertForMaskedLM).
     hidden_states:     N + 1 tensors of (B, T, C): the embeddings, then each layer's output;
                        None unless asked for.
     attentions:        N tensors of (B, H, T, T): each layer's attention probabilities;
@@ -30,7 +31,7 @@ class BertOutput:
     """
 
     last_hidden_state: torch.Tensor
-    pooler_output: torch.Tensor
+    pooler_output: torch.Tensor | None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     scores: tuple[torch.Tensor, ...] | None = None

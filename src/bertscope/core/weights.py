@@ -10,7 +10,9 @@ Both key layouts found in the wild load: bare (``encoder.layer.0...``, as saved 
 ``BertModel``) and prefixed (``bert.encoder.layer.0...``, as saved by ``BertForPreTraining``
 and task models). In a prefixed checkpoint, the task heads outside ``bert.`` (``cls.*``,
 ``classifier.*``, ``qa_outputs.*``) are not part of the encoder and are set aside with a log
-line; anything else unexpected is an error.
+line; anything else unexpected is an error. A checkpoint saved without BERT's pooler (HF's
+``BertForMaskedLM``, ``BertModel(add_pooling_layer=False)``) loads without one (a warning in the
+log; ``pooler_output`` is None), where HF fills it with random numbers.
 
 A sequence classifier (:class:`~bertscope.core.classifier.BertForSequenceClassification`,
 whose parameters are ``bert.*`` and ``classifier.*``) loads strictly too: its encoder through
@@ -29,7 +31,7 @@ import torch
 from ..errors import CheckpointError
 
 __all__ = ["CLASSIFIER_KEYS", "NAME_MAP", "convert_classifier_state_dict", "convert_state_dict", "count_non_finite",
-           "load_state_dict_file", "load_weights", "to_checkpoint_name", "to_hf_state_dict"]
+           "load_state_dict_file", "load_weights", "to_checkpoint_name", "to_hf_state_dict", "POOLER_KEYS"]
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +114,17 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path} could not be read as model weights ({type(e).__name__}: {e})") from None
 
 
+POOLER_KEYS = ("pooler.dense.weight", "pooler.dense.bias")
+
+
 def convert_state_dict(
-    checkpoint: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+    checkpoint: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *, pooler_optional: bool = False
 ) -> dict[str, torch.Tensor]:
     """Rename a checkpoint's weights to bertscope's names and check them against ``expected``.
 
-    Raises CheckpointError naming the first missing, unexpected or mis-shaped key.
+    Raises CheckpointError naming the first missing, unexpected or mis-shaped key. With
+    ``pooler_optional``, a checkpoint without both pooler weights (saved from HF's
+    ``BertForMaskedLM``, or ``BertModel(add_pooling_layer=False)``) converts without them.
     """
     prefixed = any(k.startswith("bert.") for k in checkpoint)
     converted: dict[str, torch.Tensor] = {}
@@ -148,6 +155,8 @@ def convert_state_dict(
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise CheckpointError(f"unexpected weight {unexpected[0]!r} in checkpoint{more}")
     missing = [k for k in expected if k not in converted]
+    if pooler_optional and sorted(missing) == sorted(POOLER_KEYS):
+        missing = []
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(
@@ -206,7 +215,14 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     if all(k in expected for k in CLASSIFIER_KEYS):
         converted = convert_classifier_state_dict(checkpoint, expected)
     else:
-        converted = convert_state_dict(checkpoint, expected)
+        converted = convert_state_dict(checkpoint, expected, pooler_optional=True)
+        if not any(k in converted for k in POOLER_KEYS) and getattr(model, "pooler", None) is not None:
+            # what HF fills with random numbers (and warns about), bertscope leaves out: the
+            # attention, the embeddings and the tools never use the pooler
+            log.warning("%s has no pooler weights (saved without BERT's pooling layer, as HF's BertForMaskedLM "
+                        "does): the model has no pooler, and its pooler_output is None", path)
+            model.pooler = None
+            expected = model.state_dict()
     with torch.no_grad():
         for name, tensor in converted.items():
             expected[name].copy_(tensor.to(expected[name].dtype))

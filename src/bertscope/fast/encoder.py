@@ -153,7 +153,7 @@ class PackedEncoder:
         B = input_ids.shape[0]
         packed = pack(input_ids, attention_mask, token_type_ids)  # (N,) real tokens only
         x = unpack(self.encode(model, packed), packed, B)  # (N, C) -> (B, T, C)
-        return BertOutput(last_hidden_state=x, pooler_output=model.pooler(x))
+        return BertOutput(last_hidden_state=x, pooler_output=model.pooler(x) if model.pooler is not None else None)
 
     def classify(self, model, packed: PackedBatch) -> torch.Tensor:
         """A sequence classifier's logits on packed tokens: (N,) ids -> (B, K), in packed order.

@@ -154,3 +154,24 @@ def test_a_checkpoint_saved_without_the_pooler_loads_as_hf_loads_it(tmp_path, bu
     clf = BertForSequenceClassification(mlm.config, 2, encoder=mlm.model)
     assert clf.bert.pooler is not None
     assert clf(b.input_ids, b.attention_mask, b.token_type_ids).logits.shape == (2, 2)
+
+
+@pytest.mark.parametrize("settings,text", [
+    ({"do_lower_case": True, "strip_accents": False}, "Héllo Café NAÏVE"),
+    ({"do_lower_case": False, "strip_accents": True}, "Héllo Café NAÏVE"),
+    ({"do_lower_case": True, "tokenize_chinese_chars": False}, "日本語 and 漢字"),
+])
+def test_a_vocab_txt_folder_tokenizes_as_hf_reads_its_tokenizer_config(tmp_path, bundled_path, state, settings,
+                                                                       text):
+    """Only do_lower_case was read: strip_accents and tokenize_chinese_chars were ignored, and
+    the ids differed from HF's for the same folder."""
+    import json
+
+    import transformers
+
+    folder = copy_checkpoint(bundled_path, tmp_path / "vocab_only", state)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    ours = bertscope.load(folder).encode([text]).input_ids[0].tolist()
+    hf = transformers.BertTokenizer(str(folder / "vocab.txt"), **settings)(text)["input_ids"]
+    assert ours == hf

@@ -204,9 +204,12 @@ class BertTokenizer:
                 if lower is None:
                     norm = json.loads(tj.read_text(encoding="utf-8")).get("normalizer") or {}
                     lower = bool(norm.get("lowercase", True))
-            elif vt.is_file():
+            elif vt.is_file():  # tokenizer_config.json's settings, as HF's BertTokenizer reads them
                 lower = True if lower is None else lower
-                tok = BertWordPieceTokenizer(str(vt), lowercase=lower)._tokenizer
+                strip = _read_tokenizer_setting(folder, "strip_accents")  # None: as lowercase does
+                chinese = _read_tokenizer_setting(folder, "tokenize_chinese_chars")
+                tok = BertWordPieceTokenizer(str(vt), lowercase=lower, strip_accents=strip,
+                                             handle_chinese_chars=True if chinese is None else chinese)._tokenizer
             else:
                 raise CheckpointError(f"{folder} has neither tokenizer.json nor vocab.txt")
         except CheckpointError:
@@ -334,11 +337,16 @@ class BertTokenizer:
 
 
 def _read_do_lower_case(folder: Path) -> bool | None:
+    return _read_tokenizer_setting(folder, "do_lower_case")
+
+
+def _read_tokenizer_setting(folder: Path, name: str) -> bool | None:
+    """A true/false setting of tokenizer_config.json; None when it is absent (or not a bool)."""
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
         try:
-            value = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
-        except (OSError, ValueError):
+            value = json.loads(cfg.read_text(encoding="utf-8")).get(name)
+        except (OSError, ValueError, AttributeError):
             return None
         if isinstance(value, bool):
             return value

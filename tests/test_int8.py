@@ -623,6 +623,15 @@ def test_int8_under_autograd_is_the_exact_fp32_model(bert, int8):
     assert out.requires_grad and (out.detach() - ref)[real].abs().max() < 1e-5
 
 
+def test_gradient_explanations_of_an_int8_load_are_the_fp32_models_both_texts_included(bert, int8):
+    """explain(..., text_b=B) took B's embedding from int8's packed path and A's gradients from
+    the fp32 reference: two precisions in one number."""
+    for method in ("grad-input", "integrated-gradients"):
+        ref = bertscope.explain(bert, IT, method, text_b="A tired dog")
+        got = bertscope.explain(int8, IT, method, text_b="A tired dog")
+        np.testing.assert_array_equal(got.maps, ref.maps, err_msg=method)
+
+
 def test_loading_int8_twice_gives_identical_outputs(bundled_path):
     """Two loads, one after the other, read the same cached kernel choice and calibrate alike:
     the same bits. (Compared with the module's int8 model, loaded earlier, this failed twice in

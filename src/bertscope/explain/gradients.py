@@ -64,8 +64,17 @@ class Target:
 
 
 def similarity_target(bert: Bert, text_b: str) -> Target:
-    """F = cos(mean-pooled last hidden state, embedding of ``text_b``), text_b's embedding fixed."""
-    other = torch.from_numpy(bert.embed([text_b])[0]).to(bert.device)  # (C,), unit length
+    """F = cos(mean-pooled last hidden state, embedding of ``text_b``), text_b's embedding fixed.
+
+    text_b's embedding is ``bert.embed``'s (cut at ``max_seq_length``), computed by the fp32
+    reference encoder: under ``precision="int8"`` or ``"bf16"`` both texts are in fp32, as the
+    gradients are."""
+    b = bert.encode([text_b], max_length=bert.max_seq_length)  # (1, T): as embed cuts it (and warns)
+    dev = bert.device
+    with torch.no_grad(), evaluating(bert.encoder):
+        hidden = bert.encoder(b.input_ids.to(dev), b.attention_mask.to(dev),
+                              b.token_type_ids.to(dev)).last_hidden_state  # (1, T, C)
+    other = torch.nn.functional.normalize(masked_mean(hidden.float(), b.attention_mask.to(dev))[0], dim=0)  # (C,)
 
     def score(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         pooled = masked_mean(hidden, mask)  # (K, C)

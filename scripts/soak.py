@@ -284,7 +284,7 @@ def embed_markdown(r: dict, command: str, machine: str, when: str) -> str:
 
 {verdict}. `bertscope embed` on {r['lines']:,} lines ({r['shard_rows']} lines per shard; empty,
 undecodable and over-long lines included) was killed with SIGKILL {r['kills']} times, at random
-moments from its start-up (model loading takes {r['startup_s']} s) to well into its work (an
+moments from its start-up (a one-line run, start to exit, takes {r['startup_s']} s) to well into its work (an
 uninterrupted run takes {r['reference_s']} s), each time resumed with `--resume`, then run to
 the end.
 

@@ -54,8 +54,8 @@ weights, precision (the one that ran: int8 or bf16 fall back to fp32 where slowe
 input (files, kind, rows, first_lines), status_counts (ok and each status), problems (status ->
 line numbers, across files), shards (file, shard, rows, first_line, sha256 of its input lines,
 file_bytes, file_sha256, run), runs (run, engine, started, precision_asked) and rows_note.
-_job.json and _runs.json hold the job's settings and runs while it runs; _staging/ its finished
-shards.
+_job.json and _runs.json hold the job's settings and runs (they stay when it is done: --resume
+reads them); _staging/ holds its finished shards until the end.
 
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
 writes the same OUTPUT (a job can be resumed by either engine). Without --address Ray starts on

@@ -29,7 +29,7 @@ written atomically every --save-every steps and at each epoch end; after an inte
 command with --resume continues exactly where it stopped. Each epoch's line (and its row in
 metrics.json) gives the training tokens per second without a process's first step, its warm-up
 (first allocations, kernel plans), whose seconds and tokens are in warmup_seconds and
-warmup_tokens.
+warmup_tokens (an epoch of that one step alone gives its rate).
 
 examples:
   bertscope finetune train.csv --dev dev.csv --out sentiment/

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 from torch import nn
 
@@ -259,3 +262,21 @@ def test_to_key_padding_mask_refuses_values_neither_convention_has():
     with pytest.raises(InputError, match="only 1 \\(token\\) and 0 \\(PAD\\)"):
         to_key_padding_mask(torch.tensor([[1, 2, 0]]))
     assert to_key_padding_mask(torch.tensor([[1, 1, 0]])).tolist() == [[False, False, True]]
+
+
+def test_attention_reference_names_the_argument_that_does_not_fit():
+    """A wrong bias shape raised torch's "The size of tensor a (5) must match ..." from inside
+    the addition; now one line naming bias and the shape it must broadcast to."""
+    from bertscope.errors import InputError
+
+    q = torch.randn(2, 3, 5, 4)
+    with pytest.raises(InputError, match=re.escape("bias must broadcast to the scores' (B, H, T, S) = (2, 3, 5, 5)")):
+        attention_reference(q, q, q, torch.zeros(2, 5))
+    with pytest.raises(InputError, match="q, k and v must be"):
+        attention_reference(q, q[:, :, :3], q)
+    with pytest.raises(InputError, match=re.escape("q must be (B, H, T, D), got shape (3, 5, 4)")):
+        attention_reference(q[0], q, q)
+    # keys and values may be fewer or more than the queries (S != T), and bias (B, 1, 1, S) fits
+    k = torch.randn(2, 3, 7, 4)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=torch.zeros(2, 1, 1, 7))
+    assert torch.allclose(attention_reference(q, k, k, torch.zeros(2, 1, 1, 7))[0], ref, atol=1e-6)

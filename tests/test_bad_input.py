@@ -895,3 +895,14 @@ def test_a_classifier_reads_one_token_of_each_text_at_least(bert):
         assert clf.classify(["hello world"], pairs=["a black cat"], max_length=5).shape == (1, 2)
     with pytest.raises(InputError, match="text 2 has no tokens"):  # the rule itself still holds
         _tiny_classifier(bert).classify(["hello world", "\u200b"])
+
+
+def test_inputs_embeds_of_another_dtype_than_the_weights_is_one_line(bert):
+    """float64 embeddings raised torch's "mixed dtype (CPU)" from inside the LayerNorm."""
+    E = torch.randn(1, 4, bert.config.hidden_size, dtype=torch.float64)
+    for call in (lambda: bert(None, inputs_embeds=E), lambda: bert.model(None, inputs_embeds=E)):
+        with pytest.raises(InputError, match=re.escape("inputs_embeds must be torch.float32, as the model's "
+                                                       "weights are, got torch.float64")):
+            call()
+    out = bert.model(None, inputs_embeds=E.float())  # the cast it names works
+    assert out.last_hidden_state.shape == (1, 4, bert.config.hidden_size)

@@ -242,6 +242,21 @@ def test_a_model_loaded_in_inference_mode_refuses_the_gradient_methods_in_one_li
                                                        "its weights are inference tensors")):
             bertscope.explain(frozen, IT_ANIMAL, method, text_b=TEXT_B)
     assert bertscope.explain(frozen, IT_ANIMAL, "alti").maps.shape[0] == frozen.config.num_hidden_layers
+    # a plain forward outside inference mode raised that same error, on either path: it has no
+    # gradient to compute, so it gives the numbers of an ordinary load
+    b = frozen.encode([IT_ANIMAL, TEXT_B])
+    ref = bertscope.load(bundled_path)
+    with torch.no_grad():
+        want = ref.model(b.input_ids, b.attention_mask, output_attentions=True)
+    got = frozen.model(b.input_ids, b.attention_mask, output_attentions=True)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+    assert all(torch.equal(g, w) for g, w in zip(got.attentions, want.attentions))
+    real = b.attention_mask.bool()
+    fast = frozen(b.input_ids, b.attention_mask).last_hidden_state
+    assert (fast - want.last_hidden_state)[real].abs().max() <= 1e-5 and not fast.requires_grad
+    embeds = frozen.encoder.embeddings.word_embeddings(b.input_ids).clone().requires_grad_()
+    with pytest.raises(InputError, match=re.escape("this model was loaded inside torch.inference_mode()")):
+        frozen.model(None, b.attention_mask, inputs_embeds=embeds)  # a gradient asked for: refused in one line
 
 
 # --- properties: PAD, padding, the packed path -------------------------------------------------

@@ -174,6 +174,9 @@ class Bert:
         args = tuple(None if t is None else t.to(dev) for t in (input_ids, attention_mask, token_type_ids))
         if any(v is not None and v is not False for v in kwargs.values()):
             return self.encoder(*args, **kwargs)
+        if torch.is_grad_enabled() and self.encoder.embeddings.word_embeddings.weight.is_inference():
+            with torch.no_grad():  # weights loaded in inference mode: no gradient to compute (see BertModel)
+                return self.fast.forward(self.encoder, *args)
         return self.fast.forward(self.encoder, *args)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,

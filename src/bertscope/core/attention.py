@@ -70,6 +70,7 @@ def attention_reference(
     Returns:
         context (B, H, T, D) and the :class:`AttentionRecord` of scores and probabilities.
     """
+    _check_qkv(q, k, v, bias)
     d = q.shape[-1]
     # [3] S3: every query against every key, scaled by 1/sqrt(D) so the softmax is not saturated.
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)  # (B, H, T, D)@(B, H, D, T) -> (B, H, T, T)
@@ -82,6 +83,31 @@ def attention_reference(
     # [3] S7: the context is the probability-weighted sum of the values.
     context = torch.matmul(dropped, v)  # (B, H, T, T)@(B, H, T, D) -> (B, H, T, D)
     return context, AttentionRecord(scores=scores, probs=probs)
+
+
+def _check_qkv(q: object, k: object, v: object, bias: object) -> None:
+    """One line naming the argument when q, k, v or bias do not fit each other (rather than
+    torch's error from inside a matmul). Shapes only: no tensor is read."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        if x is None and name == "bias":
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{name} must be a torch tensor, got {type(x).__name__}")
+        if name != "bias" and x.dim() != 4:
+            raise InputError(f"{name} must be (B, H, T, D), got shape {tuple(x.shape)}")
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    if k.shape != (B, H, S, D) or v.shape[:3] != (B, H, S):
+        raise InputError(f"q, k and v must be (B, H, T, D), (B, H, S, D) and (B, H, S, Dv) with the same B, H "
+                         f"and S, got {tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
+    if bias is not None:
+        try:
+            fits = torch.broadcast_shapes(bias.shape, (B, H, T, S)) == (B, H, T, S)
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise InputError(f"bias must broadcast to the scores' (B, H, T, S) = {(B, H, T, S)}, e.g. (B, 1, 1, S) "
+                             f"from bertscope.core.masks.mask_to_bias; got shape {tuple(bias.shape)}")
 
 
 class MultiHeadSelfAttention(nn.Module):

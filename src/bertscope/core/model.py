@@ -161,6 +161,11 @@ def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: in
             raise InputError(f"{what}[{i}] holds ids {lo}..{hi}; they must lie in 0..{V - 1} ({name})")
 
 
+INFERENCE_WEIGHTS = ("this model was loaded inside torch.inference_mode(): its weights are inference tensors, "
+                     "which no gradient can pass through; load it outside inference mode (torch.no_grad() is "
+                     "fine) to take gradients")
+
+
 def check_inputs(config: BertConfig, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                  token_type_ids: torch.Tensor | None, head_mask: torch.Tensor | None = None, *,
                  inputs_embeds: torch.Tensor | None = None) -> None:
@@ -271,6 +276,19 @@ class BertModel(nn.Module):
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids, head_mask,
                      inputs_embeds=inputs_embeds)
+        table = self.embeddings.word_embeddings.weight
+        if inputs_embeds is not None and inputs_embeds.dtype != table.dtype:  # else torch's "mixed dtype (CPU)"
+            raise InputError(f"inputs_embeds must be {table.dtype}, as the model's weights are, got "
+                             f"{inputs_embeds.dtype}: pass inputs_embeds.to({table.dtype})")
+        if torch.is_grad_enabled() and table.is_inference():
+            # weights made inside torch.inference_mode(): no gradient can pass through them, and
+            # autograd refuses to record them; without one to compute, the same numbers under no_grad
+            if inputs_embeds is not None and inputs_embeds.requires_grad:
+                raise InputError(INFERENCE_WEIGHTS)
+            with torch.no_grad():
+                return self.forward(input_ids, attention_mask, token_type_ids, output_attentions,
+                                    output_hidden_states, head_mask, output_intermediates=output_intermediates,
+                                    inputs_embeds=inputs_embeds)
         if token_type_ids is None:
             given = input_ids if inputs_embeds is None else inputs_embeds
             token_type_ids = torch.zeros(given.shape[:2], dtype=torch.long, device=given.device)  # (B, T)

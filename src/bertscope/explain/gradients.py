@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..bert import Bert
-from ..core.model import evaluating
+from ..core.model import INFERENCE_WEIGHTS, evaluating
 from ..errors import InputError, as_whole_number
 from ..fast.packing import masked_mean, pack, unpack
 
@@ -154,9 +154,7 @@ def embedding_function(bert: Bert, input_ids: torch.Tensor, attention_mask: torc
     if path not in ("padded", "packed"):
         raise ValueError(f"path must be 'padded' or 'packed', got {path!r}")
     if any(p.is_inference() for p in bert.model.parameters()):  # torch: "cannot be saved for backward"
-        raise InputError("this model was loaded inside torch.inference_mode(): its weights are inference "
-                         "tensors, which no gradient can pass through; load it outside inference mode "
-                         "(torch.no_grad() is fine) for the gradient methods")
+        raise InputError(INFERENCE_WEIGHTS + " (the gradient methods)")
     encoder = bert.encoder
     dev = bert.device
     ids, mask, types = input_ids.to(dev), attention_mask.to(dev), token_type_ids.to(dev)

@@ -906,3 +906,11 @@ def test_inputs_embeds_of_another_dtype_than_the_weights_is_one_line(bert):
             call()
     out = bert.model(None, inputs_embeds=E.float())  # the cast it names works
     assert out.last_hidden_state.shape == (1, 4, bert.config.hidden_size)
+
+
+def test_the_summary_says_when_the_weights_were_cast_after_loading(bert):
+    """After bert.model.to(torch.bfloat16) the summary still said "fp32"."""
+    assert "fp32 on cpu" in repr(bert)
+    cast = copy.deepcopy(bert)
+    cast.model.to(torch.bfloat16)
+    assert "bfloat16 weights on cpu" in repr(cast) and "fp32" not in repr(cast).split("path=")[0]

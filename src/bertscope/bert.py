@@ -122,7 +122,8 @@ class Bert:
     max_seq_length: int = 512  # sentence-transformers' limit for embed(), when the folder sets one
     name: str = field(default="")
     fast: PackedEncoder = field(default_factory=lambda: PackedEncoder(tune=True), repr=False)
-    precision: str = "fp32"  # what the packed path runs in (see the module doc)
+    precision: str = "fp32"  # what load() set the packed path to run in (see the module doc; a later
+    # bert.model.to(dtype) casts the weights, and the repr says so)
     precision_note: str = ""  # why a requested reduced precision is off, or what calibration decided
     precision_asked: str = "fp32"  # what load() was asked for (``precision`` is what runs)
     int8_plan: object = field(default=None, repr=False)  # bertscope.fast.quant.Int8Plan in int8 mode
@@ -130,8 +131,12 @@ class Bert:
     def __repr__(self) -> str:  # a summary: the module tree is bert.model
         c = self.config
         kind = f"classifier {self.labels}" if self.is_classifier else "encoder"
+        dtype = next(self.model.parameters()).dtype
+        runs = self.precision
+        if self.precision == "fp32" and dtype != torch.float32:  # bert.model.to(torch.bfloat16) after load
+            runs = f"{str(dtype).replace('torch.', '')} weights"
         return (f"Bert({self.name or 'BERT'!r}, {kind}, {c.num_hidden_layers} layers x {c.num_attention_heads} heads, "
-                f"hidden {c.hidden_size}, {self.precision} on {self.device}, path={str(self.path) if self.path else None!r})")
+                f"hidden {c.hidden_size}, {runs} on {self.device}, path={str(self.path) if self.path else None!r})")
 
     @property
     def device(self) -> torch.device:

@@ -321,6 +321,19 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     np.testing.assert_array_equal(padded.texts[1].attentions, b.attentions)
     one = bertscope.show(np.stack([x[0].numpy() for x in att]), toks_a)
     np.testing.assert_allclose(one.texts[0].attentions, a.attentions)
+    # padded on the left (padding_side="left"): the leading [PAD]s were kept as words, their
+    # meaningless rows drawn; they go as the trailing ones do, and B is the same text
+    tok.padding_side = "left"
+    left = tok([IT_ANIMAL, "Tokenization splits rare words"], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        att_l = hf_model(**left, output_attentions=True).attentions
+    toks_l = tok.convert_ids_to_tokens(left["input_ids"][1])
+    assert toks_l[0] == "[PAD]"
+    shown = bertscope.show(att_l, tok.convert_ids_to_tokens(left["input_ids"][0]), tokens_b=toks_l).texts[1]
+    assert shown.tokens == b.tokens and "[PAD]" not in shown.words
+    s0 = len(toks_l) - n_b  # (the positions differ from B's above: BERT numbers them from the padding)
+    np.testing.assert_allclose(shown.attentions, torch.stack([x[1, :, s0:, s0:] for x in att_l]).numpy(), atol=1e-6)
+    np.testing.assert_allclose(shown.attentions.sum(-1), 1.0, atol=1e-5)
 
 
 @pytest.mark.parametrize("attentions, tokens, kw, message", [

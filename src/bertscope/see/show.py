@@ -112,28 +112,34 @@ def _layers(attentions: Any) -> np.ndarray:
 PAD_TOKENS = ("[PAD]", "<pad>")  # BERT's, and RoBERTa's / T5's
 
 
-def _tokens(tokens: Any, what: str) -> list[str]:
+def _tokens(tokens: Any, what: str) -> tuple[int, list[str]]:
+    """(the position of the first token that is not padding, the tokens without the padding at
+    either end): a padded batch's tokens, padded on the right (BERT's) or the left."""
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise InputTypeError(f"{what} must be a list of token strings, got {type(tokens).__name__}")
     out = list(tokens)
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
-    while out and out[-1] in PAD_TOKENS:  # a padded batch's tokens: the padding goes with its rows
+    while out and out[-1] in PAD_TOKENS:  # the padding goes with its rows and columns
         out.pop()
-    if not out:
+    start = 0
+    while start < len(out) and out[start] in PAD_TOKENS:  # padding_side="left"
+        start += 1
+    if start == len(out):
         raise InputError(f"{what} is empty" if not tokens else f"{what} holds only padding")
-    return out
+    return start, out[start:]
 
 
-def _text(att: np.ndarray, tokens: list[str], what: str,
+def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
           tolerance: tuple[float, str] = (ROW_SUM_TOLERANCE, "")) -> ReportText:
-    """One batch item (N, H, T, T) and its U tokens -> a ReportText over the first U positions.
+    """One batch item (N, H, T, T) and (s, its U tokens) -> a ReportText over positions s..s+U-1.
     ``tolerance``: how far a row may sum from 1, and the input format that widened it (or "")."""
+    s0, tokens = tokens
     U, T = len(tokens), att.shape[-1]
-    if U > T:
-        raise InputError(f"{what} has {U} tokens but the attention maps are {T} x {T}")
-    a = att[:, :, :U, :U]  # (N, H, U, U): padding after the tokens dropped
+    if s0 + U > T:
+        raise InputError(f"{what} has {s0 + U} tokens but the attention maps are {T} x {T}")
+    a = att[:, :, s0:s0 + U, s0:s0 + U]  # (N, H, U, U): the padding before and after the tokens dropped
     if not np.isfinite(a).all():
         raise InputError(f"the attentions of {what} hold NaN or infinite values")
     if a.min() < -1e-6 or a.max() > 1 + 1e-6:
@@ -147,7 +153,7 @@ def _text(att: np.ndarray, tokens: list[str], what: str,
         raise InputError(
             f"in layer {l}, head {h}, the row of {what}[{i}] sums to {sums[l, h, i]:.4f} over the {U} "
             f"tokens given, not 1 (within {tol:.2g}{f' for {fmt} values' if fmt else ''}): the tokens "
-            f"must be the positions the attention covers (padding, if any, after them)")
+            f"must be the positions the attention covers (padding, if any, before or after them)")
     words, token_words, special = words_from_tokens(tokens)
     a32 = np.clip(a, 0, 1).astype(np.float32)
     text = " ".join(w for w, s in zip(words, [any(special[t] for t, x in enumerate(token_words) if x == k)
@@ -168,8 +174,9 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
         tokens: the token strings of the text, in order (e.g.
             ``tokenizer.convert_ids_to_tokens(ids)``): batch item 0, in a batch of one text (or
             of two, with ``tokens_b``; from a larger batch select one item, ``[a[i:i+1] for a in
-            attentions]``). Positions after them are dropped as padding, and so are trailing
-            ``[PAD]`` / ``<pad>`` tokens of the list itself.
+            attentions]``). Positions after them are dropped as padding, and so are
+            ``[PAD]`` / ``<pad>`` tokens at either end of the list itself (a batch padded on the
+            right, as BERT's tokenizers pad, or on the left) with their rows and columns.
         tokens_b: the tokens of batch item 1, to show a second text beside the first with their
             difference (the batch must then hold exactly two items).
 

@@ -106,3 +106,20 @@ def test_trace_counts_weights_of_w_o_not_rows(capsys):
     assert "12,288 weights of W_O (its 32 input rows x 384)" in out  # all-MiniLM-L6-v2: D = 32, C = 384
     assert main(["trace", "The cat sat", "--token", "cat", "--json"]) == 0
     assert _strict_loads(capsys.readouterr().out)["params"]["one_head_wo"] == 32 * 384
+
+
+def test_head_stats_raises_the_truncation_warning_the_other_tools_raise(bert):
+    """A cut text was only noted in the record's warnings: embed, encode and attend raise a
+    TruncationWarning (which a caller can filter, or turn into an error)."""
+    import warnings as w
+
+    from bertscope.core.tokenizer import TruncationWarning
+    from bertscope.understand.headstats import head_stats
+
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        hs = head_stats(bert, ["The cat sat.", "word " * 600, "word " * 700])
+    cut = [str(c.message) for c in caught if issubclass(c.category, TruncationWarning)]
+    assert cut == ["2 text(s) longer than 512 tokens were truncated (first: text 2)"], cut
+    assert caught[0].filename == __file__  # pointed at the caller's line, not bertscope's
+    assert any("lines 2, 3" in x for x in hs.warnings)  # the record keeps every line

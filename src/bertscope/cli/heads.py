@@ -99,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
             raise InputError(f"the corpus {args.corpus} has no text (no non-blank UTF-8 line)")
         bert = load_model(args)
-        with bar(args, "heads", "text") as progress:
+        import warnings
+
+        from ..core.tokenizer import TruncationWarning
+
+        with bar(args, "heads", "text") as progress, warnings.catch_warnings():
+            warnings.simplefilter("ignore", TruncationWarning)  # said below, with the line numbers
             hs = head_stats(bert, lines, progress=progress)
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)

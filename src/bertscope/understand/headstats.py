@@ -56,7 +56,7 @@ import torch
 from ..errors import InputError, InputTypeError, as_whole_number
 from ..files import lines_warning
 from ..bert import Bert, analysis, check_bert
-from ..core.tokenizer import check_text, check_texts
+from ..core.tokenizer import check_text, check_texts, warn_truncated
 
 __all__ = ["ABOVE_UNIFORM", "BLOCK_SPREAD", "BROAD_CUTOFF", "CLASSES", "MIX_SHARE", "STATS", "HeadStats",
            "HeadSums", "TokenKinds", "classify", "head_stats", "head_sums", "map_stats", "pattern_features",
@@ -376,4 +376,7 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     sums = head_sums(bert, texts, progress=progress)
     if not sums.num_texts:
         raise InputError("the corpus has no text (every line is empty, or has no tokens)")
-    return sums.finish(bert.name, bert.tokenizer.max_length, warnings)
+    hs = sums.finish(bert.name, bert.tokenizer.max_length, warnings)
+    cut = sorted(sums.truncated)  # the TruncationWarning every cut text raises (the record lists them all)
+    warn_truncated([True] * len(cut), bert.tokenizer.max_length, numbers=[n - 1 for n in cut])
+    return hs

@@ -204,6 +204,11 @@ def test_predict_resume_refuses_another_input_or_setting_and_ctrl_c_says_resume(
     assert Path(f"{pred}.partial").is_file() and not pred.exists()  # the rows are kept
     assert main(["predict", str(out), str(inp), "--resume", "--quiet"]) == 2
     assert "--resume needs --out" in capsys.readouterr().err
+    # a device or a stream keeps no progress (it made /dev/null.partial, as root)
+    assert main(["predict", str(out), str(inp), "--out", os.devnull, "--resume", "--quiet"]) == 2
+    assert "--resume needs --out to name a file (not /dev/null)" in capsys.readouterr().err
+    monkeypatch.setattr(RunProgress, "__init__", lambda *a, **k: pytest.fail("progress kept beside a device"))
+    assert main(["predict", str(out), str(inp), "--out", os.devnull, "--quiet"]) == 0
 
 
 def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys):

@@ -259,7 +259,13 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     kept = None  # the rows on disk as they are done (--out): what --resume goes on from
-    if out is not None:
+    from ..files import open_stream_fd
+
+    ordinary = out is not None and open_stream_fd(out) is None and (not Path(out).exists() or Path(out).is_file())
+    if args.resume and not ordinary:
+        raise InputError(f"--resume needs --out to name a file (not {args.out}): a stream or a device keeps no rows "
+                         "to resume from")
+    if ordinary:
         from ..train.progressfile import RunProgress, describe_run
 
         settings = {"max_length": args.max_length if args.max_length is not None else bert.max_seq_length,
@@ -287,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             with writing(out):
                 write_text_atomic(out, text)
-            kept.finish()
+            if kept is not None:
+                kept.finish()
     finally:
         if kept is not None:
             kept.close()

@@ -175,3 +175,15 @@ def test_a_vocab_txt_folder_tokenizes_as_hf_reads_its_tokenizer_config(tmp_path,
     ours = bertscope.load(folder).encode([text]).input_ids[0].tolist()
     hf = transformers.BertTokenizer(str(folder / "vocab.txt"), **settings)(text)["input_ids"]
     assert ours == hf
+
+
+def test_a_max_seq_length_that_is_not_a_length_is_said_and_ignored(tmp_path, bundled_path, state, caplog):
+    import json
+    import logging
+
+    folder = copy_checkpoint(bundled_path, tmp_path / "zero", state)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 0}))
+    with caplog.at_level(logging.WARNING, logger="bertscope"):
+        b = bertscope.load(folder)
+    assert b.max_seq_length == 512  # the positions, as when the folder sets none
+    assert "max_seq_length 0 (not a positive whole number)" in caplog.text

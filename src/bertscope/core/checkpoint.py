@@ -250,6 +250,8 @@ def read_max_seq_length(folder: Path, config: BertConfig) -> int:
             continue
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return min(value, config.max_position_embeddings)
+        if value is not None:  # 0, -1, "256": not a length; said, not passed over in silence
+            log.warning("ignoring %s's %s %r (not a positive whole number)", path, key, value)
     return config.max_position_embeddings
 
 

@@ -668,6 +668,10 @@ def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
         assert main([command, text, "--token", "mat", "--occurrence", "90", *extra]) == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert "occurrence 90 of 'mat' was cut off" in last, last
+        # one the whole text never had was not cut off: it does not exist
+        assert main([command, text, "--token", "mat", "--occurrence", "91", *extra]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "'mat' occurs 90 times in the text; occurrence 91 does not exist (and " in last, last
     assert main([command, text, "--token", "at", *extra]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "'at' is not in the text" in last and "cut off" not in last, last

@@ -138,6 +138,10 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
         shown = " ".join(real[:40]) + (f" ... ({len(real)} words)" if len(real) > 40 else "")
         raise InputError(f"the word {word!r} is not in the text (its words are: {shown})")
     if occurrence > len(hits) and _cut_off(cut_text, target, len(hits)):
+        total = _count(cut_text, target)
+        if occurrence > total:  # not in the whole text either: nothing was cut off
+            raise InputError(f"the word {word!r} occurs {total} times in the text; occurrence {occurrence} does not "
+                             f"exist (and {len(hits)} of them fit in {_limit(positions)})")
         raise InputError(f"occurrence {occurrence} of {word!r} was cut off: the text is longer than "
                          f"{_limit(positions)}, and {len(hits)} occurrence(s) fit")
     if occurrence < 1 or occurrence > len(hits):
@@ -153,9 +157,12 @@ def _limit(positions: int | None) -> str:
 def _cut_off(cut_text: str | None, target: str, found: int) -> bool:
     """Whether the whole text (given when it was cut) holds ``target`` as a word more often than
     the ``found`` times the part kept does."""
-    if cut_text is None:
-        return False
-    return len(re.findall(as_word(re.escape(target), target), _fold(cut_text))) > found
+    return cut_text is not None and _count(cut_text, target) > found
+
+
+def _count(text: str, target: str) -> int:
+    """How often ``target`` (folded) stands as a word in ``text``."""
+    return len(re.findall(as_word(re.escape(target), target), _fold(text)))
 
 
 def needs_boundary(ch: str) -> bool:

@@ -253,3 +253,35 @@ def test_doctor_marks_the_precision_bf16_runs_in():
     (off,) = _timings(choice, "fp32")  # bf16 asked for, running fp32 (no CPU support, or not faster)
     assert on.split()[-1] == "*" and "fp32 0.0211 (1.00)   bf16" in on
     assert "fp32 0.0211 (1.00) *" in off and not off.endswith("*")
+
+
+def test_doctor_retune_keeps_the_cached_choice_until_the_new_one_replaces_it(tmp_path, monkeypatch, capsys):
+    """--retune deleted the cached choice before measuring: Ctrl-C lost it, and another process
+    loading a model meanwhile found none and measured too."""
+    from bertscope.fast import tuning
+
+    monkeypatch.setenv("BERTSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BERTSCOPE_TUNE", raising=False)
+    seen: list[bool] = []
+
+    def measured(model, **kw):
+        seen.append(any((tmp_path / "cache" / "kernel-choice").glob("*.json")))  # still there while measuring?
+        return tuning.KernelChoice(key=tuning.choice_key(model.config, torch.float32, kw.get("precision", "fp32")),
+                                   source="measured", measured_at=time.time())
+
+    monkeypatch.setattr(tuning, "measure_choice", measured)
+    assert main(["doctor", "--precision", "fp32"]) == 0
+    (path,) = (tmp_path / "cache" / "kernel-choice").glob("*.json")
+    first = path.read_text()
+
+    def stopped(model, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuning, "measure_choice", stopped)
+    assert main(["doctor", "--precision", "fp32", "--retune"]) == 130
+    assert path.read_text() == first  # Ctrl-C while measuring: the last choice stays
+    monkeypatch.setattr(tuning, "measure_choice", measured)
+    assert main(["doctor", "--precision", "fp32", "--retune"]) == 0
+    assert seen == [False, True]  # the second measurement ran with the cached file in place
+    assert json.loads(path.read_text())["measured_at"] > json.loads(first)["measured_at"]  # and was replaced
+    capsys.readouterr()

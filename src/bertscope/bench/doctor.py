@@ -24,8 +24,7 @@ from ..core.config import BertConfig
 from ..fast.gemm import PRECISIONS, onednn_linear_available
 from ..fast.heap import keep_heap
 from ..fast.quant import INT8_KERNELS, int8_kernel_available, int8_range_exact
-from ..fast.tuning import (cache_dir, choice_key, cpu_flags, cpu_id, cpu_name, forget_choice, isa_limits, load_choice,
-                            save_choice, tuning_enabled)
+from ..fast.tuning import cache_dir, cpu_flags, cpu_id, cpu_name, isa_limits, retuning, tuning_enabled
 from .corpus import save_random_checkpoint
 
 __all__ = ["diagnose"]
@@ -60,18 +59,13 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
             folder = save_random_checkpoint(BertConfig.preset(preset), Path(tmp) / preset, bundled_model_path())
         out["model"] = preset or str(folder)
         for precision in precisions:
-            previous = None
-            if retune:  # forget any cached choice for this key: loading then measures afresh
-                key = choice_key(load(folder).config, torch.float32, precision)
-                previous = load_choice(key)
-                forget_choice(key)
-            with warnings.catch_warnings(record=True) as caught, _logged_warnings() as logged:
+            # retune: loading measures afresh; the cached choice stays until the new one replaces it
+            with warnings.catch_warnings(record=True) as caught, _logged_warnings() as logged, \
+                    (retuning() if retune else contextlib.nullcontext()):
                 warnings.simplefilter("always", RuntimeWarning)
                 bert = load(folder, precision=precision)
                 with torch.inference_mode():
                     choice = bert.fast.prepare(bert.model)
-            if previous is not None and load_choice(previous.key) is None:
-                save_choice(previous)  # measured on a busy machine, not cached: the last one stays
             entry = {"in_use": bert.precision, "note": bert.precision_note,
                      "warnings": [str(w.message) for w in caught] + logged,
                      "choice": choice.to_json() if choice is not None else None}

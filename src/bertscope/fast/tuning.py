@@ -110,6 +110,8 @@ judges "busy" by :data:`BUSY_SHARE` whatever ``BERTSCOPE_BUSY_SHARE`` says."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -1012,6 +1014,22 @@ def measured_speedup(fast: Callable[[], object], base: Callable[[], object],
     return 1 / rel["fast"]
 
 
+_RETUNING = contextvars.ContextVar("bertscope_retuning", default=False)
+
+
+@contextlib.contextmanager
+def retuning():
+    """Inside the block, :func:`choose` measures again instead of reading the cache (``doctor
+    --retune``). The cached file stays until the new choice replaces it, atomically: a run
+    stopped meanwhile, or another process loading a model, still finds the last one; and a
+    choice measured on a busy machine, which is not cached, leaves it in place."""
+    token = _RETUNING.set(True)
+    try:
+        yield
+    finally:
+        _RETUNING.reset(token)
+
+
 def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max_len: int = 256,
            retune: bool = False, candidates: dict | None = None, compile: bool = False,
            levels: dict[str, int] | None = None) -> KernelChoice:
@@ -1025,7 +1043,7 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     busy_limit()  # a bad BERTSCOPE_BUSY_SHARE: refused now, not after a whole measurement
     if budget_s is None:
         tune_budget()  # a bad BERTSCOPE_TUNE_BUDGET too: not a week later, when the cache expires
-    if not retune:
+    if not retune and not _RETUNING.get():
         cached = load_choice(key)
         if cached is not None:
             why = host_changed(cached)

@@ -123,3 +123,16 @@ def test_head_stats_raises_the_truncation_warning_the_other_tools_raise(bert):
     assert cut == ["2 text(s) longer than 512 tokens were truncated (first: text 2)"], cut
     assert caught[0].filename == __file__  # pointed at the caller's line, not bertscope's
     assert any("lines 2, 3" in x for x in hs.warnings)  # the record keeps every line
+
+
+def test_heads_out_names_the_file_a_folder_is_in_the_way_of(tmp_path, capsys):
+    """With DIR/heads.json a folder, the error named DIR ("cannot write 'hdir' (Is a directory)"),
+    a writable folder; it names the file now, and DIR keeps nothing of the failed write."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat.\nA dog ran.\n")
+    (tmp_path / "hdir" / "heads.json").mkdir(parents=True)
+    assert main(["heads", str(corpus), "--out", str(tmp_path / "hdir"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bertscope: error: --out: cannot write {str(tmp_path / 'hdir' / 'heads.json')!r} (a folder of "
+                   "that name is in the way)\n"), err
+    assert [p.name for p in (tmp_path / "hdir").iterdir()] == ["heads.json"]

@@ -358,6 +358,8 @@ def _commit_files(stage: Path, path: Path, rel: list[Path]) -> None:
                 d.mkdir()
                 made.append(d)
             old = None
+            if dst.is_dir():  # a folder where an output file goes: said by its own name
+                raise IsADirectoryError(errno.EISDIR, "a folder of that name is in the way", str(dst))
             if dst.exists():
                 os.chmod(src, _new_mode(dst))  # the output keeps the mode of the file it replaces
                 old = backup / r

@@ -76,4 +76,7 @@ def writing(path: str | os.PathLike, flag: str = "--out") -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        raise InputError(f"{flag}: cannot write {str(path)!r} ({e.strerror or e})") from None
+        name, inner = str(path), str(getattr(e, "filename", "") or "")
+        if inner.startswith(name.rstrip(os.sep) + os.sep):  # a file of an output folder: that file
+            name = inner
+        raise InputError(f"{flag}: cannot write {name!r} ({e.strerror or e})") from None

@@ -136,3 +136,13 @@ def test_heads_out_names_the_file_a_folder_is_in_the_way_of(tmp_path, capsys):
     assert err == (f"bertscope: error: --out: cannot write {str(tmp_path / 'hdir' / 'heads.json')!r} (a folder of "
                    "that name is in the way)\n"), err
     assert [p.name for p in (tmp_path / "hdir").iterdir()] == ["heads.json"]
+
+
+def test_params_columns_stay_apart_for_a_huge_config(tmp_path, capsys):
+    """A 65,536-wide config printed "262,14417,180,131,328": the biases and the total ran together."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "bert", "hidden_size": 65536, "num_attention_heads": 16, "num_hidden_layers": 200,
+        "intermediate_size": 262144, "max_position_embeddings": 512, "type_vocab_size": 2, "vocab_size": 30522}))
+    assert main(["params", "--model", str(tmp_path)]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("per layer"))
+    assert row.split() == ["per", "layer", "17,179,869,184", "262,144", "17,180,131,328"], row

@@ -58,11 +58,14 @@ def run(args: argparse.Namespace) -> int:
     note = "" if args.preset else " (from its config.json; the weights are not read)"
     print(f"{source}{note}: hidden {C} = {H} heads x {D}, {N} layers")
     print()
-    print(f"{'one layer':<12}{'weights':>14}{'biases':>10}{'total':>14}")
-    for label, (w, b) in pc.per_matrix.items():
-        print(f"{label:<12}{w:>14,}{b:>10,}{w + b:>14,}    {C} x {C} + {C}")
     biases = pc.per_layer_total - pc.per_layer_weights
-    print(f"{'per layer':<12}{pc.per_layer_weights:>14,}{biases:>10,}{pc.per_layer_total:>14,}")
+    # columns as wide as their largest figure (and two spaces): a huge config's never run together
+    ww, wb, wt = (max(min_w, len(f"{n:,}") + 2) for min_w, n in ((14, pc.per_layer_weights), (10, biases),
+                                                                  (14, pc.per_layer_total)))
+    print(f"{'one layer':<12}{'weights':>{ww}}{'biases':>{wb}}{'total':>{wt}}")
+    for label, (w, b) in pc.per_matrix.items():
+        print(f"{label:<12}{w:>{ww},}{b:>{wb},}{w + b:>{wt},}    {C} x {C} + {C}")
+    print(f"{'per layer':<12}{pc.per_layer_weights:>{ww},}{biases:>{wb},}{pc.per_layer_total:>{wt},}")
     print()
     rows = [(f"attention, all {N} layers:", f"{pc.attention_total:,}"),
             ("whole model (with pooler):", f"{pc.model_total:,}"),

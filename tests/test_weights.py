@@ -187,3 +187,10 @@ def test_a_max_seq_length_that_is_not_a_length_is_said_and_ignored(tmp_path, bun
         b = bertscope.load(folder)
     assert b.max_seq_length == 512  # the positions, as when the folder sets none
     assert "max_seq_length 0 (not a positive whole number)" in caplog.text
+
+
+def test_the_bundled_model_has_one_name_however_it_is_reached(tmp_path, bundled_path, state):
+    """load() called it "all-MiniLM-L6-v2" and load(its folder) "model": a view of the one
+    checkpoint against itself said "A = all-MiniLM-L6-v2, B = model"."""
+    assert bertscope.load(bundled_path).name == bertscope.load().name == "all-MiniLM-L6-v2"
+    assert bertscope.load(copy_checkpoint(bundled_path, tmp_path / "mine", state)).name == "mine"  # a copy: its folder

@@ -59,7 +59,7 @@ from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, check_texts, least_read_length, tokenless, warn_truncated
-from .errors import InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, setting, warn_caller
+from .errors import BertscopeError, InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, setting, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
@@ -380,6 +380,22 @@ def analysis(fn: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
+BUNDLED_NAME = "all-MiniLM-L6-v2"
+
+
+def _model_name(folder: Path, bundled: bool) -> str:
+    """What reports call the model: the bundled checkpoint by its name, however it was reached
+    (load() or its folder's path: one model, one name), else its folder's name."""
+    if bundled:
+        return BUNDLED_NAME
+    try:
+        if folder.resolve() == bundled_model_path().resolve():
+            return BUNDLED_NAME
+    except (OSError, BertscopeError):  # the bundled model not installed: this is another
+        pass
+    return folder.name
+
+
 def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
          dtype: torch.dtype | None = None, precision: str = "fp32", compile: bool = False,
          keep_precision: bool = False) -> Bert:
@@ -424,7 +440,7 @@ def load(path: str | Path | None = None, *, device: str | torch.device = "cpu",
     with torch.random.fork_rng(devices=[]):  # building the modules draws initial weights: not the caller's
         ck = read_checkpoint(folder, device=device, dtype=dtype)
     bert = Bert(config=ck.config, model=ck.model, tokenizer=ck.tokenizer, path=folder,
-                max_seq_length=ck.max_seq_length, name=folder.name if path is not None else "all-MiniLM-L6-v2",
+                max_seq_length=ck.max_seq_length, name=_model_name(folder, path is None),
                 fast=PackedEncoder(gemm=GemmBackend(precision=precision, compile=compile), tune=True),
                 precision_asked=precision)
     if dtype in (torch.bfloat16, torch.float16):  # the whole model, weights and all, in that dtype

@@ -906,10 +906,14 @@ def test_inputs_embeds_of_another_dtype_than_the_weights_is_one_line(bert):
     E = torch.randn(1, 4, bert.config.hidden_size, dtype=torch.float64)
     for call in (lambda: bert(None, inputs_embeds=E), lambda: bert.model(None, inputs_embeds=E)):
         with pytest.raises(InputError, match=re.escape("inputs_embeds must be torch.float32, as the model's "
-                                                       "weights are, got torch.float64")):
+                                                       "weights are (or narrower), got torch.float64")):
             call()
     out = bert.model(None, inputs_embeds=E.float())  # the cast it names works
     assert out.last_hidden_state.shape == (1, 4, bert.config.hidden_size)
+    # narrower than the weights is promoted at the first addition, as it always was
+    half = bert.model(None, inputs_embeds=E.to(torch.bfloat16)).last_hidden_state
+    assert half.dtype == torch.float32
+    assert (half - bert.model(None, inputs_embeds=E.to(torch.bfloat16).float()).last_hidden_state).abs().max() == 0
 
 
 def test_the_summary_says_when_the_weights_were_cast_after_loading(bert):

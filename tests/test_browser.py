@@ -576,7 +576,8 @@ def test_word_alignment_marks_unmatched_words_and_links_focus(browser, bert, hf_
     lost_b = ref_b["words"][0, 0][np.ix_(shared_b, unmatched_b)].sum(1).mean()
     shown = re.search(r"B's shared words give them ([\d.]+) of their weight", note)
     assert abs(float(shown[1]) - lost_b) <= TEXT_TOL, (note, lost_b)
-    assert "B's cells here are that much smaller, so A − B leans blue (positive)" in note
+    assert f"so B's rows hold {shown[1]} less on the shared words than A's, spread over their cells, and A − B " \
+           "leans blue (positive)." in note
     for fx, fy in ((0.55, 0.45), (0.8, 0.7), (0.3, 0.9)):
         frm, to, val = matrix_readout(page, "diff", fx, fy)
         i, j = int(frm), int(to)  # A's word indices; B's are found by the words themselves
@@ -1046,6 +1047,12 @@ def test_keyboard_sticky_headers_and_a_narrow_screen(browser, bert, tmp_path):
             assert right <= 420, right
     assert page.evaluate("() => getComputedStyle(document.getElementById('bs-controls')).position") == "static"
     page.screenshot(path=str(artifact("narrow-qk-view.png")), full_page=True)
+    page.set_viewport_size({"width": 360, "height": 800})  # a small phone: the token columns narrow too
+    page.click(".bs-tab[data-view='head']")
+    settle(page)
+    right = page.eval_on_selector_all("#bs-head-view .bs-tok.bs-right",
+                                      "els => Math.max(...els.map(e => e.getBoundingClientRect().right))")
+    assert right <= 360 - 18 and page.evaluate("() => document.getElementById('bs-head-view').scrollWidth") <= 342
     assert not errors, errors
     page.close()
 
@@ -1136,6 +1143,24 @@ def test_the_address_holds_the_view_and_a_link_opens_on_it(browser, bert, hf_mod
     assert page.input_value("#bs-layer") == "0"
     assert page.eval_on_selector_all(".bs-head[aria-pressed='true']", "els => els.map(e => e.dataset.head)") == ["1"]
     assert "(layer=9, pin=B.left.400): left at the default" in page.inner_text(".bs-address-note")
+    page.evaluate("location.hash = '#special=hidden&pin=A.left.0'")  # [CLS], hidden: no pin to show
+    settle(page)
+    assert "(pin=A.left.0): left at the default" in page.inner_text(".bs-address-note")
+    # a key given twice, a key that is no setting, a value 20,000 characters long: each named, short
+    page.evaluate("location.hash = '#layer=2&layer=5&foo=bar&heads=' + 'x'.repeat(20000)")
+    settle(page)
+    note = page.inner_text(".bs-address-note")
+    assert page.input_value("#bs-layer") == "2" and len(note) < 300, note
+    assert "layer=5 (given twice: the first is taken)" in note and "foo (not a setting)" in note, note
+    # a pin the page's own settings then hide goes from the picture and from the address (a link
+    # to it named it as unusable)
+    page.evaluate("location.hash = ''")
+    settle(page)
+    click_token(page, 0)  # [CLS]
+    assert "pin=A.left.0" in page.url
+    page.check("#bs-hide-special")
+    settle(page)
+    assert "pin=" not in page.url
     assert not errors, errors
     page.close()
 
@@ -1159,5 +1184,48 @@ def test_the_address_holds_the_view_and_a_link_opens_on_it(browser, bert, hf_mod
         page.wait_for_function("() => document.getElementById('bs-text').value.includes('too wide')")
         page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
         assert page.get_attribute(".bs-tab[data-view='matrix']", "aria-selected") == "true"
+        # Back, then Forward before Back's text came: Back's answer replaced the entry Forward
+        # went to (its text shown there, under its address); and a text asked for meanwhile took
+        # Back's view
+        held: list = []
+        page.route("**/api/analyze", lambda route: held.append(route))
+        page.go_back()
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too tired')")
+        page.go_forward()
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too wide')")
+        page.unroute("**/api/analyze")
+        for route in held:  # Back's request, aborted by the page: answering it changes nothing
+            try:
+                route.continue_()
+            except Exception:
+                pass
+        page.wait_for_timeout(300)
+        shown_text = "() => window.bertscope.meta.texts[0].text"
+        assert page.evaluate(shown_text) == WIDE and parse_qs(urlsplit(page.url).query) == {"text": [WIDE]}
+        assert page.get_attribute("html", "data-ready") == "1" and page.inner_text("#bs-form-status") == ""
+        assert page.get_attribute(".bs-tab[data-view='matrix']", "aria-selected") == "true"
+        page.go_back()  # the first entry still holds the first text
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too tired')")
+        page.wait_for_selector("html[data-ready='1']", state="attached", timeout=60_000)
+        assert parse_qs(urlsplit(page.url).query) == {"text": [IT_ANIMAL]} and page.evaluate(shown_text) == IT_ANIMAL
+        page.click(".bs-tab[data-view='head']")
+        settle(page)
+        held.clear()
+        page.route("**/api/analyze", lambda route: route.continue_() if "third" in (route.request.post_data or "")
+                   else held.append(route))
+        page.go_forward()  # asks for WIDE with its matrix view, held ...
+        page.wait_for_function("() => document.getElementById('bs-text').value.includes('too wide')")
+        page.fill("#bs-text", "A third text.")  # ... and the user asks for another text meanwhile
+        page.click("#bs-submit")
+        page.wait_for_selector("#bs-head-view .bs-tok.bs-left:text-is('third')", timeout=60_000)
+        for route in held:
+            try:
+                route.continue_()
+            except Exception:
+                pass
+        page.unroute("**/api/analyze")
+        settle(page)
+        assert page.get_attribute(".bs-tab[data-view='head']", "aria-selected") == "true"  # the view shown goes on
+        assert page.evaluate(shown_text) == "A third text." and page.get_attribute("html", "data-ready") == "1"
         assert not errors, errors
         page.close()

@@ -257,6 +257,9 @@ def test_a_model_loaded_in_inference_mode_refuses_the_gradient_methods_in_one_li
     embeds = frozen.encoder.embeddings.word_embeddings(b.input_ids).clone().requires_grad_()
     with pytest.raises(InputError, match=re.escape("this model was loaded inside torch.inference_mode()")):
         frozen.model(None, b.attention_mask, inputs_embeds=embeds)  # a gradient asked for: refused in one line
+    head_mask = torch.ones(frozen.config.num_hidden_layers, frozen.config.num_attention_heads, requires_grad=True)
+    with pytest.raises(InputError, match=re.escape("this model was loaded inside torch.inference_mode()")):
+        frozen.model(b.input_ids, b.attention_mask, head_mask=head_mask)  # a gradient for the head mask, too
 
 
 # --- properties: PAD, padding, the packed path -------------------------------------------------

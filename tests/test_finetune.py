@@ -202,6 +202,16 @@ def test_predict_resume_refuses_another_input_or_setting_and_ctrl_c_says_resume(
     assert main(args + ["--resume"]) == 2
     assert "cannot resume: INPUT " in capsys.readouterr().err
     assert Path(f"{pred}.partial").is_file() and not pred.exists()  # the rows are kept
+    # progress whose rows are not INPUT's first lines is refused, and the file let go of (the
+    # refusal held its descriptor and lock: the next run in this process was "another run")
+    partial = Path(f"{pred}.partial")
+    good = partial.read_text()
+    partial.write_text(good.replace('{"line": 1,', '{"line": 7,', 1))
+    inp.write_text("".join(inp.read_text().splitlines(keepends=True)[:60]))  # INPUT as the run began
+    assert main(args + ["--resume"]) == 2
+    assert "holds rows for other lines than INPUT's first 24 records" in capsys.readouterr().err
+    partial.write_text(good)
+    assert main(args + ["--resume"]) == 0 and pred.is_file() and not partial.exists()
     assert main(["predict", str(out), str(inp), "--resume", "--quiet"]) == 2
     assert "--resume needs --out" in capsys.readouterr().err
     # a device or a stream keeps no progress (it made /dev/null.partial, as root)
@@ -1135,3 +1145,29 @@ def test_a_full_disk_while_saving_the_training_state_names_the_file(tmp_path, ti
     else:
         assert code == 1 and "RuntimeError: [enforce fail" in err[-1], err
     assert not out.exists() or not any(out.iterdir())  # no temporary left behind
+
+
+def test_predict_progress_keeps_only_whole_chunks_and_a_run_that_saved_none_leaves_no_file(tmp_path):
+    """A "done" mark without its newline (a short write) counted as whole, and the next chunk
+    was appended straight after it; and a run that failed before its first chunk left a
+    FILE.partial with a header alone."""
+    from bertscope.train.progressfile import RunProgress, _parse, partial_path
+
+    header = {"kind": "bertscope predict progress", "version": 1, "input": "in.txt", "input_bytes": 9,
+              "input_sha256": "ab", "records": 3, "model": "m", "weights": "cd", "settings": {"max_length": 8}}
+    row = lambda n: json.dumps({"line": n, "status": "ok"})  # noqa: E731
+    data = (json.dumps(header) + "\n" + row(1) + "\n" + '{"done": 1}' + "\n" + row(2) + "\n" + '{"done": 2}').encode()
+    _, rows, keep = _parse(data, tmp_path / "x")
+    assert [r["line"] for r in rows] == [1] and data[:keep].endswith(b'{"done": 1}\n')
+    out = tmp_path / "out.tsv"
+    kept = RunProgress(out, header, resume=False)
+    assert partial_path(out).is_file()
+    kept.close()  # nothing done: nothing to resume from, no file left
+    assert not partial_path(out).exists()
+    kept = RunProgress(out, header, resume=False)
+    kept.add([{"line": 1, "status": "ok"}])
+    kept.close()
+    assert partial_path(out).is_file()  # a chunk done: kept for --resume
+    again = RunProgress(out, header, resume=True)
+    assert [r["line"] for r in again.rows] == [1]
+    again.close()

@@ -334,6 +334,11 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     s0 = len(toks_l) - n_b  # (the positions differ from B's above: BERT numbers them from the padding)
     np.testing.assert_allclose(shown.attentions, torch.stack([x[1, :, s0:, s0:] for x in att_l]).numpy(), atol=1e-6)
     np.testing.assert_allclose(shown.attentions.sum(-1), 1.0, atol=1e-5)
+    # a leading <pad> that the tokens attend to is a real token (T5's decoder starts with one): kept
+    causal = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]  # (T, T), rows sum to 1
+    t5 = bertscope.show([causal[None, None]], ["<pad>", "▁Das", "▁Haus", "</s>"]).texts[0]
+    assert t5.tokens == ["<pad>", "▁Das", "▁Haus", "</s>"]
+    np.testing.assert_allclose(t5.attentions[0, 0], causal, atol=1e-7)
 
 
 @pytest.mark.parametrize("attentions, tokens, kw, message", [

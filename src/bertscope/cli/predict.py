@@ -273,13 +273,14 @@ def run(args: argparse.Namespace) -> int:
                     "text_pair_field": args.text_pair_field}
         with writing(f"{out}.partial"):
             kept = RunProgress(out, describe_run(args.input, len(records), bert.path, settings), resume=args.resume)
-        kept.check_rows([r.line for r in records])
-        if kept.rows:
-            print(f"bertscope: resuming at record {len(kept.rows) + 1:,} of {len(records):,} "
-                  f"({len(kept.rows):,} done in {kept.path})", file=sys.stderr)
-        elif args.resume:
-            print(f"bertscope: no rows to resume from beside {out}: starting", file=sys.stderr)
     try:
+        if kept is not None:
+            kept.check_rows([r.line for r in records])
+            if kept.rows:
+                print(f"bertscope: resuming at record {len(kept.rows) + 1:,} of {len(records):,} "
+                      f"({len(kept.rows):,} done in {kept.path})", file=sys.stderr)
+            elif args.resume:
+                print(f"bertscope: no rows to resume from beside {out}: starting", file=sys.stderr)
         done = kept.rows if kept is not None else []
         with tqdm(total=len(records), initial=len(done), unit="text", file=sys.stderr,
                   disable=not progress_enabled(args), dynamic_ncols=True, desc="predict") as bar:

@@ -114,6 +114,7 @@ class BertForSequenceClassification(nn.Module):
         self.classifier_dropout = classifier_dropout
         self.bert = encoder if encoder is not None else BertModel(config)
         if self.bert.pooler is None:  # an encoder saved without one: a new pooler, trained with the head
+            # (``encoder`` is this classifier's from now on, not a copy: the caller's module gains it)
             log.warning("the encoder has no pooler weights: the classifier's pooler starts from random "
                         "numbers (as HF's does) and is trained with the head")
             self.bert.pooler = BertPooler(config)

@@ -277,13 +277,15 @@ class BertModel(nn.Module):
         check_inputs(self.config, input_ids, attention_mask, token_type_ids, head_mask,
                      inputs_embeds=inputs_embeds)
         table = self.embeddings.word_embeddings.weight
-        if inputs_embeds is not None and inputs_embeds.dtype != table.dtype:  # else torch's "mixed dtype (CPU)"
-            raise InputError(f"inputs_embeds must be {table.dtype}, as the model's weights are, got "
+        if inputs_embeds is not None and torch.promote_types(inputs_embeds.dtype, table.dtype) != table.dtype:
+            # wider than the weights (float64 on fp32): torch's "mixed dtype (CPU)" from the LayerNorm;
+            # narrower (bf16 on fp32) is promoted at the first addition, as it always was
+            raise InputError(f"inputs_embeds must be {table.dtype}, as the model's weights are (or narrower), got "
                              f"{inputs_embeds.dtype}: pass inputs_embeds.to({table.dtype})")
         if torch.is_grad_enabled() and table.is_inference():
             # weights made inside torch.inference_mode(): no gradient can pass through them, and
             # autograd refuses to record them; without one to compute, the same numbers under no_grad
-            if inputs_embeds is not None and inputs_embeds.requires_grad:
+            if any(t is not None and t.requires_grad for t in (inputs_embeds, head_mask)):
                 raise InputError(INFERENCE_WEIGHTS)
             with torch.no_grad():
                 return self.forward(input_ids, attention_mask, token_type_ids, output_attentions,

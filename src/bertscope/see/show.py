@@ -110,11 +110,13 @@ def _layers(attentions: Any) -> np.ndarray:
 
 
 PAD_TOKENS = ("[PAD]", "<pad>")  # BERT's, and RoBERTa's / T5's
+MASKED = 1e-6  # the most attention a masked (padding) key gets from a real token: softmax of the dtype's minimum
 
 
 def _tokens(tokens: Any, what: str) -> tuple[int, list[str]]:
-    """(the position of the first token that is not padding, the tokens without the padding at
-    either end): a padded batch's tokens, padded on the right (BERT's) or the left."""
+    """(how many padding tokens lead, the tokens without the trailing padding): a padded batch's
+    tokens, padded on the right (BERT's) or the left. Whether the leading ones are padding, the
+    attention says (:func:`_text`): T5's decoder starts with ``<pad>`` as a real token."""
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise InputTypeError(f"{what} must be a list of token strings, got {type(tokens).__name__}")
     out = list(tokens)
@@ -124,11 +126,11 @@ def _tokens(tokens: Any, what: str) -> tuple[int, list[str]]:
     while out and out[-1] in PAD_TOKENS:  # the padding goes with its rows and columns
         out.pop()
     start = 0
-    while start < len(out) and out[start] in PAD_TOKENS:  # padding_side="left"
+    while start < len(out) and out[start] in PAD_TOKENS:  # padding_side="left", if masked
         start += 1
     if start == len(out):
         raise InputError(f"{what} is empty" if not tokens else f"{what} holds only padding")
-    return start, out[start:]
+    return start, out
 
 
 def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
@@ -136,9 +138,12 @@ def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
     """One batch item (N, H, T, T) and (s, its U tokens) -> a ReportText over positions s..s+U-1.
     ``tolerance``: how far a row may sum from 1, and the input format that widened it (or "")."""
     s0, tokens = tokens
-    U, T = len(tokens), att.shape[-1]
-    if s0 + U > T:
-        raise InputError(f"{what} has {s0 + U} tokens but the attention maps are {T} x {T}")
+    if len(tokens) > att.shape[-1]:
+        raise InputError(f"{what} has {len(tokens)} tokens but the attention maps are {att.shape[-1]} x {att.shape[-1]}")
+    if s0 and np.abs(att[:, :, s0:len(tokens), :s0]).max() > MASKED:
+        s0 = 0  # the tokens after them attend to them: not masked padding (T5's decoder start <pad>)
+    tokens = tokens[s0:]
+    U = len(tokens)
     a = att[:, :, s0:s0 + U, s0:s0 + U]  # (N, H, U, U): the padding before and after the tokens dropped
     if not np.isfinite(a).all():
         raise InputError(f"the attentions of {what} hold NaN or infinite values")

@@ -58,7 +58,7 @@ def _parse(data: bytes, path: Path) -> tuple[dict, list[dict], int]:
     pending: list[dict] = []
     kept = len(lines[0]) + 1
     at = kept
-    for line in lines[1:]:
+    for line in lines[1:-1]:  # the last piece has no newline after it: cut off, or empty
         at += len(line) + 1
         try:
             item = json.loads(line)
@@ -186,6 +186,10 @@ class RunProgress:
         self.close()
 
     def close(self) -> None:
+        """Let the file go; one that holds no rows goes too (a run that failed or was stopped
+        before its first chunk leaves nothing to resume from)."""
         if self.fd is not None:
+            if not self.rows:
+                self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None

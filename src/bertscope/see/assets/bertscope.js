@@ -23,6 +23,7 @@
   const COL_W = 132;       // head view: width of a token column
   const GAP = 230;         // head view: width of the band the lines cross
   const MIN_GAP = 80;      // ... on a screen too narrow for both columns and GAP
+  const MIN_COL = 96;      // ... and the token columns, narrower still
   const THUMB = 72;        // model view: largest thumbnail resolution (cells are pooled above it)
   const SLICE_MS = 25;     // longest stretch of work before the page gets the main thread back
   const MAX_CANVAS = 16000;  // largest canvas side drawn, in CSS pixels
@@ -590,10 +591,10 @@
 
   // ---------------------------------------------------------------- head view
 
-  function tokenDiv(label, side, index, special, top) {
+  function tokenDiv(label, side, index, special, top, width = COL_W) {
     const d = el("div", `bs-tok bs-${side}` + (special ? " bs-special" : ""), label);
     d.style.top = `${top}px`;
-    d.style.width = `${COL_W}px`;
+    d.style.width = `${width}px`;
     d.title = label;
     d.dataset.side = side;
     d.dataset.i = String(index);
@@ -659,20 +660,23 @@
     body.style.minHeight = `min(78vh, ${Math.max(n * ROW, 72 + 23 * (n + 1))}px)`;
     const scroll = el("div", "bs-hv-scroll");
     const hv = el("div", "bs-hv");
-    // the band narrows on a narrow screen, so both token columns stay in view (down to MIN_GAP)
-    const gap = Math.round(Math.max(MIN_GAP, Math.min(GAP, (panels.clientWidth || Infinity) - 2 * COL_W - 8)));
-    hv.style.width = `${2 * COL_W + gap}px`;
+    // the band narrows on a narrow screen, so both token columns stay in view (down to MIN_GAP),
+    // and then the columns (down to MIN_COL: long words are cut with "…", whole in their title)
+    const room = panels.clientWidth || Infinity;
+    const colW = Math.round(Math.max(MIN_COL, Math.min(COL_W, (room - MIN_GAP - 8) / 2)));
+    const gap = Math.round(Math.max(MIN_GAP, Math.min(GAP, room - 2 * colW - 8)));
+    hv.style.width = `${2 * colW + gap}px`;
     hv.style.height = `${n * ROW}px`;
     const canvas = el("canvas", "bs-lines");
-    canvas.style.left = `${COL_W}px`;
+    canvas.style.left = `${colW}px`;
     hv.appendChild(canvas);
     const left = el("div", "bs-col"), right = el("div", "bs-col");
-    right.style.left = `${COL_W + gap}px`;
+    right.style.left = `${colW + gap}px`;
     const two = meta.texts.length === 2;
     const leftDivs = [], rightDivs = [];
     for (let a = 0; a < n; a++) {
       for (const [col, side, list] of [[left, "left", leftDivs], [right, "right", rightDivs]]) {
-        const d = tokenDiv(labels[a], side, keep[a], special[a], a * ROW);
+        const d = tokenDiv(labels[a], side, keep[a], special[a], a * ROW, colW);
         d.tabIndex = a === 0 ? 0 : -1;  // the column's first token shown is its tab stop
         list.push(d);
         if (two && !special[a] && counterpart(t, keep[a]) === undefined) {
@@ -976,8 +980,8 @@
       lostA: lost(PA, 0, inA), lostB: lost(PB, 1, inB),
       t: 0, n, M, keep: rows.map((r) => PA.keep[r[0]]), keepB: rows.map((r) => PB.keep[r[1]]),
       labels: rows.map((r) => PA.labels[r[0]]), special: rows.map((r) => PA.special[r[0]]), segment: null,
-      unmatchedA: PA.labels.filter((_, i) => !inA.has(i) && !PA.special[i]),
-      unmatchedB: PB.labels.filter((_, i) => !inB.has(i) && !PB.special[i]),
+      unmatchedA: PA.labels.filter((_, i) => !inA.has(i)),  // [SEP] too (a pair's second): its weight is left out too
+      unmatchedB: PB.labels.filter((_, i) => !inB.has(i)),
     };
   }
 
@@ -1031,17 +1035,19 @@
         const vmax = Math.max(1e-9, maxAbs(d.M));
         const panel = matrixPanel(d, `A − B: ${what}`, true, "diff", vmax, cell, scaleText(true, vmax, "the difference"));
         if (d.unmatchedA.length || d.unmatchedB.length) {
-          let text = "Words without a counterpart, left out of the difference: " +
+          const unitsName = state.level === "word" ? "Words" : "Sub-tokens";
+          let text = `${unitsName} without a counterpart, left out of the difference: ` +
             [d.unmatchedA.length ? `A: ${d.unmatchedA.join(" ")}` : "", d.unmatchedB.length ? `B: ${d.unmatchedB.join(" ")}` : ""]
               .filter(Boolean).join("; ") + ".";
-          if (!mi || mi.share) {  // rows are shares: what goes to those words is missing from the rest
+          if (!mi || mi.share) {  // rows are shares: what goes to those units is missing from the rest
             const gap = d.lostA - d.lostB;
-            const gives = [[d.unmatchedA, "A", d.lostA], [d.unmatchedB, "B", d.lostB]].filter(([u]) => u.length)
-              .map(([, side, v]) => `${side}'s shared words give them ${fmt(v)}`).join(" and ");
-            text += ` ${gives} of their weight (mean per row), which the difference leaves out` +
-              (Math.abs(gap) < 0.0005 ? "." :
-              `: ${gap > 0 ? "A" : "B"}'s cells here are that much smaller, so A − B leans ` +
-              `${gap > 0 ? "red (negative)" : "blue (positive)"}.`);
+            const gives = [[d.unmatchedB, "B", d.lostB], [d.unmatchedA, "A", d.lostA]].filter(([u]) => u.length)
+              .map(([, side, v], k) => (k ? `${side}'s ${fmt(v)}` : `${side}'s shared ${unitsName.toLowerCase()} give ` +
+                `them ${fmt(v)} of their weight`)).join(", ");
+            text += ` ${gives} (a row's total, mean over the rows); the difference leaves that weight out` +
+              (Math.abs(gap) < 0.0005 ? "." : `, so ${gap > 0 ? "A" : "B"}'s rows hold ${fmt(Math.abs(gap))} less ` +
+              `on the shared ${unitsName.toLowerCase()} than ${gap > 0 ? "B" : "A"}'s, spread over their cells, and A − B ` +
+              `leans ${gap > 0 ? "red (negative)" : "blue (positive)"}.`);
           }
           panel.appendChild(el("div", "bs-note bs-unmatched-note", text));
         }
@@ -1300,9 +1306,9 @@
     if (leftOut && (leftOut[0].length || leftOut[1].length)) {
       legendSlot.appendChild(el("div", "bs-note bs-unmatched-note", "Words without a counterpart, left out of " +
         "every difference: " + [leftOut[0].length ? `A: ${leftOut[0].join(" ")}` : "",
-        leftOut[1].length ? `B: ${leftOut[1].join(" ")}` : ""].filter(Boolean).join("; ") + ". A text whose shared " +
-        "words give them weight has smaller cells here, so the differences lean away from it (the matrix view " +
-        "says by how much, for one layer)."));
+        leftOut[1].length ? `B: ${leftOut[1].join(" ")}` : ""].filter(Boolean).join("; ") + ". The weight a " +
+        "text's rows give them is in neither side, so the text that gives them more has less on the shared words, " +
+        "and each difference leans away from it (the matrix view gives the amounts, for one layer)."));
     }
   }
 
@@ -1683,6 +1689,9 @@
     if (!meta || !source) return;
     const gen = ++renderGen;
     document.documentElement.dataset.rendered = "0";
+    // a pin on a word the settings now hide (a special token, one outside the window) goes: it
+    // would draw nothing, and a link to it would not open on it
+    if (state.focus && !keptUnits(state.focus.panel).includes(state.focus.index)) state.focus = null;
     writeView();
     if (source.focus) source.focus(state.measure === "attention" ? null : state.measure);  // the rest is dropped
     try {
@@ -1717,7 +1726,7 @@
   // layer the model lacks, a word past the text's end) is left at its default, and the page
   // says which.
   let opening = { span: null };  // how the page opens before the address's settings apply
-  let pendingView = null;        // settings read from the address, applied when the text is shown
+  let pendingView = null;        // settings read from the address, for the next text asked for (taken then)
   const LETTER = ["A", "B"];
 
   function viewToHash() {
@@ -1764,11 +1773,15 @@
       hideSpecial: false, scale: "shared", span: opening.span, focus: null, hover: null, modelText: 0, qkText: 0,
       qkQuery: null, zoom: null });
     const int = (v) => (/^\d+$/.test(v) ? Number(v) : NaN);
+    const short = (x) => (x.length > 40 ? x.slice(0, 40) + "…" : x);
+    const known = new Set();
     const take = (key, ok, set) => {
-      const v = q.get(key);
-      if (v === null) return;
+      known.add(key);
+      const [v, ...more] = q.getAll(key);
+      if (v === undefined) return;
       if (ok(v)) set(v);
-      else unfit.push(`${key}=${v}`);
+      else unfit.push(`${key}=${short(v)}`);
+      for (const m of more) unfit.push(`${key}=${short(m)} (given twice: the first is taken)`);
     };
     const T = (t) => meta.texts[t].tokens.length;
     const textOf = (v) => LETTER.indexOf(v);
@@ -1789,9 +1802,9 @@
       if (state.span && state.span[0] === 0 && state.span[1] === longest) state.span = null;
     });
     take("pin", (v) => {
-      const [p, side, i] = v.split(".");
+      const [p, side, i, ...rest] = v.split(".");
       const t = textOf(p);
-      return t >= 0 && t < meta.texts.length && ["left", "right"].includes(side) && int(i) < units(t).labels.length;
+      return !rest.length && t >= 0 && t < meta.texts.length && ["left", "right"].includes(side) && keptUnits(t).includes(int(i));
     }, (v) => {
       const [p, side, i] = v.split(".");
       state.focus = { panel: textOf(p), side, index: int(i) };
@@ -1801,6 +1814,7 @@
     take("qk", (v) => v === "A" || (meta.texts.length > 1 && v === "B"), (v) => { state.qkText = textOf(v); });
     take("query", (v) => int(v) < T(Math.min(state.qkText, meta.texts.length - 1)), (v) => { state.qkQuery = int(v); });
     take("zoom", (v) => ZOOMS.includes(int(v)), (v) => { state.zoom = int(v); });
+    for (const key of new Set(q.keys())) if (!known.has(key)) unfit.push(`${short(key)} (not a setting)`);
     return unfit;
   }
 
@@ -1814,7 +1828,7 @@
 
   let asked = 0;  // analyses asked for in serve mode (a file's page has one, not counted)
 
-  async function start(m, src, ticket) {
+  async function start(m, src, ticket, view = null) {
     if (source && source !== src && source.close) source.close();  // the last text's requests: not wanted
     meta = m;
     source = src;
@@ -1832,8 +1846,7 @@
     const opts = meta.options || {};
     state.span = opts.span ? [opts.span[0], opts.span[1]] : null;
     opening = { span: state.span };
-    const unfit = pendingView === null ? [] : applyView(pendingView);
-    pendingView = null;
+    const unfit = view === null ? [] : applyView(view);  // a link's, Back's or Forward's view of this text
     buildControls();
     noteUnfit(unfit);
     if (tooLong) {
@@ -1901,6 +1914,11 @@
     let shown = null;  // the query of the address whose texts are shown
     window.addEventListener("popstate", () => {  // Back or Forward, or an edited "#...": what the address holds
       if (meta && location.search === shown) {  // the same texts: their view only
+        if (analyzing) analyzing.abort();  // Back then Forward at once: the texts Back asked for are not wanted
+        pendingView = null;
+        fromAddress();
+        $("bs-form-status").textContent = "";  // no "computing…" left from the request dropped
+        document.documentElement.dataset.ready = "1";  // the texts shown are whole
         noteUnfit(applyView(location.hash));
         syncControls();
         render();
@@ -1914,6 +1932,8 @@
     let analyzing = null;  // the AbortController of the last analysis asked for
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
+      const view = pendingView;  // the address's view, for this text only (null: the view shown goes on)
+      pendingView = null;
       const text = $("bs-text").value, textB = $("bs-text-b").value.trim() ? $("bs-text-b").value : null;
       const lengths = counters.map(([id]) => [...$(id).value].length);
       const which = lengths.findIndex((n) => maxChars && n > maxChars);
@@ -1943,7 +1963,7 @@
       try {
         const body = await postJSON(cfg.api + "analyze", request, ctl.signal);
         status.textContent = remember(request, mode);
-        await start(body, new ServerSource(request), ticket);
+        await start(body, new ServerSource(request), ticket, view);
       } catch (err) {
         if (isAbort(err)) return;  // a newer request replaced this one
         status.textContent = "";
@@ -1963,7 +1983,6 @@
 
   async function startFile() {
     wireControls();
-    pendingView = location.hash;
     window.addEventListener("popstate", () => {  // an edited "#..." (or Back through such edits)
       if (!meta) return;
       noteUnfit(applyView(location.hash));
@@ -1971,7 +1990,7 @@
       render();
     });
     try {
-      await start(cfg.meta, await FileSource.load(cfg.meta));
+      await start(cfg.meta, await FileSource.load(cfg.meta), undefined, location.hash);
     } catch (err) {
       showError(String(err.message || err));
       document.documentElement.dataset.ready = "error";

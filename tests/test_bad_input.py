@@ -910,6 +910,8 @@ def test_inputs_embeds_of_another_dtype_than_the_weights_is_one_line(bert):
             call()
     out = bert.model(None, inputs_embeds=E.float())  # the cast it names works
     assert out.last_hidden_state.shape == (1, 4, bert.config.hidden_size)
+    with pytest.raises(InputError, match="got torch.float8_e4m3fn"):  # torch cannot promote it: refused, one line
+        bert.model(None, inputs_embeds=E.to(torch.float8_e4m3fn))
     # narrower than the weights is promoted at the first addition, as it always was
     half = bert.model(None, inputs_embeds=E.to(torch.bfloat16)).last_hidden_state
     assert half.dtype == torch.float32

@@ -1171,3 +1171,10 @@ def test_predict_progress_keeps_only_whole_chunks_and_a_run_that_saved_none_leav
     again = RunProgress(out, header, resume=True)
     assert [r["line"] for r in again.rows] == [1]
     again.close()
+    # a run removes only the file it holds: not one another run made at that path meanwhile
+    partial_path(out).unlink()
+    first = RunProgress(out, header, resume=False)
+    partial_path(out).unlink()  # (as a run that finished did) ...
+    partial_path(out).write_text("another run's\n")  # ... and a new one began
+    first.close()
+    assert partial_path(out).read_text() == "another run's\n"

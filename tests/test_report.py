@@ -339,6 +339,11 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     t5 = bertscope.show([causal[None, None]], ["<pad>", "▁Das", "▁Haus", "</s>"]).texts[0]
     assert t5.tokens == ["<pad>", "▁Das", "▁Haus", "</s>"]
     np.testing.assert_allclose(t5.attentions[0, 0], causal, atol=1e-7)
+    # masked left padding before such a <pad>: the padding goes, the <pad> the tokens attend to stays
+    padded = np.zeros((6, 6))
+    padded[2:, 2:] = causal
+    t5 = bertscope.show([padded[None, None]], ["<pad>", "<pad>", "<pad>", "▁Das", "▁Haus", "</s>"]).texts[0]
+    assert t5.tokens == ["<pad>", "▁Das", "▁Haus", "</s>"]
 
 
 @pytest.mark.parametrize("attentions, tokens, kw, message", [

@@ -161,6 +161,15 @@ def check_id_lists(config: BertConfig, ids: object, what: str = "ids", vocab: in
             raise InputError(f"{what}[{i}] holds ids {lo}..{hi}; they must lie in 0..{V - 1} ({name})")
 
 
+def _wider(dtype: torch.dtype, than: torch.dtype) -> bool:
+    """Whether ``dtype`` does not promote to ``than`` (float64 against float32; float8, which
+    torch does not promote at all)."""
+    try:
+        return torch.promote_types(dtype, than) != than
+    except RuntimeError:
+        return True
+
+
 INFERENCE_WEIGHTS = ("this model was loaded inside torch.inference_mode(): its weights are inference tensors, "
                      "which no gradient can pass through; load it outside inference mode (torch.no_grad() is "
                      "fine) to take gradients")
@@ -277,7 +286,7 @@ class BertModel(nn.Module):
         check_inputs(self.config, input_ids, attention_mask, token_type_ids, head_mask,
                      inputs_embeds=inputs_embeds)
         table = self.embeddings.word_embeddings.weight
-        if inputs_embeds is not None and torch.promote_types(inputs_embeds.dtype, table.dtype) != table.dtype:
+        if inputs_embeds is not None and _wider(inputs_embeds.dtype, table.dtype):
             # wider than the weights (float64 on fp32): torch's "mixed dtype (CPU)" from the LayerNorm;
             # narrower (bf16 on fp32) is promoted at the first addition, as it always was
             raise InputError(f"inputs_embeds must be {table.dtype}, as the model's weights are (or narrower), got "

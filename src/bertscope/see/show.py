@@ -140,8 +140,9 @@ def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
     s0, tokens = tokens
     if len(tokens) > att.shape[-1]:
         raise InputError(f"{what} has {len(tokens)} tokens but the attention maps are {att.shape[-1]} x {att.shape[-1]}")
-    if s0 and np.abs(att[:, :, s0:len(tokens), :s0]).max() > MASKED:
-        s0 = 0  # the tokens after them attend to them: not masked padding (T5's decoder start <pad>)
+    if s0:  # from the first leading one the tokens after them attend to: a real token (T5's decoder start)
+        taken = np.nonzero(np.abs(att[:, :, s0:len(tokens), :s0]).max(axis=(0, 1, 2)) > MASKED)[0]
+        s0 = int(taken[0]) if taken.size else s0
     tokens = tokens[s0:]
     U = len(tokens)
     a = att[:, :, s0:s0 + U, s0:s0 + U]  # (N, H, U, U): the padding before and after the tokens dropped
@@ -179,9 +180,10 @@ def show(attentions: Any, tokens: Sequence[str], *, tokens_b: Sequence[str] | No
         tokens: the token strings of the text, in order (e.g.
             ``tokenizer.convert_ids_to_tokens(ids)``): batch item 0, in a batch of one text (or
             of two, with ``tokens_b``; from a larger batch select one item, ``[a[i:i+1] for a in
-            attentions]``). Positions after them are dropped as padding, and so are
-            ``[PAD]`` / ``<pad>`` tokens at either end of the list itself (a batch padded on the
-            right, as BERT's tokenizers pad, or on the left) with their rows and columns.
+            attentions]``). Positions after them are dropped as padding, and so are trailing
+            ``[PAD]`` / ``<pad>`` tokens of the list itself, and leading ones (a batch padded on
+            the left) that the tokens after them give no attention (masked): a leading ``<pad>``
+            they attend to is a real token, as T5's decoder start is, and stays.
         tokens_b: the tokens of batch item 1, to show a second text beside the first with their
             difference (the batch must then hold exactly two items).
 

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..files import sha256_file
+from ..files import same_file, sha256_file
 
 SUFFIX = ".partial"
 KIND = "bertscope predict progress"
@@ -113,12 +113,22 @@ class RunProgress:
         self.path = partial_path(out)
         self.chunks = 0
         self._kill_after = int(os.environ.get(KILL_HOOK_ENV, "0") or 0)
+        for _ in range(100):  # again only while another run removes the file under us
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise InputError(f"cannot write {self.path} ({e.strerror or e})") from None
+            try:
+                self._lock()
+            except BaseException:
+                self._let_go()
+                raise
+            if same_file(self.fd, self.path):
+                break
+            self._let_go()  # locked a file another run had just removed: lock the one there now
+        else:
+            raise InputError(f"cannot lock {self.path}: it keeps being removed")
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise InputError(f"cannot write {self.path} ({e.strerror or e})") from None
-        try:
-            self._lock()
             data = b""
             while chunk := os.read(self.fd, 1 << 24):
                 data += chunk
@@ -143,9 +153,18 @@ class RunProgress:
             if not self.rows:
                 self._write((json.dumps(header) + "\n").encode())
         except BaseException:
-            os.close(self.fd)
-            self.fd = None
+            self._let_go()
             raise
+
+    def _let_go(self) -> None:
+        os.close(self.fd)
+        self.fd = None
+
+    def _remove(self) -> None:
+        """Remove the file, if the path still names the one this run holds (while still
+        holding its lock: no other run is between its open and its lock on it)."""
+        if same_file(self.fd, self.path):
+            self.path.unlink(missing_ok=True)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -171,9 +190,10 @@ class RunProgress:
 
     def add(self, rows: list[dict]) -> None:
         """Appends one finished chunk's rows and its ``done`` mark, on disk before this returns."""
-        self.rows += rows
-        data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in rows) + json.dumps({"done": len(self.rows)}) + "\n"
-        self._write(data.encode())
+        done = len(self.rows) + len(rows)
+        data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in rows)
+        self._write((data + json.dumps({"done": done}) + "\n").encode())
+        self.rows += rows  # once on disk: a write that failed leaves rows = what the file holds
         self.chunks += 1
         if self._kill_after and self.chunks >= self._kill_after:
             import signal
@@ -181,15 +201,15 @@ class RunProgress:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def finish(self) -> None:
-        """FILE is written: the progress goes (while still locked: no other run can take it up)."""
-        self.path.unlink(missing_ok=True)
-        self.close()
+        """FILE is written: the progress goes."""
+        if self.fd is not None:
+            self._remove()
+            self._let_go()
 
     def close(self) -> None:
         """Let the file go; one that holds no rows goes too (a run that failed or was stopped
         before its first chunk leaves nothing to resume from)."""
         if self.fd is not None:
             if not self.rows:
-                self.path.unlink(missing_ok=True)
-            os.close(self.fd)
-            self.fd = None
+                self._remove()
+            self._let_go()

@@ -679,7 +679,7 @@
         const d = tokenDiv(labels[a], side, keep[a], special[a], a * ROW, colW);
         d.tabIndex = a === 0 ? 0 : -1;  // the column's first token shown is its tab stop
         list.push(d);
-        if (two && !special[a] && counterpart(t, keep[a]) === undefined) {
+        if (two && counterpart(t, keep[a]) === undefined) {  // [SEP] too: a pair's second has none in a text
           d.classList.add("bs-unmatched");
           d.title = `${labels[a]}: no counterpart in ${"BA"[t]} (left out of the A − B difference)`;
         }
@@ -1304,7 +1304,8 @@
     }
     legendSlot.appendChild(legend(common, diverging, scaleText(diverging, common, "every thumbnail"), !shared));
     if (leftOut && (leftOut[0].length || leftOut[1].length)) {
-      legendSlot.appendChild(el("div", "bs-note bs-unmatched-note", "Words without a counterpart, left out of " +
+      legendSlot.appendChild(el("div", "bs-note bs-unmatched-note", `${state.level === "word" ? "Words" : "Sub-tokens"} ` +
+        "without a counterpart, left out of " +
         "every difference: " + [leftOut[0].length ? `A: ${leftOut[0].join(" ")}` : "",
         leftOut[1].length ? `B: ${leftOut[1].join(" ")}` : ""].filter(Boolean).join("; ") + ". The weight a " +
         "text's rows give them is in neither side, so the text that gives them more has less on the shared words, " +
@@ -1781,7 +1782,7 @@
       if (v === undefined) return;
       if (ok(v)) set(v);
       else unfit.push(`${key}=${short(v)}`);
-      for (const m of more) unfit.push(`${key}=${short(m)} (given twice: the first is taken)`);
+      for (const m of more) unfit.push(`${key}=${short(m)} (repeated: only the first is read)`);
     };
     const T = (t) => meta.texts[t].tokens.length;
     const textOf = (v) => LETTER.indexOf(v);
@@ -1914,11 +1915,17 @@
     let shown = null;  // the query of the address whose texts are shown
     window.addEventListener("popstate", () => {  // Back or Forward, or an edited "#...": what the address holds
       if (meta && location.search === shown) {  // the same texts: their view only
-        if (analyzing) analyzing.abort();  // Back then Forward at once: the texts Back asked for are not wanted
+        if (navigated && navigated === analyzing) {  // Back then Forward at once: Back's texts are not wanted
+          analyzing.abort();
+          const r = source.request;  // the box gets back the texts shown (a long one is in no address)
+          $("bs-text").value = r.text;
+          $("bs-text-b").value = r.pair ?? r.text_b ?? "";
+          $("bs-pair").checked = r.pair !== null;
+          count();
+          $("bs-form-status").textContent = "";  // no "computing…" left from the request dropped
+          document.documentElement.dataset.ready = "1";  // the texts shown are whole
+        }
         pendingView = null;
-        fromAddress();
-        $("bs-form-status").textContent = "";  // no "computing…" left from the request dropped
-        document.documentElement.dataset.ready = "1";  // the texts shown are whole
         noteUnfit(applyView(location.hash));
         syncControls();
         render();
@@ -1927,13 +1934,18 @@
       fromAddress();
       pendingView = location.hash;
       how = "replace";
+      navigating = true;
       form.requestSubmit();
     });
     let analyzing = null;  // the AbortController of the last analysis asked for
+    let navigating = false;  // the next submit is Back's or Forward's
+    let navigated = null;  // the AbortController of the last analysis Back or Forward asked for
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       const view = pendingView;  // the address's view, for this text only (null: the view shown goes on)
       pendingView = null;
+      const fromHistory = navigating;
+      navigating = false;
       const text = $("bs-text").value, textB = $("bs-text-b").value.trim() ? $("bs-text-b").value : null;
       const lengths = counters.map(([id]) => [...$(id).value].length);
       const which = lengths.findIndex((n) => maxChars && n > maxChars);
@@ -1957,6 +1969,7 @@
       if (analyzing) analyzing.abort();  // an analysis asked for before this one is not wanted now
       if (source && source.close) source.close();  // nor what the shown text was still waiting for
       const ctl = analyzing = new AbortController();
+      navigated = fromHistory ? ctl : null;
       const ticket = ++asked;  // the newest analysis asked for: only it may say the page is ready
       const mode = how;
       how = "push";

@@ -198,6 +198,8 @@ def test_predict_resume_refuses_another_input_or_setting_and_ctrl_c_says_resume(
     assert main(args + ["--resume", "--max-length", "16"]) == 2
     assert capsys.readouterr().err == (f"bertscope: error: cannot resume: max-length was 32 when the run began, "
                                        f"now 16; delete {pred}.partial to start over\n")
+    assert main(args + ["--resume", "--batch-tokens", "100"]) == 2  # the batches change a probability's last digits
+    assert "cannot resume: batch-tokens was not given when the run began, now 100" in capsys.readouterr().err
     inp.write_text(inp.read_text() + json.dumps({"text": "one more"}) + "\n")
     assert main(args + ["--resume"]) == 2
     assert "cannot resume: INPUT " in capsys.readouterr().err
@@ -211,7 +213,20 @@ def test_predict_resume_refuses_another_input_or_setting_and_ctrl_c_says_resume(
     assert main(args + ["--resume"]) == 2
     assert "holds rows for other lines than INPUT's first 24 records" in capsys.readouterr().err
     partial.write_text(good)
+    stale = tmp_path / f".{pred.name}.k3j2.tmp"  # left by a kill while FILE was written
+    stale.write_text("half a table")
     assert main(args + ["--resume"]) == 0 and pred.is_file() and not partial.exists()
+    assert not stale.exists()
+    # a FILE.partial that predict did not write (a user's notes, or INPUT itself) is never emptied
+    notes = tmp_path / "notes.tsv.partial"
+    notes.write_text("my notes: do not lose\n")
+    assert main(["predict", str(out), str(inp), "--out", str(tmp_path / "notes.tsv"), "--quiet"]) == 2
+    assert "notes.tsv.partial exists and is not a predict run's progress: move it away" in capsys.readouterr().err
+    assert notes.read_text() == "my notes: do not lose\n"
+    one = tmp_path / "t.partial"
+    one.write_text("a wonderful, moving film\n")
+    assert main(["predict", str(out), str(one), "--out", str(tmp_path / "t"), "--quiet"]) == 2
+    assert one.read_text() == "a wonderful, moving film\n"
     assert main(["predict", str(out), str(inp), "--resume", "--quiet"]) == 2
     assert "--resume needs --out" in capsys.readouterr().err
     # a device or a stream keeps no progress (it made /dev/null.partial, as root)

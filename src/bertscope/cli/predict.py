@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from glob import escape as glob_escape
+
 from .progress import add_progress_args
 
 HELP = """\
@@ -175,6 +177,17 @@ def _fine_tuned_pair_field(folder: Path) -> str | None | bool:
     return field if isinstance(field, str) else False if field is None else None
 
 
+def _remove_stale_temporaries(out: Path) -> None:
+    """The temporaries (".FILE.RANDOM.tmp") a run killed while writing FILE left beside it."""
+    from ..files import TEMP_SUFFIX
+
+    for tmp in out.parent.glob(f".{glob_escape(out.name)}.*{TEMP_SUFFIX}"):
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import re
@@ -216,8 +229,14 @@ def run(args: argparse.Namespace) -> int:
     if args.text_pair_field is not None and file_format(args.input, lines_ok=True) == "lines":
         raise InputError(f"--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input with the pair in a "
                          f"field; {args.input} is read as one text per line")
+    if args.out is not None:  # what a resumed run must find again: the bytes the records are read from
+        from ..files import sha256_file
+
+        before_read = (os.stat(args.input).st_mtime_ns, sha256_file(args.input).hexdigest())
     records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True,
                            keep_blank=True)
+    if args.out is not None and os.stat(args.input).st_mtime_ns != before_read[0]:
+        raise InputError(f"{args.input} changed while it was read; run again once nothing writes to it")
     # as `embed` judges: refused when records fail and none holds a text; a blank line fails
     # nothing, and an empty text field ("") counts as a text
     failed = [r for r in records if not r.blank]
@@ -270,13 +289,19 @@ def run(args: argparse.Namespace) -> int:
 
         settings = {"max_length": args.max_length if args.max_length is not None else bert.max_seq_length,
                     "text_field": args.text_field if file_format(args.input, lines_ok=True) != "lines" else None,
-                    "text_pair_field": args.text_pair_field}
+                    "text_pair_field": args.text_pair_field,
+                    "batch_tokens": args.batch_tokens}  # the batches change the last digits of a probability
         with writing(f"{out}.partial"):
-            kept = RunProgress(out, describe_run(args.input, len(records), bert.path, settings), resume=args.resume)
+            kept = RunProgress(out, describe_run(args.input, len(records), bert.path, settings,
+                                                 sha256=before_read[1]), resume=args.resume)
+        _remove_stale_temporaries(Path(out))  # a kill while FILE was written left one (the lock is ours now)
     try:
         if kept is not None:
             kept.check_rows([r.line for r in records])
-            if kept.rows:
+            if kept.rows and len(kept.rows) >= len(records):
+                print(f"bertscope: all {len(records):,} records were done in {kept.path}: writing {out}",
+                      file=sys.stderr)
+            elif kept.rows:
                 print(f"bertscope: resuming at record {len(kept.rows) + 1:,} of {len(records):,} "
                       f"({len(kept.rows):,} done in {kept.path})", file=sys.stderr)
             elif args.resume:

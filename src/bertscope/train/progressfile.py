@@ -25,6 +25,7 @@ from ..files import same_file, sha256_file
 
 SUFFIX = ".partial"
 KIND = "bertscope predict progress"
+HEADER_START = b'{"kind": "bertscope predict progress"'  # how the file begins (json.dumps of the header)
 KILL_HOOK_ENV = "BERTSCOPE_PREDICT_KILL_AFTER_CHUNKS"  # tests: SIGKILL once N chunks are on disk
 
 
@@ -33,13 +34,15 @@ def partial_path(out: str | os.PathLike) -> Path:
 
 
 def describe_run(input_path: str | os.PathLike, records: int, model_folder: str | os.PathLike | None,
-                 settings: dict) -> dict:
-    """The header of a run: a resumed run must match it."""
+                 settings: dict, sha256: str | None = None) -> dict:
+    """The header of a run: a resumed run must match it. ``sha256``: the input's, taken when
+    its records were read (else now)."""
     from ..core.checkpoint import fingerprint
 
     folder = Path(model_folder).expanduser().resolve() if model_folder is not None else None
     return {"kind": KIND, "version": 1, "input": str(Path(input_path).resolve()),
-            "input_bytes": os.path.getsize(input_path), "input_sha256": sha256_file(input_path).hexdigest(),
+            "input_bytes": os.path.getsize(input_path),
+            "input_sha256": sha256 or sha256_file(input_path).hexdigest(),
             "records": records, "model": str(folder) if folder else None,
             "weights": fingerprint(folder) if folder else None, "settings": settings}
 
@@ -100,7 +103,8 @@ def _difference(before: dict, now: dict) -> str | None:
     old, new = before.get("settings") or {}, now["settings"]
     for key in new:
         if old.get(key) != new[key]:
-            return f"{key.replace('_', '-')} was {old.get(key)!r} when the run began, now {new[key]!r}"
+            shown = lambda v: "not given" if v is None else repr(v)  # noqa: E731
+            return f"{key.replace('_', '-')} was {shown(old.get(key))} when the run began, now {shown(new[key])}"
     return None
 
 
@@ -135,9 +139,11 @@ class RunProgress:
             try:
                 before, self.rows, keep = _parse(data, self.path)
             except InputError:
-                if data.count(b"\n") > 1:  # rows under a header that is not predict's: not ours to drop
-                    raise
-                before, self.rows, keep = {}, [], 0  # a header cut off by a kill: nothing was done
+                if data and not HEADER_START.startswith(data[:len(HEADER_START)]):
+                    # a file predict did not write (a user's, INPUT itself): never emptied
+                    raise InputError(f"{self.path} exists and is not a predict run's progress: move it away, "
+                                     "or choose another --out") from None
+                before, self.rows, keep = {}, [], 0  # empty, or a header cut off by a kill: nothing was done
             if self.rows:
                 if not resume:
                     raise InputError(f"{self.path} holds an unfinished predict run ({len(self.rows)} of "

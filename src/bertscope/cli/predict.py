@@ -34,9 +34,10 @@ With --out, the rows are kept on disk as they are computed, in FILE.partial (eve
 records or 50,000 characters), so a run stopped by Ctrl-C, a kill or a crash loses at most the
 chunk it was in: the same command with --resume goes on from there and writes the FILE a run
 that never stopped would have written. It refuses when INPUT, the model's files or a setting
-that changes a row (--max-length, --text-field, --text-pair-field) differ from the run's; a run
-without --resume refuses to start over a FILE.partial that holds rows. FILE.partial goes when
-FILE is written.
+that changes a row (--max-length, --text-field, --text-pair-field, --batch-tokens: the batches
+change a probability's last digits) differ from the run's; a run without --resume refuses to
+start over a FILE.partial that holds rows, and any FILE.partial predict did not write. FILE.partial
+goes when FILE is written.
 
 examples:
   bertscope predict sentiment/ reviews.txt

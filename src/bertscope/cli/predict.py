@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 from glob import escape as glob_escape
+from pathlib import Path
 
 from .progress import add_progress_args
 

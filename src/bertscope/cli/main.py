@@ -246,7 +246,11 @@ def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports the commands, and so torch: the first second or so
+    except KeyboardInterrupt:  # Ctrl-C before the command began: one line, not torch's traceback
+        print("bertscope: interrupted", file=sys.stderr)
+        return 130
     argv, debug = _split_debug(sys.argv[1:] if argv is None else list(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # an unknown flag: say so with the help of the command it was given to

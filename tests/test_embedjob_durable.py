@@ -115,6 +115,7 @@ def test_full_disk_is_one_line_naming_the_file_and_leaves_no_temporary(tmp_path,
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1, err
     assert "no space left on the device" in lines[0]
+    assert lines[0].endswith("; free some space, then rerun the same command with --resume to finish")
     assert str(out / "_staging" / f"part-00000.{fmt}") in lines[0]  # the file it could not write
     assert "Traceback" not in err and _no_temporaries(out)
     monkeypatch.undo()  # space again: the job resumes and completes

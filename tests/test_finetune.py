@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -1193,3 +1194,32 @@ def test_predict_progress_keeps_only_whole_chunks_and_a_run_that_saved_none_leav
     partial_path(out).write_text("another run's\n")  # ... and a new one began
     first.close()
     assert partial_path(out).read_text() == "another run's\n"
+
+
+def test_predict_on_a_full_disk_says_resume_finishes_and_does(trained, tmp_path, capsys, monkeypatch):
+    """A full disk after some chunks were saved is one line that names the file and says that
+    --resume finishes the run (as a Ctrl-C's line does); with space again, it does."""
+    from bertscope.train.progressfile import RunProgress
+
+    out, _ = trained
+    inp = _long_reviews(tmp_path / "in.jsonl")
+    pred = tmp_path / "pred.tsv"
+    write, calls = RunProgress._write, []
+
+    def full_after_one_chunk(self, data):
+        calls.append(len(data))
+        if len(calls) > 2:  # the header, one chunk, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(self, data)
+
+    monkeypatch.setattr(RunProgress, "_write", full_after_one_chunk)
+    args = ["predict", str(out), str(inp), "--out", str(pred), "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bertscope: error: --out: cannot write '{pred}.partial' (No space left on device); free "
+                   "some space, then rerun the same command with --resume to finish\n")
+    monkeypatch.setattr(RunProgress, "_write", write)
+    assert main(args + ["--resume"]) == 0 and not Path(f"{pred}.partial").exists()
+    resumed = pred.read_text()
+    assert main(["predict", str(out), str(inp), "--out", str(tmp_path / "whole.tsv"), "--quiet"]) == 0
+    assert resumed == (tmp_path / "whole.tsv").read_text()

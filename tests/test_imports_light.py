@@ -74,3 +74,4 @@ def test_type_checkers_see_the_same_names():
     seen = {alias.name: "." + (imp.module or "") for imp in guarded.body for alias in imp.names}
     import bertscope
     assert seen == bertscope._HOME
+    assert sorted(bertscope.__all__) == sorted([*bertscope._HOME, "__version__"])

@@ -50,7 +50,18 @@ _HOME = {
 _PACKAGES = frozenset({"bench", "bert", "cli", "core", "errors", "explain", "fast", "files", "scale",
                        "see", "train", "understand"})
 
-__all__ = sorted([*_HOME, "__version__"])
+__all__ = [  # the names of _HOME (a test checks): written out for linters and `import *` readers
+    "AttendResult", "AttentionRecord", "Batch", "Bert", "BertConfig", "BertForSequenceClassification",
+    "BertModel", "BertOutput", "ClassifierOutput",
+    "BertTokenizer", "BertscopeError", "CheckpointError", "ConfigError", "InputError", "InputTypeError",
+    "NonFiniteError",
+    "MultiHeadSelfAttention", "PRESETS", "ParamCount", "TruncationWarning", "__version__",
+    "attend", "attention_reference", "bundled_model_path", "count_params", "load",
+    "mask_to_bias", "to_key_padding_mask", "word_attention",
+    "Report", "ReportText", "attention_rollout", "build_report", "mean_heads", "show",
+    "Explanation", "explain",
+    "Ablation", "HeadStats", "Trace", "ablate", "head_stats", "trace",
+]
 
 if TYPE_CHECKING:  # what type checkers and editors read; at run time the names come from _HOME
     from .bert import Bert, bundled_model_path, load

@@ -32,6 +32,9 @@ class NonFiniteError(BertscopeError):
     """The model computed NaN or infinity (e.g. fp16 overflow); nothing is returned or written."""
 
 
+NO_SPACE = "no space left on the device"  # how every message says a full disk (the CLI looks for it)
+
+
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SAID: dict[str, str] = {}  # "max_length (--max-length)" -> "--max-length", as messages named them
 

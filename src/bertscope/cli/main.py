@@ -21,7 +21,7 @@ import warnings
 from typing import NoReturn, Sequence
 
 from .. import __version__
-from ..errors import BertscopeError, as_typed
+from ..errors import NO_SPACE, BertscopeError, as_typed
 
 COMMAND_MODULES = [
     "params", "attend",  # core
@@ -131,11 +131,25 @@ def _checked_stdout():
                             errors=out.errors, line_buffering=out.line_buffering or unbuffered)
 
 
+def _no_space(e: BaseException | None) -> bool:
+    """A full disk, or a full disk quota: the error, one it was raised from, or a library error
+    that says so (numpy's short write carries no errno; embed's error names the file)."""
+    for _ in range(4):
+        if e is None:
+            return False
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return True
+        if isinstance(e, BertscopeError) and NO_SPACE in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _write_failure(e: OSError) -> str | None:
     """The one line for a failed write that is not the user's doing to fix by other input: a
     full disk, named by the file (or standard output); None for other errors."""
-    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return f"cannot write {e.filename or 'the output'}: no space left on the device"
+    if _no_space(e):
+        return f"cannot write {e.filename or 'the output'}: {NO_SPACE}"
     if e.filename == STDOUT_NAME:
         return f"cannot write {STDOUT_NAME}: {e.strerror or e}"
     return None
@@ -303,7 +317,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             if args.debug:
                 traceback.print_exc()
             return _stopped(stop, args, previous)
-        return _failed(e, args.debug)
+        return _failed(e, args)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -331,15 +345,19 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-def _failed(e: Exception, debug: bool) -> int:
+def _failed(e: Exception, args: argparse.Namespace) -> int:
     """The one line for a failure: 2 for bertscope's errors and a full disk, 0 for a closed
-    pipe, 1 for anything unexpected."""
+    pipe, 1 for anything unexpected. A full disk under a command that can resume says how to
+    finish, as a Ctrl-C does: what was written before is kept."""
+    debug = args.debug
     if isinstance(e, BrokenPipeError):
         return 0
     line = (as_typed(_one_line(e)) if isinstance(e, BertscopeError)
             else _write_failure(e) if isinstance(e, OSError) else None)
     if line is None:  # an unexpected failure still gets one line, not a traceback
         return _unexpected(e, debug)
+    if _no_space(e) and _resumable(args):
+        line += "; free some space, then rerun the same command with --resume to finish"
     if debug:  # the traceback, then the same line and exit status as without --debug
         traceback.print_exc()
     print(f"bertscope: error: {line}", file=sys.stderr)

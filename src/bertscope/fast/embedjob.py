@@ -92,7 +92,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..core.tokenizer import tokenless
-from ..errors import InputError, InputTypeError, as_whole_number, setting
+from ..errors import NO_SPACE, InputError, InputTypeError, as_whole_number, setting
 from ..files import TEMP_SUFFIX, FolderLock, fields_note, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_piece, read_shard,
@@ -351,7 +351,7 @@ def write_error(path: Path, e: OSError) -> InputError:
     no_space = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
     if not no_space and e.errno is None and "written" in str(e):
         no_space = nearly_full(path)
-    reason = "no space left on the device" if no_space else (e.strerror or str(e))
+    reason = NO_SPACE if no_space else (e.strerror or str(e))
     return InputError(f"cannot write {path}: {reason}")
 
 

@@ -266,7 +266,7 @@ def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys
     label = clf.labels[int(clf.classify(["A fine film."]).argmax())]
     assert [r.split("\t")[1:3] for r in capsys.readouterr().out.splitlines()[1:]] == [
         ["empty", ""], ["ok", label], ["empty", ""]]
-    with pytest.raises(bertscope.InputError, match=re.escape("text 2 has no tokens (only characters the tokenizer")):
+    with pytest.raises(bertscope.InputError, match=re.escape("texts[1] has no tokens (only characters the tokenizer")):
         clf.classify(["A fine film.", "\u200b"])
     empties = tmp_path / "empties.jsonl"  # empty text fields count as texts, as in `embed`
     empties.write_text('{"text": ""}\n{"body": "x"}\n')

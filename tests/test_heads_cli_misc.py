@@ -120,7 +120,7 @@ def test_head_stats_raises_the_truncation_warning_the_other_tools_raise(bert):
         w.simplefilter("always")
         hs = head_stats(bert, ["The cat sat.", "word " * 600, "word " * 700])
     cut = [str(c.message) for c in caught if issubclass(c.category, TruncationWarning)]
-    assert cut == ["2 text(s) longer than 512 tokens were truncated (first: text 2)"], cut
+    assert cut == ["2 text(s) longer than 512 tokens were truncated (first: line 2)"], cut
     assert caught[0].filename == __file__  # pointed at the caller's line, not bertscope's
     assert any("lines 2, 3" in x for x in hs.warnings)  # the record keeps every line
 

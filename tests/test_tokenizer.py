@@ -39,11 +39,11 @@ def test_uncased_checkpoint_lowercases(bert):
 def test_long_text_is_truncated_with_a_warning(bert):
     long = "word " * 1000
     with pytest.warns(TruncationWarning, match=re.escape("1 text(s) longer than 512 tokens were truncated (first: "
-                                                         "text 1)")):
+                                                         "texts[0])")):
         b = bert.encode([long, "short"])
     with pytest.warns(TruncationWarning, match="^the text is longer than 512 tokens and was truncated$"):
-        bert.encode([long])  # one text: no count, no "text 1" to find
-    with pytest.warns(TruncationWarning, match=re.escape("1 text(s) longer than 256 tokens were truncated (first: text 3)")):
+        bert.encode([long])  # one text: no count, no "texts[0]" to find
+    with pytest.warns(TruncationWarning, match=re.escape("1 text(s) longer than 256 tokens were truncated (first: texts[2])")):
         bert.embed(["", "short", long])  # numbered as given, blank texts counted
     assert b.input_ids.shape == (2, 512) and b.truncated == [True, False]
     assert b.tokens[0][-1] == "[SEP]"

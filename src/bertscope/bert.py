@@ -290,7 +290,8 @@ class Bert:
         empty = next((i for i, t in enumerate(texts)  # a pair with one side empty is read, as finetune reads it
                       if not t.strip() and (pairs is None or not pairs[i].strip())), None)
         if empty is not None:  # no neutral answer exists for a class (embed gives empty texts zeros)
-            raise InputError(f"text {empty + 1} is empty: a classifier has nothing to read (leave it out)")
+            said = f"texts[{empty}] is" if pairs is None else f"texts[{empty}] and pairs[{empty}] are"
+            raise InputError(f"{said} empty: a classifier has nothing to read (leave it out)")
         limit = self.max_seq_length if max_length is None else as_whole_number(max_length)
         low = least_read_length(pairs is not None)  # one token of each text besides the specials
         if limit is None or not low <= limit <= self.config.max_position_embeddings:
@@ -301,8 +302,9 @@ class Bert:
         empty = next((i for i, row in enumerate(ids) if tokenless(row, pair=pairs is not None) and not truncated[i]),
                      None)
         if empty is not None:
-            raise InputError(f"text {empty + 1} has no tokens (only characters the tokenizer drops): a "
-                             "classifier has nothing to read (leave it out)")
+            said = f"texts[{empty}] has" if pairs is None else f"texts[{empty}] and pairs[{empty}] have"
+            raise InputError(f"{said} no tokens (only characters the tokenizer drops): a classifier has "
+                             "nothing to read (leave it out)")
         warn_truncated(truncated, limit)
         return self.classify_ids(ids, types, batch_size=batch_size, batch_tokens=batch_tokens)
 

@@ -39,10 +39,12 @@ class TruncationWarning(UserWarning):
     """A text was longer than the model's positions and was cut."""
 
 
-def warn_truncated(truncated: Sequence[bool], limit: int, numbers: Sequence[int] | None = None) -> None:
+def warn_truncated(truncated: Sequence[bool], limit: int, numbers: Sequence[int] | None = None,
+                   *, lines: bool = False) -> None:
     """The one TruncationWarning for the texts cut to ``limit`` tokens, if any: how many, and the
-    first (``numbers``: the texts' own 0-based positions, where ``truncated`` covers a subset);
-    a lone text is just "the text"."""
+    first, named as Python indexes the list, ``texts[i]`` (``numbers``: the texts' own 0-based
+    positions, where ``truncated`` covers a subset), or with ``lines``, as "line N" (``numbers``:
+    1-based line numbers); a lone text is just "the text"."""
     cut = [k for k, t in enumerate(truncated) if t]
     if not cut:
         return
@@ -50,8 +52,8 @@ def warn_truncated(truncated: Sequence[bool], limit: int, numbers: Sequence[int]
         warn_caller(f"the text is longer than {limit} tokens and was truncated", TruncationWarning)
         return
     first = cut[0] if numbers is None else numbers[cut[0]]
-    warn_caller(f"{len(cut)} text(s) longer than {limit} tokens were truncated (first: text {first + 1})",
-                TruncationWarning)
+    warn_caller(f"{len(cut)} text(s) longer than {limit} tokens were truncated "
+                f"(first: {f'line {first}' if lines else f'texts[{first}]'})", TruncationWarning)
 
 
 def check_text(text: object, what: str = "the text") -> str:

@@ -336,7 +336,7 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
             raise InputTypeError(f"item {i + 1} is a pair whose first element, {n!r}, is not a line number: "
                                  "give texts as strings, or as (line number, text) pairs")
         items[i] = (line, t)
-    items = [(n, check_text(t, f"text {n}")) for n, t in items]
+    items = [(n, check_text(t, f"line {n}")) for n, t in items]
     sums = HeadSums(bert.config.num_hidden_layers, bert.config.num_attention_heads)
     dev = bert.device
     for done, (n, text) in enumerate(items):
@@ -364,6 +364,9 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
                progress: Callable[[int, int], None] | None = None) -> HeadStats:
     """Statistics of every layer and head over ``texts`` (strings, or (line number, string) pairs).
 
+    Texts are named by line number in warnings and errors ("line 2"): the given ones, or 1, 2, ...
+    for plain strings, as a file's lines are numbered.
+
     ``warnings``: notes about the corpus gathered before (a file reader's skipped lines, say),
     kept in the result's warnings before this function's own; the list is not changed.
     ``progress(done, total)`` is called after each text (one forward pass each).
@@ -378,5 +381,5 @@ def head_stats(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
         raise InputError("the corpus has no text (every line is empty, or has no tokens)")
     hs = sums.finish(bert.name, bert.tokenizer.max_length, warnings)
     cut = sorted(sums.truncated)  # the TruncationWarning every cut text raises (the record lists them all)
-    warn_truncated([True] * len(cut), bert.tokenizer.max_length, numbers=[n - 1 for n in cut])
+    warn_truncated([True] * len(cut), bert.tokenizer.max_length, numbers=cut, lines=True)
     return hs

@@ -89,7 +89,9 @@ class BertForSequenceClassification(nn.Module):
         classifier_dropout: dropout before the head; None = the config's hidden_dropout_prob
             (HF's rule for a config whose ``classifier_dropout`` is null).
         encoder: an existing :class:`BertModel` to use as ``.bert`` (its weights are shared,
-            not copied); default: a new one with BERT's initialisation.
+            not copied); default: a new one with BERT's initialisation. One loaded without a
+            pooler (a checkpoint saved without it) is given a new one, N(0, 0.02), with a
+            warning logged: the caller's ``encoder`` gains it too, since it is the same module.
 
     The head is initialised as BERT's linears are: N(0, 0.02) weight, zero bias.
     """
@@ -114,7 +116,6 @@ class BertForSequenceClassification(nn.Module):
         self.classifier_dropout = classifier_dropout
         self.bert = encoder if encoder is not None else BertModel(config)
         if self.bert.pooler is None:  # an encoder saved without one: a new pooler, trained with the head
-            # (``encoder`` is this classifier's from now on, not a copy: the caller's module gains it)
             log.warning("the encoder has no pooler weights: the classifier's pooler starts from random "
                         "numbers (as HF's does) and is trained with the head")
             self.bert.pooler = BertPooler(config)

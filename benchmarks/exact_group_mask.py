@@ -36,6 +36,7 @@ import bertscope.fast.encoder as encoder  # noqa: E402
 import bertscope.fast.kernels as kernels  # noqa: E402
 from bertscope.bench.corpus import make_texts, review_corpus  # noqa: E402
 from bertscope.bench.machine import cpu_label, machine  # noqa: E402
+from bertscope.bench.timing import median_of  # noqa: E402
 from bertscope.fast.gemm import refuse_non_finite  # noqa: E402
 
 SHIPPED = kernels.attention_plan
@@ -117,16 +118,6 @@ def check_cost(bert, rounds: int) -> None:
           f"{1e3 * min(took):.2f}-{1e3 * max(took):.2f})")
 
 
-def median_of(f, n: int = 15) -> float:
-    f()
-    took = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        took.append(time.perf_counter() - t)
-    return statistics.median(took)
-
-
 def training_share(bert) -> None:
     from bertscope.fast.encoder import PackedEncoder
 
@@ -143,8 +134,8 @@ def training_share(bert) -> None:
         def attend(mask):
             F.scaled_dot_product_attention(q, k, v, attn_mask=keep if mask else None, dropout_p=0.1).sum().backward()
 
-        whole = median_of(step)
-        masked, plain = median_of(lambda: attend(True)), median_of(lambda: attend(False))
+        whole = median_of(step, 15)
+        masked, plain = median_of(lambda: attend(True), 15), median_of(lambda: attend(False), 15)
         layers = bert.config.num_hidden_layers
         print(f"training step (64 texts of 12 tokens, forward and backward): {1e3 * whole:.1f} ms; one layer's "
               f"attention masked {1e3 * masked:.2f} ms, unmasked {1e3 * plain:.2f} ms: "

@@ -37,18 +37,8 @@ from bertscope.bench.machine import cpu_label, machine  # noqa: E402
 from bertscope.bench.corpus import save_random_checkpoint  # noqa: E402
 from bertscope.core.checkpoint import bundled_model_path  # noqa: E402
 from bertscope.core.config import BertConfig  # noqa: E402
+from bertscope.bench.timing import median_of  # noqa: E402
 from bertscope.fast.quant import CASTS, Scratch  # noqa: E402
-
-
-def median_ms(fn, n: int = 40) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main() -> int:
@@ -78,10 +68,10 @@ def run(a: argparse.Namespace) -> int:
             src = torch.rand(2048, width) * 255  # (2048, K): values on the 8-bit grid, before truncation
             cells = []
             t, q = torch.empty_like(src), torch.empty(src.shape, dtype=torch.uint8)
-            copy_ms = median_ms(lambda: t.copy_(src))  # the refill, taken off below
+            copy_ms = 1e3 * median_of(lambda: t.copy_(src), 40, warmup=2)  # the refill, taken off below
             for cast in CASTS:
                 s = Scratch(cast)
-                cells.append(median_ms(lambda: s.narrow(t.copy_(src), q)) - copy_ms)
+                cells.append(1e3 * median_of(lambda: s.narrow(t.copy_(src), q), 40, warmup=2) - copy_ms)
             print(f"| 2048 x {width} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {copy_ms:.3f} |")
 
     lengths = mixed_lengths(256, 5, 256) if a.model is None else [128] * 32

@@ -99,3 +99,16 @@ def median_time(fn: Callable[[], object], min_rounds: int = 3, min_seconds: floa
         sync(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def median_of(fn: Callable[[], object], rounds: int, warmup: int = 1) -> float:
+    """The median of ``rounds`` timed calls of ``fn`` on the CPU, in seconds, after ``warmup``
+    untimed ones: a fixed count, as a benchmark script's table states it."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)

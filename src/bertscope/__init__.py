@@ -10,9 +10,8 @@ This module is the public API; everything re-exported here is stable.
     bertscope.trace(bert, "The cat sat because it was tired", "it", layer=3, head=1)  # the seed's steps
     bertscope.show(hf_outputs.attentions, tokens)  # any model's attention in the explorer
 
-The names are imported on first use (PEP 562), so ``import bertscope`` and the command line's
-first moments do not wait for torch: a Ctrl-C then is the command line's one line, not a
-traceback from inside torch's import.
+The names are imported on first use (PEP 562): ``import bertscope`` and ``bertscope --help`` do
+not wait for torch's import.
 """
 
 from __future__ import annotations
@@ -84,37 +83,43 @@ if TYPE_CHECKING:  # what type checkers and editors read; at run time the names 
     from .understand.trace import Trace, trace
 
 
-def __getattr__(name: str):
-    home = _HOME.get(name)
-    if home is not None:
-        value = getattr(importlib.import_module(home, __name__), name)
-        globals()[name] = value  # looked up once
-        return value
-    if name in _PACKAGES:  # `import bertscope; bertscope.core.model`, as before the names were lazy
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if not TYPE_CHECKING:  # hidden from type checkers, which then still flag a misspelt name
+    def __getattr__(name: str):
+        home = _HOME.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home, __name__), name)
+            globals()[name] = value  # looked up once
+            return value
+        if name in _PACKAGES:  # `import bertscope; bertscope.core.model`, as before the names were lazy
+            return importlib.import_module(f".{name}", __name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-def __dir__() -> list[str]:
-    return sorted({*__all__, *_PACKAGES})
+    def __dir__() -> list[str]:
+        return sorted({*__all__, *_PACKAGES, *(k for k in globals() if k.startswith("__"))})
 
 
 class _Package(types.ModuleType):
     """``bertscope.explain`` is the function, though a subpackage has the same name: importing
     the subpackage binds it here (Python sets a package's attribute to each subpackage it
-    loads), and this keeps the function in its place."""
+    loads), and this keeps the function in its place. Assigning another value (a test's patch)
+    replaces it until deleted or assigned back, as for any other name."""
 
     @property
     def explain(self):
-        value = self.__dict__.get("_explain")  # set by assignment (a test's monkeypatch, say)
+        value = self.__dict__.get("_explain")
         if value is None:
             from .explain import explain as value
+            self.__dict__["_explain"] = value  # looked up once, as the other names are
         return value
 
     @explain.setter
     def explain(self, value) -> None:
         if not isinstance(value, types.ModuleType):
             self.__dict__["_explain"] = value
+
+    @explain.deleter
+    def explain(self) -> None:  # mock.patch's undo deletes what it set: the function comes back
+        self.__dict__.pop("_explain", None)
 
 
 sys.modules[__name__].__class__ = _Package

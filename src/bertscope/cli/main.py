@@ -259,12 +259,52 @@ def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> arg
     return parser
 
 
+class _HeldInterrupt:
+    """Ctrl-C held back while torch imports, then acted on.
+
+    An interrupt inside ``import torch`` leaves a half-imported torch: the next import of it
+    aborts the process from C++ ("cannot initialize type ...") or segfaults, and numpy's import
+    from torch's C code can swallow the interrupt whole. So while this is active, SIGINT is only
+    noted; ``hit`` says whether one came. Where signals cannot be set (not the main thread),
+    nothing changes."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.active = False
+        self.previous = None
+
+    def _note(self, signum, frame) -> None:
+        self.hit = True
+
+    def __enter__(self) -> "_HeldInterrupt":
+        try:
+            self.previous = signal.signal(signal.SIGINT, self._note)
+        except ValueError:
+            return self
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.active:  # None: a handler set outside Python, which Python cannot put back
+            signal.signal(signal.SIGINT, signal.default_int_handler if self.previous is None else self.previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        parser = build_parser()  # imports the commands, and so torch: the first second or so
-    except KeyboardInterrupt:  # Ctrl-C before the command began: one line, not torch's traceback
+        return _main(argv)
+    except KeyboardInterrupt:  # before the command began (its own are said by _run): one line
         print("bertscope: interrupted", file=sys.stderr)
         return 130
+
+
+def _import_torch() -> None:
+    """numpy and torch, whole, before any command runs (see _HeldInterrupt): the first second."""
+    import numpy  # noqa: F401  (first: torch's C code imports it, and can lose an interrupt there)
+    import torch  # noqa: F401
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()  # light: the commands import what they need when they run
     argv, debug = _split_debug(sys.argv[1:] if argv is None else list(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # an unknown flag: say so with the help of the command it was given to
@@ -279,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          else _LogLine())
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     warnings.showwarning = _warning_line
+    with _HeldInterrupt() as held:
+        _import_torch()
+    if held.hit:
+        raise KeyboardInterrupt
     stdout = _checked_stdout()
     if stdout is None:
         return _run(args, parser)

@@ -939,6 +939,81 @@ def test_the_numbers_of_all_twelve_heads_fit_beside_the_lines(browser, bert, tmp
     page.close()
 
 
+# every box that selector matches, where it is on the screen now
+_BOXES = ("sel => [...document.querySelectorAll(sel)].map(e => { const r = e.getBoundingClientRect(); "
+          "return [r.left, r.top, r.width, r.height]; })")
+# whether any of them moved or changed size since `rest`
+_ANY_MOVED = ("((sel, rest) => { const now = (" + _BOXES + ")(sel); return now.length !== rest.length || "
+              "now.some((b, i) => b.some((v, k) => Math.abs(v - rest[i][k]) > 0.5)); })")
+
+
+def _moved(page, selector: str, rest: list) -> float:
+    """How far (px) the farthest of the boxes moved or changed size since ``rest``."""
+    now = page.evaluate(_BOXES, selector)
+    assert len(now) == len(rest), (len(now), len(rest))
+    return max(abs(v - w) for b, c in zip(now, rest) for v, w in zip(b, c))
+
+
+def _point_at(page, selector: str, moving: str, rest: list, done: str) -> float:
+    """Rest the pointer on the middle of ``selector``; once ``done`` (a JS expression) holds,
+    how far the ``moving`` boxes went."""
+    box = page.locator(selector).bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    # the hover has taken, or something moved already (then the assertion says how far)
+    page.wait_for_function(f"([sel, rest]) => ({done}) || {_ANY_MOVED}(sel, rest)", arg=[moving, rest],
+                           timeout=30_000)
+    return _moved(page, moving, rest)
+
+
+def test_hovering_moves_no_token_and_no_heatmap(browser, bert, tmp_path):
+    """A head panel's readout was as big as what it showed: a note, or a table (a wider one for
+    several heads). Hovering a token changed it, and the panel beside or below it moved (up to
+    ~1000 px: B went up beside A, or down by 227 px on a narrow screen), so the token under a
+    resting pointer changed and the focus jumped or flickered. The matrix view's readout did the
+    same to the heatmaps (16 px). Nothing moves, wide or narrow, with one head or all twelve."""
+    rep = build_report(bert, IT_ANIMAL, WIDE)
+    wa, wb = rep.texts[0].words, rep.texts[1].words
+    # (panel, side, unit): tables in both panels (the focus is linked), a word without counterpart
+    # ("wide": a short note in A), the last token; the pointer crosses from panel to panel
+    hovers = [(0, "left", wa.index("it")), (1, "right", wb.index("wide")), (0, "right", wa.index("tired")),
+              (1, "left", 0), (0, "left", len(wa) - 1), (1, "left", wb.index("animal"))]
+    toks = "#bs-head-view .bs-tok"
+    for width in (1600, 2400, 420):  # B below A (beside it if A narrowed), B beside A, narrow
+        height = 2600  # the whole page in view: nothing scrolls, the pointer rests where it was put
+        page, errors = open_report(browser, rep, tmp_path / f"hover{width}.html", width, height)
+        settle(page)
+        for heads in ("one", "all"):
+            if heads == "all":  # a table of 13 columns, in the wide readout
+                page.click("#bs-heads-all")
+                settle(page)
+            rest = page.evaluate(_BOXES, toks)
+            assert max(b[1] + b[3] for b in rest) <= height  # every token in view
+            for panel, side, i in hovers:
+                tok = f"#bs-head-view .bs-panel[data-panel='{panel}'] .bs-tok.bs-{side}[data-i='{i}']"
+                focused = f"document.querySelector(\"{tok}\").classList.contains('bs-focus')"
+                moved = _point_at(page, tok, toks, rest, focused)
+                assert moved <= 0.5, (width, heads, panel, side, i, moved)
+                assert page.eval_on_selector(tok, "e => e.classList.contains('bs-focus')"), (width, heads, tok)
+            assert page.locator("#bs-head-view .bs-readout table").count() == 2
+            assert "no counterpart" not in page.inner_text("#bs-head-view")  # "animal" has one
+            # off the tokens: both readouts say what to do again
+            moved = _point_at(page, "#bs-hint", toks, rest, "!document.querySelector('#bs-head-view .bs-focus')")
+            assert moved <= 0.5, (width, heads, "left", moved)
+        page.click(".bs-tab[data-view='matrix']")
+        settle(page)
+        maps = "#bs-matrix-view canvas.bs-grid"
+        rest = page.evaluate(_BOXES, maps)
+        assert len(rest) >= 3 and max(b[1] + b[3] for b in rest) <= height  # A, B, A - B (per head)
+        for key in ("0", "1", "diff"):
+            out = f"#bs-matrix-view .bs-panel[data-panel='{key}'] .bs-mreadout"
+            moved = _point_at(page, f"#bs-matrix-view .bs-panel[data-panel='{key}'] canvas.bs-grid", maps, rest,
+                              f"document.querySelector(\"{out}\").dataset.value !== undefined")
+            assert moved <= 0.5, (width, key, moved)
+            assert page.get_attribute(out, "data-value") is not None
+        assert not errors, errors
+        page.close()
+
+
 def test_a_long_map_of_lengths_draws_its_strongest_lines_and_says_so(browser, bert, tmp_path):
     """norm (vector lengths, drawn against the layer's largest) put nearly every one of n² lines
     above the drawing floor: 461 tokens took 11 s to draw, a solid band. Such a map keeps its 50

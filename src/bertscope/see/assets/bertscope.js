@@ -655,9 +655,6 @@
     const note = windowNote();
     if (note) panel.appendChild(el("div", "bs-note", note));
     const body = el("div", "bs-panel-body");
-    // room for the tallest readout (a table of n rows), so the page never moves under the pointer
-    // when the readout changes between a table and a note
-    body.style.minHeight = `min(78vh, ${Math.max(n * ROW, 72 + 23 * (n + 1))}px)`;
     const scroll = el("div", "bs-hv-scroll");
     const hv = el("div", "bs-hv");
     // the band narrows on a narrow screen, so both token columns stay in view (down to MIN_GAP),
@@ -699,7 +696,13 @@
     }
     scroll.appendChild(hv);
     body.appendChild(scroll);
-    const readout = el("div", "bs-readout");
+    // The readout's size never follows what it shows (a note, or a table of n rows): it changes as
+    // the pointer moves, and a box that grew or shrank with it moved the tokens under the pointer
+    // (the other panel beside or below, or the lines below it on a narrow screen), so the focus
+    // jumped to another token. Its height is room for the table, its width set by the CSS; the
+    // table scrolls inside it where it needs more. Three heads or more: the wide box (bs-wide).
+    const readout = el("div", "bs-readout" + (shown.length > 2 ? " bs-wide" : ""));
+    readout.style.height = `min(78vh, ${72 + 23 * (n + 1)}px)`;
     body.appendChild(readout);
     panel.appendChild(body);
     panels.appendChild(panel);
@@ -1130,14 +1133,20 @@
       corner.title = `labels on every ${ordinal(step)} row and column (point at a cell for its tokens)`;
     }
     panel.appendChild(legend(vmax, diverging, scaleLine));
-    const out = el("div", "bs-mreadout", "Point at a cell for its exact value (or Tab to the heatmap and use the arrows).");
+    // the note stays in the readout, unseen once a value shows, both in one grid cell: the box is
+    // as tall as the taller of the two, so a value in the note's place moves nothing below it
+    const out = el("div", "bs-mreadout");
+    const hint = el("span", "bs-mhint", "Point at a cell for its exact value (or Tab to the heatmap and use the arrows).");
+    const value = el("span", "bs-mvalue");
+    out.append(hint, value);
     out.setAttribute("aria-live", "polite");  // what the arrow keys reach is read out
     panel.appendChild(out);
     const tip = $("bs-tip");
     const read = (a, b) => {  // row a attends to column b: the readout below the heatmap
       const w = M[a * n + b];
       const text = `${labels[a]} → ${labels[b]}: ${diverging ? fmtSigned(w, source.exact ? 4 : 3) : fmt(w)}`;
-      out.textContent = text;
+      value.textContent = text;
+      hint.style.visibility = "hidden";
       out.dataset.from = String(p.keep[a]);
       out.dataset.to = String(p.keep[b]);
       out.dataset.value = String(w);

@@ -383,11 +383,15 @@ def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
         proc.wait(60)
 
 
-def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebacks(tmp_path):
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebacks(tmp_path, stop):
     """A Ctrl-C during a long request waited silently; a second printed two uvicorn tracebacks
-    and then waited for the computation anyway."""
+    and then waited for the computation anyway. A second SIGTERM was ignored: the server waited
+    for the computation."""
     import signal
     import time
+
+    sig = getattr(signal, stop)
 
     marker = tmp_path / "started"
     proc, err_path, base = _serve_measuring(tmp_path, (
@@ -403,12 +407,12 @@ def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebac
             while not marker.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert marker.exists(), err_path.read_text()
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             while "waiting for" not in err_path.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert proc.poll() is None  # the first Ctrl-C waits for the request
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(60) == 130
+            proc.send_signal(sig)
+            assert proc.wait(60) == (130 if stop == "SIGINT" else 143)  # the measure sleeps 120 s
             status, _ = pending.result(60)
             assert status == 500  # cut short, as a stop at once must
     finally:
@@ -417,7 +421,29 @@ def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebac
     lines = err_path.read_text().strip().splitlines()
     assert lines[1:] == ["bertscope: warning: stopping: waiting for 1 request(s) to finish (Ctrl-C again stops "
                          "at once)", "bertscope: warning: stopped with 1 request(s) unfinished",
-                         "bertscope: interrupted"], lines
+                         f"bertscope: {'interrupted' if stop == 'SIGINT' else 'terminated'}"], lines
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_idle_is_one_line_and_the_status_of_its_signal(tmp_path, stop):
+    """A Ctrl-C stopped an idle server with status 0 and no word, where SIGTERM said
+    "terminated" with 143: the signal uvicorn raises again once stopped fell into asyncio's
+    handler and was lost. Both now end as every command's stop does."""
+    import signal
+    import time
+
+    proc, err_path, base = _serve_measuring(tmp_path, "def measure(b, text, wanted, pair=None):\n    pass",
+                                            "--measure", "alti")
+    try:
+        assert request(base, "GET", "/api/health")[0] == 200
+        proc.send_signal(getattr(signal, stop))
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err_path.read_text().strip().splitlines()
+    assert (code, lines[1:]) == ((130, ["bertscope: interrupted"]) if stop == "SIGINT"
+                                 else (143, ["bertscope: terminated"])), lines
 
 
 def test_port_in_use_and_bad_host_are_one_line_errors(capsys):

@@ -29,7 +29,7 @@ The model computes one request at a time, and a measure of a long text takes sec
 needs (another measure's maps once a new one is chosen, a text's once another is analysed), and
 the server skips such a request if it has not begun (--debug shows each one dropped).
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C: it finishes the
-requests running (and says so); a second Ctrl-C stops at once.
+requests running (and says so); a second Ctrl-C (or SIGTERM) stops at once.
 
 examples:
   bertscope serve                       # then open http://127.0.0.1:8000/
@@ -58,6 +58,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import os
+    import signal
     import sys
     import warnings
 
@@ -93,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
               allowed_hosts=tuple(args.allow_host),
               measures=(lambda b, text, pair, wanted: map_measures(b, text, wanted, pair=pair)) if names else None,
               measure_info=[measure_info(m) for m in names])
-    except StoppedAtOnce:  # a second Ctrl-C: not to wait at exit for the computations it cut short
-        print("bertscope: interrupted", file=sys.stderr, flush=True)
+    except StoppedAtOnce as e:  # a second Ctrl-C: not to wait at exit for the computations it cut short
+        term = e.signal == signal.SIGTERM
+        print(f"bertscope: {'terminated' if term else 'interrupted'}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(130)
+        os._exit(143 if term else 130)
     finally:
         sock.close()
     return 0

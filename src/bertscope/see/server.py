@@ -601,21 +601,33 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
     quiet = _QuietWhenForced()
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(quiet)
+    server = _stopping_server(uvicorn, quiet)(config)
     try:
-        _stopping_server(uvicorn, quiet)(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         if quiet.forced:
-            raise StoppedAtOnce() from None
+            raise StoppedAtOnce(quiet.forced_by) from None
         raise
     finally:
         uvicorn_log.removeFilter(quiet)
+    # uvicorn raises the signal that stopped it again once it is done, for the caller to act on;
+    # a SIGINT can land in asyncio's own handler then and be lost: the server returned as if
+    # nothing had stopped it, a second Ctrl-C's stop exited 0 after waiting for what it cut short
+    if quiet.forced:
+        raise StoppedAtOnce(quiet.forced_by)
+    if server.stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 class StoppedAtOnce(KeyboardInterrupt):
-    """A second Ctrl-C stopped the server without waiting for the requests running. Their
-    computations go on in worker threads that the interpreter would wait for at exit: a process
-    that ends here should leave with ``os._exit`` (``bertscope serve`` does; it has nothing
-    unwritten)."""
+    """A second Ctrl-C (or SIGTERM) stopped the server without waiting for the requests running.
+    Their computations go on in worker threads that the interpreter would wait for at exit: a
+    process that ends here should leave with ``os._exit`` (``bertscope serve`` does; it has
+    nothing unwritten). ``signal``: the signal that stopped it at once."""
+
+    def __init__(self, sig: int = signal.SIGINT) -> None:
+        super().__init__()
+        self.signal = sig
 
 
 class _QuietWhenForced(logging.Filter):
@@ -626,6 +638,7 @@ class _QuietWhenForced(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.forced = False
+        self.forced_by = signal.SIGINT
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self.forced or record.levelno < logging.ERROR
@@ -637,15 +650,20 @@ def _stopping_server(uvicorn, quiet: _QuietWhenForced):
     nothing meanwhile; a second Ctrl-C stops it at once."""
 
     class StoppingServer(uvicorn.Server):
+        stopped_by: int | None = None  # the signal that began the stop
+
         def handle_exit(self, sig: int, frame) -> None:
             running = len(self.server_state.tasks)
-            if self.should_exit and sig == signal.SIGINT:
-                quiet.forced = True
+            if self.should_exit:  # a second Ctrl-C, or SIGTERM (uvicorn forces on SIGINT only)
+                quiet.forced, quiet.forced_by = True, sig
+                self.force_exit = True
                 if running:
                     log.warning("stopped with %d request(s) unfinished", running)
-            elif not self.should_exit and running:
-                log.warning("stopping: waiting for %d request(s) to finish (Ctrl-C again stops at once)",
-                            running)
+            else:
+                self.stopped_by = sig
+                if running:
+                    log.warning("stopping: waiting for %d request(s) to finish (Ctrl-C again stops at once)",
+                                running)
             super().handle_exit(sig, frame)
 
     return StoppingServer

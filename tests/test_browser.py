@@ -1320,3 +1320,271 @@ def test_the_address_holds_the_view_and_a_link_opens_on_it(browser, bert, hf_mod
         assert page.input_value("#bs-text") == long_text and page.evaluate(shown_text) == long_text
         assert not errors, errors
         page.close()
+
+
+# ---------------------------------------------------------------------------- accessibility
+
+
+@pytest.fixture(scope="module")
+def compared(bert, tmp_path_factory):
+    """The saved report of two texts (A "... too tired", B "... too wide"), for the tests below."""
+    rep = build_report(bert, IT_ANIMAL, WIDE)
+    return rep, rep.save(tmp_path_factory.mktemp("a11y") / "compare.html")
+
+
+def _active(page) -> str:
+    """The focused element, as text: BODY when the focus fell back to the page's start."""
+    return page.evaluate("() => { const a = document.activeElement; return a.tagName + ' ' + "
+                         "(a.id || a.dataset.zoom || a.dataset.text || a.textContent.slice(0, 20)); }")
+
+
+def _press_and_wait(page, key: str, done: str) -> None:
+    """Press key on the focused element; wait until the JS condition done holds, then the render."""
+    page.keyboard.press(key)
+    page.wait_for_function(done, timeout=30_000)
+    settle(page)
+
+
+def test_a_control_that_redraws_its_view_keeps_the_focus(browser, compared):
+    """Enter on the zoom buttons, on A / B / A − B, or an arrow key on the query-token select
+    rebuilt the view with the control in it, and the focus fell back to the page's start (the
+    next Tab began again at the top, the select's next arrow did nothing)."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    fit = page.evaluate("() => document.querySelector('#bs-matrix-view .bs-zoom .bs-label:last-child').textContent")
+    assert fit.startswith("26 px"), fit  # the fitted cell, one step below the largest (32)
+    page.focus("#bs-matrix-view button[data-zoom='-1']")
+    _press_and_wait(page, "Enter", "() => bertscope.state.zoom === 22")
+    assert _active(page) == "BUTTON -1"
+    page.focus("#bs-matrix-view button[data-zoom='1']")
+    _press_and_wait(page, "Enter", "() => bertscope.state.zoom === 26")
+    assert _active(page) == "BUTTON 1"
+    # the largest zoom switches "+" off: the focus goes on to the control beside it, "fit"
+    _press_and_wait(page, "Enter", "() => bertscope.state.zoom === 32")
+    assert page.is_disabled("#bs-matrix-view button[data-zoom='1']")
+    assert _active(page) == "BUTTON fit"
+    _press_and_wait(page, "Enter", "() => bertscope.state.zoom === null")
+    assert _active(page) == "BUTTON fit"
+
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    page.focus("#bs-model-view .bs-segment button[data-text='diff']")
+    _press_and_wait(page, "Enter", "() => bertscope.state.modelText === 'diff'")
+    assert _active(page) == "BUTTON diff"
+    assert page.evaluate("() => document.activeElement.getAttribute('aria-pressed')") == "true"
+
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    page.focus("#bs-qk-view .bs-segment button[data-text='1']")
+    _press_and_wait(page, "Enter", "() => bertscope.state.qkText === 1")
+    assert _active(page) == "BUTTON 1"
+    page.focus("#bs-qk-query")
+    first = int(page.input_value("#bs-qk-query"))
+    for step in (1, 2, 3):  # each arrow steps on from the query the last one chose
+        _press_and_wait(page, "ArrowDown", f"() => bertscope.state.qkQuery === {first + step}")
+        assert _active(page) == "SELECT bs-qk-query" and int(page.input_value("#bs-qk-query")) == first + step
+    assert not errors, errors
+    page.close()
+
+
+def test_head_view_tokens_say_their_side_and_a_focused_token_is_announced(browser, compared):
+    """The left and right columns read as the same buttons, and the numbers a focused or pinned
+    token shows were never said: each token's name has its side and position, each column is a
+    named group, and a polite live region says the token's strongest weights in short."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    words = rep.texts[0].words
+    animal, it = words.index("animal"), words.index("it")
+    panel = page.locator("#bs-head-view .bs-panel[data-panel='0']")
+    tree = panel.aria_snapshot()
+    assert 'group "A: words attending (from)"' in tree and 'group "A: words attended to (to)"' in tree, tree
+    left = panel.get_by_role("group", name="A: words attending (from)")
+    right = panel.get_by_role("group", name="A: words attended to (to)")
+    assert left.get_by_role("button", name=f"from “animal”, word {animal}", exact=True).count() == 1
+    assert right.get_by_role("button", name=f"to “animal”, word {animal}", exact=True).count() == 1
+    # a word without a counterpart in B says so in its name (it was in its tooltip only)
+    assert left.get_by_role("button", name=re.compile(r"^from “tired”, word \d+, no counterpart in B$")).count() == 1
+    live = page.locator("#bs-announce")
+    assert live.get_attribute("aria-live") == "polite" and live.get_attribute("role") == "status"
+    assert live.inner_text() == ""
+
+    page.focus(f"#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left[data-i='{it - 1}']")
+    page.keyboard.press("ArrowDown")  # onto "it"
+    page.wait_for_function("() => document.getElementById('bs-announce').textContent !== ''")
+    said = live.inner_text()
+    top = sorted(shown_values(page), key=lambda v: -v["value"])[:3]
+    expected = "head 0: to " + ", ".join(f"“{words[v['to']]}” {v['text']:.3f}" for v in top)
+    assert said == expected, (said, expected)  # the readout's three strongest, as it shows them
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.getElementById('bs-announce').textContent.startsWith('pinned')")
+    assert live.inner_text() == f"pinned “it”, {expected}"
+    # several heads: their mean, said as such (the table has a column each)
+    page.click("#bs-heads-all")
+    settle(page)
+    page.focus(f"#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-right[data-i='{animal}']")
+    page.wait_for_function("() => document.getElementById('bs-announce').textContent.startsWith('mean of 12 heads: from')")
+    assert len(live.inner_text()) < 120, live.inner_text()  # a summary, not the table
+    assert not errors, errors
+    page.close()
+
+
+def _marks(page, selector: str) -> list[tuple]:
+    """How each element matching selector is drawn: its colours, borders and outline."""
+    return [tuple(x) for x in page.eval_on_selector_all(selector, """els => els.map(e => {
+        const c = getComputedStyle(e);
+        return [c.backgroundColor, c.color, c.borderTopColor, c.borderTopStyle, c.outlineStyle,
+                c.outlineColor, c.outlineWidth, c.boxShadow]; })""")]
+
+
+def test_forced_colours_keep_the_selected_pressed_and_focused_marks(browser, compared):
+    """In forced colours (Windows high contrast) the selected tab, the pressed head and A / B
+    buttons and the focused token were drawn like the rest: their backgrounds were replaced by
+    the system's one background."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    page.emulate_media(forced_colors="active")
+    assert page.evaluate("() => matchMedia('(forced-colors: active)').matches")
+    selected, = _marks(page, ".bs-tab[aria-selected='true']")
+    assert selected not in _marks(page, ".bs-tab[aria-selected='false']")
+    pressed, = _marks(page, ".bs-head[aria-pressed='true']")
+    assert pressed not in _marks(page, ".bs-head[aria-pressed='false']")
+    # the focused token (pointed at: no keyboard focus ring to tell it), and its counterpart in B
+    page.hover("#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left[data-i='2']")
+    for p in (0, 1):
+        focused, = _marks(page, f"#bs-head-view .bs-panel[data-panel='{p}'] .bs-tok.bs-left.bs-focus")
+        rest = _marks(page, f"#bs-head-view .bs-panel[data-panel='{p}'] .bs-tok.bs-left:not(.bs-focus)")
+        assert focused not in rest, (p, focused)
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    on, = _marks(page, "#bs-model-view .bs-segment button[aria-pressed='true']")
+    assert on not in _marks(page, "#bs-model-view .bs-segment button[aria-pressed='false']")
+    assert not errors, errors
+    page.close()
+
+
+def _contrast(page, selector: str) -> float:
+    """The contrast ratio of an element's text on its own (opaque) background, with its opacity."""
+    fg, bg, opacity = page.eval_on_selector(selector, "e => { const c = getComputedStyle(e); "
+                                            "return [c.color, c.backgroundColor, +c.opacity]; }")
+    rgb = lambda s: [float(x) for x in re.findall(r"[\d.]+", s)[:3]]  # noqa: E731
+    f, b = rgb(fg), rgb(bg)
+    f = [opacity * x + (1 - opacity) * y for x, y in zip(f, b)]  # on the near-white bar behind it
+
+    def lum(c):
+        c = [x / 255 for x in c]
+        c = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    hi, lo = sorted((lum(f), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_heads_that_do_not_apply_say_so_and_stay_readable(browser, compared):
+    """With the mean over heads or the rollout shown, the head buttons went to opacity 0.25 (text
+    unreadable) and a screen reader still heard the chosen one as pressed, and nothing more."""
+    from playwright.sync_api import expect
+
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    head0 = page.locator(".bs-head[data-head='0']")
+    expect(head0).not_to_have_accessible_description(re.compile("not used"))
+    for mode, what in (("mean", "the mean over heads"), ("rollout", "the rollout")):
+        page.select_option("#bs-mode", mode)
+        settle(page)
+        expect(head0).to_have_accessible_description(f"not used: {what} is shown")
+        assert page.is_visible("#bs-heads-unused")  # said to the eye too, beside the heads
+        assert not page.is_disabled(".bs-head[data-head='3']")  # a click still shows that head
+        for h in ("0", "3"):
+            ratio = _contrast(page, f".bs-head[data-head='{h}']")
+            assert ratio >= 4.5, (mode, h, ratio)
+    page.click(".bs-head[data-head='3']")
+    settle(page)
+    assert page.input_value("#bs-mode") == "heads"
+    expect(head0).not_to_have_accessible_description(re.compile("not used"))
+    assert page.is_hidden("#bs-heads-unused")
+    assert not errors, errors
+    page.close()
+
+
+def test_every_control_has_its_own_name(browser, compared):
+    """The window's number boxes had no name, the heads were "0".."11", two buttons were both
+    "all", and the A / B / A − B buttons were in no named group."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    controls = page.locator("#bs-controls")
+    for name in ("sub-tokens from", "sub-tokens to (end excluded)"):
+        assert controls.get_by_role("spinbutton", name=name, exact=True).count() == 1, name
+    heads = controls.get_by_role("group", name="Heads", exact=True)
+    assert [heads.get_by_role("button", name=f"head {h}", exact=True).count() for h in range(12)] == [1] * 12
+    assert heads.get_by_role("button", name="all heads", exact=True).count() == 1
+    assert controls.get_by_role("button", name="all sub-tokens", exact=True).count() == 1
+    assert controls.get_by_role("button", name="all", exact=True).count() == 0
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    group = page.locator("#bs-model-view").get_by_role("group", name="text shown", exact=True)
+    assert [group.get_by_role("button", name=n, exact=True).count() for n in ("A", "B", "A − B")] == [1, 1, 1]
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    group = page.locator("#bs-qk-view").get_by_role("group", name="text shown", exact=True)
+    assert [group.get_by_role("button", name=n, exact=True).count() for n in ("A", "B")] == [1, 1]
+    assert not errors, errors
+    page.close()
+
+
+def test_escape_unpins_the_token_and_hides_the_tooltip(browser, compared):
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    col = "#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left"
+    page.focus(f"{col}[data-i='3']")
+    page.keyboard.press("Enter")
+    assert page.eval_on_selector_all(f"{col}[aria-pressed='true']", "els => els.map(e => e.dataset.i)") == ["3"]
+    assert "pin=A.left.3" in page.url
+    page.keyboard.press("Escape")
+    assert page.locator("#bs-head-view .bs-tok.bs-pinned").count() == 0
+    assert page.locator("#bs-head-view .bs-tok[aria-pressed='true']").count() == 0
+    assert "pin=" not in page.url and page.inner_text("#bs-announce") == "unpinned"
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    matrix_readout(page, "0", 0.5, 0.5)  # the pointer on a cell: its tooltip
+    assert page.is_visible("#bs-tip")
+    page.keyboard.press("Escape")
+    assert page.is_hidden("#bs-tip")
+    assert not errors, errors
+    page.close()
+
+
+def test_a_pinned_token_keeps_its_outline_whole_and_its_focus_ring_apart(browser, compared):
+    """The pin's outline replaced the focus ring (a focused pinned token looked like any pinned
+    one) and was drawn outside the token, where the lines' scroll box cut off its left edge."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    col = "#bs-head-view .bs-panel[data-panel='0'] .bs-tok.bs-left"
+    page.focus(f"{col}[data-i='0']")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowUp")  # the keyboard's focus on the first token, at the left edge
+    page.keyboard.press("Enter")
+    # the outline and shadow (the focused token's yellow is its own mark, pinned or not)
+    ring = lambda m: m[4:]  # noqa: E731
+    pinned_focused, = _marks(page, f"{col}.bs-pinned")
+    page.keyboard.press("ArrowDown")
+    pinned, = _marks(page, f"{col}.bs-pinned")
+    focused, = _marks(page, f"{col}[data-i='1']")
+    assert ring(pinned_focused) != ring(pinned) and ring(focused) != ring(pinned), (pinned_focused, pinned, focused)
+    # the outline inside the token's box, and the box inside the scroll box (which cuts what is out)
+    inside = page.eval_on_selector(f"{col}.bs-pinned", """e => {
+        const c = getComputedStyle(e), r = e.getBoundingClientRect();
+        const s = e.closest('.bs-hv-scroll').getBoundingClientRect();
+        return [parseFloat(c.outlineOffset) + parseFloat(c.outlineWidth), r.left - s.left, r.top - s.top]; }""")
+    assert inside[0] <= 0 and inside[1] >= 0 and inside[2] >= 0, inside
+    assert not errors, errors
+    page.close()
+
+
+def test_a_comparison_names_both_texts_in_its_title(browser, compared):
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    title = page.title()
+    assert "too tired" in title and "too wide" in title and len(title) <= 80, title
+    assert not errors, errors
+    page.close()

@@ -430,7 +430,6 @@ def test_a_stop_while_idle_is_one_line_and_the_status_of_its_signal(tmp_path, st
     "terminated" with 143: the signal uvicorn raises again once stopped fell into asyncio's
     handler and was lost. Both now end as every command's stop does."""
     import signal
-    import time
 
     proc, err_path, base = _serve_measuring(tmp_path, "def measure(b, text, wanted, pair=None):\n    pass",
                                             "--measure", "alti")

@@ -307,6 +307,25 @@ def _json_for_script(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
+def _title_of(texts: list[str], room: int = 60) -> str:
+    """The page's title for its texts: the text, or for a comparison both, each cut short where
+    the two differ (they often share their start: "... too tired" and "... too wide")."""
+    if len(texts) == 1:
+        return texts[0][:room]
+    a, b = texts[0], texts[1]
+    common = 0
+    while common < min(len(a), len(b)) and a[common] == b[common]:
+        common += 1
+    each = max(12, (room - 8) // 2)
+    # a shared start longer than a third of the room: each from a word or two before they differ
+    start = a.rfind(" ", 0, max(0, common - 12)) + 1 if common > each // 3 else 0
+
+    def short(x: str) -> str:
+        x = ("…" if start else "") + x[start:]
+        return x if len(x) <= each else x[:each - 1] + "…"
+    return f"A: {short(a)} | B: {short(b)}"
+
+
 def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "", qk_blob: str = "") -> str:
     """Fill the page template. mode "file": one self-contained file; "server": assets by URL."""
     page = _asset("page.html")
@@ -321,7 +340,7 @@ def render_page(meta: dict[str, Any] | None, mode: str, blob: str = "", qk_blob:
         config["api"] = "api/"  # the only place the page learns where to ask; a file never asks
     title = "bertscope"
     if meta and meta.get("texts"):
-        title = "bertscope: " + meta["texts"][0]["text"][:60]
+        title = "bertscope: " + _title_of([x["text"] for x in meta["texts"]])
     return (page.replace("{{TITLE}}", html.escape(title))
                 .replace("{{HEAD}}", head)
                 .replace("{{CONFIG}}", _json_for_script(config))

@@ -591,6 +591,9 @@
 
   // ---------------------------------------------------------------- head view
 
+  /** What the units are called: "word" or "sub-token" (the Units select's words). */
+  function unitName() { return state.level === "word" ? "word" : "sub-token"; }
+
   function tokenDiv(label, side, index, special, top, width = COL_W) {
     const d = el("div", `bs-tok bs-${side}` + (special ? " bs-special" : ""), label);
     d.style.top = `${top}px`;
@@ -602,7 +605,36 @@
     // shows a token's lines, Enter or Space pins its numbers (one tab stop per column, not 512)
     d.setAttribute("role", "button");
     d.setAttribute("aria-pressed", "false");
+    // the two columns hold the same words: the name says the side, and where ("the" is often twice)
+    d.setAttribute("aria-label", `${side === "left" ? "from" : "to"} “${label}”, ${unitName()} ${index}`);
     return d;
+  }
+
+  /** Says a short text to a screen reader (a polite live region, out of sight). */
+  function announce(text) {
+    const box = $("bs-announce");
+    // the same words again (a token pinned twice) are a change too: emptied first, then set
+    if (box.textContent === text) box.textContent = "";
+    box.textContent = text;
+  }
+
+  /** The readout of a token in words: its 3 strongest weights (the mean of several heads'), not
+   * the whole table, which a screen reader would read for a minute. */
+  function headSummary(view, side, index) {
+    const { shown, n, keep } = view;
+    const pos = keep.indexOf(index);
+    if (pos < 0) return "";
+    const weights = new Float32Array(n);
+    for (const m of shown) {
+      for (let k = 0; k < n; k++) weights[k] += (side === "left" ? m.P.M[pos * n + k] : m.P.M[k * n + pos]) / shown.length;
+    }
+    const labels = shown[0].P.labels;
+    const top = [...weights.keys()].sort((a, b) => weights[b] - weights[a]).slice(0, 3);
+    const what = shown.length > 1 ? (measureInfo() ? `${state.measure}, ` : "") + `mean of ${shown.length} heads`
+      : shown[0].name;
+    // the token's own name is not said again: a screen reader has just read it, with the focus
+    const words = top.map((k) => `“${labels[k]}” ${fmt(weights[k])}`).join(", ");
+    return `${what}: ${side === "left" ? "to" : "from"} ${words}`;
   }
 
   function setupCanvas(canvas, w, h, maxDpr = 2) {
@@ -669,6 +701,11 @@
     hv.appendChild(canvas);
     const left = el("div", "bs-col"), right = el("div", "bs-col");
     right.style.left = `${colW + gap}px`;
+    const tag = meta.texts.length > 1 ? `${"AB"[t]}: ` : "";
+    left.setAttribute("role", "group");
+    left.setAttribute("aria-label", `${tag}${unitName()}s attending (from)`);
+    right.setAttribute("role", "group");
+    right.setAttribute("aria-label", `${tag}${unitName()}s attended to (to)`);
     const two = meta.texts.length === 2;
     const leftDivs = [], rightDivs = [];
     for (let a = 0; a < n; a++) {
@@ -679,6 +716,7 @@
         if (two && counterpart(t, keep[a]) === undefined) {  // [SEP] too: a pair's second has none in a text
           d.classList.add("bs-unmatched");
           d.title = `${labels[a]}: no counterpart in ${"BA"[t]} (left out of the A − B difference)`;
+          d.setAttribute("aria-label", `${d.getAttribute("aria-label")}, no counterpart in ${"BA"[t]}`);
         }
         col.appendChild(d);
       }
@@ -723,6 +761,7 @@
       if (!d) return;
       state.hover = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
       redrawHeadPanels();
+      announce(headSummary(view, d.dataset.side, Number(d.dataset.i)));  // the readout, in short
     });
     hv.addEventListener("focusout", (e) => {
       if (!hv.contains(e.relatedTarget)) { state.hover = null; redrawHeadPanels(); }
@@ -749,6 +788,8 @@
       state.hover = null;
       writeView();
       redrawHeadPanels();
+      announce(same ? `unpinned “${d.textContent}”`
+        : `pinned “${d.textContent}”, ${headSummary(view, f.side, f.index)}`);
     });
     return { drawBase: (gen) => drawBase(view, gen) };
   }
@@ -1218,6 +1259,8 @@
     const N = meta.layers, H = meta.heads;
     if (meta.texts.length > 1) {
       const seg = el("div", "bs-segment");
+      seg.setAttribute("role", "group");  // three toggle buttons, one question: which map is shown
+      seg.setAttribute("aria-label", "text shown");
       [[0, "A"], [1, "B"], ["diff", "A − B"]].forEach(([v, label]) => {
         const b = el("button", "", label);
         b.type = "button";
@@ -1227,6 +1270,7 @@
         seg.appendChild(b);
       });
       root.appendChild(seg);
+      restoreFocus();  // the thumbnails below take seconds to draw: A / B / A − B need not wait
     }
     const which = state.modelText === "diff" && meta.texts.length < 2 ? 0 : state.modelText;
     const diverging = which === "diff";
@@ -1391,9 +1435,12 @@
     root.textContent = "";
     if (meta.texts.length > 1) {
       const seg = el("div", "bs-segment");
+      seg.setAttribute("role", "group");
+      seg.setAttribute("aria-label", "text shown");
       [[0, "A"], [1, "B"]].forEach(([v, label]) => {
         const b = el("button", "", label);
         b.type = "button";
+        b.dataset.text = String(v);
         b.setAttribute("aria-pressed", String(t === v));
         b.addEventListener("click", () => { state.qkText = v; state.qkQuery = null; render(); });
         seg.appendChild(b);
@@ -1445,6 +1492,7 @@
     sel.addEventListener("change", () => { state.qkQuery = Number(sel.value); render(); });
     pick.appendChild(sel);
     root.appendChild(pick);
+    restoreFocus();  // the table below is built in slices: the select need not wait for it
     root.appendChild(el("p", "bs-note",
       `[3] each key's score is the dot product q·k (the sum of q ⊙ k over the ${D} dimensions), divided by √${D} = ${sqrtD.toFixed(3)}; ` +
       `the mask adds 0 for a real token (a [PAD] key would get the dtype's minimum, so weight 0: see bertscope trace --pad). ` +
@@ -1528,6 +1576,7 @@
       const b = el("button", "bs-head", String(h));
       b.type = "button";
       b.dataset.head = String(h);
+      b.setAttribute("aria-label", `head ${h}`);  // "0" alone says nothing read out of context
       b.style.setProperty("--hc", headColor(h));
       b.title = `head ${h} (click: only this head; shift/ctrl-click: add or remove it)`;
       heads.appendChild(b);
@@ -1615,9 +1664,21 @@
     $("bs-scale").disabled = off.scale;
     $("bs-hide-special").disabled = off.hide;
     ["bs-span-start", "bs-span-end", "bs-span-all"].forEach((id) => { $(id).disabled = off.span; });
-    // dimmed while the mean or rollout is shown (a click on a head switches back to heads)
-    $("bs-heads").classList.toggle("bs-disabled", off.heads || (v !== "qk" && state.mode !== "heads"));
-    document.querySelectorAll(".bs-head").forEach((b) => { b.disabled = off.heads; });
+    // While the mean or rollout is shown the heads do not apply, yet stay clickable (a click on a
+    // head switches back to heads): not dimmed to 0.25 (unreadable) but drawn dashed, and said,
+    // to the eye and to a screen reader, which read them as pressed and nothing more.
+    const unused = !off.heads && v !== "qk" && state.mode !== "heads";
+    $("bs-heads").classList.toggle("bs-disabled", off.heads);
+    $("bs-heads").classList.toggle("bs-unused", unused);
+    const note = $("bs-heads-unused");
+    note.hidden = !unused;
+    const instead = state.mode === "rollout" ? "rollout" : "mean over heads";
+    note.textContent = unused ? `not used: the ${instead} is shown` : "";
+    document.querySelectorAll(".bs-head").forEach((b) => {
+      b.disabled = off.heads;
+      if (unused) b.setAttribute("aria-describedby", "bs-heads-unused");
+      else b.removeAttribute("aria-describedby");
+    });
     $("bs-heads-all").disabled = off.headsAll;
     const hints = {
       head: "Lines join each token (left) to the tokens it attends to (right); opacity = attention weight" +
@@ -1687,6 +1748,18 @@
       syncControls();
       render();
     });
+    // Escape takes back what a token or a pointer left on screen: the pinned numbers, a tooltip
+    // (a select's or a box's own Escape is left to it)
+    document.addEventListener("keydown", (e) => {
+      if (e.key !== "Escape" || e.defaultPrevented) return;
+      $("bs-tip").hidden = true;
+      if (e.target.closest && e.target.closest("select, input, textarea")) return;
+      if (state.view !== "head" || !state.focus) return;
+      state.focus = null;
+      writeView();
+      redrawHeadPanels();
+      announce("unpinned");
+    });
     $("bs-heads-all").addEventListener("click", () => {
       state.heads = [...Array(meta.heads).keys()];
       state.mode = "heads";
@@ -1695,10 +1768,66 @@
     });
   }
 
+  // ---- the keyboard focus across a render ----
+  // A render rebuilds the view it shows, and a control inside it (the zoom buttons, A / B /
+  // A − B, the query token) goes with the rest: the focus fell back to the page's start, so the
+  // next Tab began again at the top and a select's next arrow key did nothing. render() notes
+  // which control had the focus and gives it to the same control in the new view.
+
+  /** The data-* attributes that say which control an element is (not what it shows: data-vmax). */
+  const KEY_DATA = ["view", "zoom", "text", "side", "i", "layer", "head"];
+
+  /** What identifies a focused element of a view across a rebuild, or null for none. */
+  function focusKey(e) {
+    if (!e || e === document.body || !e.closest) return null;
+    const view = e.closest(".bs-view");
+    if (!view) return null;
+    const panel = e.closest("[data-panel]");
+    return {
+      view: view.id, id: e.id, tag: e.tagName, role: e.getAttribute("role"),
+      data: KEY_DATA.map((k) => e.dataset[k] ?? "").join("|"),
+      text: e.id ? "" : e.textContent, panel: panel ? panel.dataset.panel : null,
+    };
+  }
+
+  let refocus = null;  // the key of the control the last render took the focus from
+
+  /** Focus the new view's control that matches refocus, if the focus was lost with the old one
+   * (it is on the page's body); one since disabled (+ at the largest zoom) passes the focus to
+   * the next control beside it that takes it. */
+  function restoreFocus() {
+    if (!refocus) return;
+    const active = document.activeElement;
+    // the focus is somewhere: the user went on
+    if (active && active !== document.body && active.isConnected) { refocus = null; return; }
+    const k = refocus;
+    const root = $(k.view);
+    // another view is shown: it sets its own focus
+    if (!root || root.hidden) { refocus = null; return; }
+    const found = k.id ? $(k.id) : [...root.querySelectorAll(k.tag)].find((e) => {
+      const key = focusKey(e);
+      return key.role === k.role && key.panel === k.panel && key.data === k.data && key.text === k.text;
+    });
+    // not built yet (a view drawn in slices): the end of render tries again
+    if (!found || !root.contains(found)) return;
+    let target = found;
+    if (target.disabled) {  // the next control beside it, else the one before
+      const near = [...target.parentElement.querySelectorAll("button, select, input, [tabindex]")];
+      const at = near.indexOf(target), ok = (e) => !e.disabled && e.tabIndex >= 0;
+      target = near.slice(at + 1).find(ok) || near.slice(0, at).reverse().find(ok) || null;
+    }
+    refocus = null;
+    if (target) target.focus();
+  }
+
   async function render() {
     if (!meta || !source) return;
     const gen = ++renderGen;
     document.documentElement.dataset.rendered = "0";
+    // the control in the view that has the focus (a render already under way may have taken it:
+    // then the one it noted goes on)
+    const active = document.activeElement;
+    refocus = focusKey(active) || (active === document.body ? refocus : null);
     // a pin on a word the settings now hide (a special token, one outside the window) goes: it
     // would draw nothing, and a link to it would not open on it
     if (state.focus && !keptUnits(state.focus.panel).includes(state.focus.index)) state.focus = null;
@@ -1711,6 +1840,8 @@
       else await renderModelView(gen);
       if (gen === renderGen) {
         setProgress("");
+        restoreFocus();
+        refocus = null;  // found or not, this render's: no later one moves the focus to it
         document.documentElement.dataset.rendered = "1";
         showError("");
       }

@@ -445,6 +445,26 @@ def test_a_stop_while_idle_is_one_line_and_the_status_of_its_signal(tmp_path, st
                                  else (143, ["bertscope: terminated"])), lines
 
 
+def test_uvicorn_speaks_in_the_command_lines_own_format(tmp_path):
+    """A malformed request's warning came in uvicorn's own format ("WARNING:  Invalid HTTP
+    request received."), unlike every other line the command prints."""
+    import socket
+
+    proc, err_path, base = _serve_measuring(tmp_path, "def measure(b, text, wanted, pair=None):\n    pass",
+                                            "--measure", "alti")
+    try:
+        u = urllib.parse.urlsplit(base)
+        with socket.create_connection((u.hostname, u.port), timeout=60) as sock:
+            sock.sendall(b"GARBAGE\r\n\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 400")
+        assert request(base, "GET", "/api/health")[0] == 200  # the warning is written by now
+    finally:
+        proc.kill()
+        proc.wait(60)
+    lines = err_path.read_text().strip().splitlines()
+    assert lines[1:] == ["bertscope: warning: Invalid HTTP request received."], lines
+
+
 def test_port_in_use_and_bad_host_are_one_line_errors(capsys):
     import socket
 
@@ -485,7 +505,9 @@ def test_host_is_taken_as_the_banner_prints_it():
 
 def test_host_header_must_name_this_server(server):
     port = urllib.parse.urlsplit(server).port
-    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil.example:80"):
+    # the last three are not a host and port at all: read loosely, they passed as "localhost"
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil.example:80",
+                 f"localhost:{port}@evil.example", "[::1", "localhost evil.example"):
         status, body = request(server, "GET", "/api/health", host=host)
         assert status == 421, (host, status)
         assert "DNS rebinding" in body["detail"]
@@ -493,6 +515,23 @@ def test_host_header_must_name_this_server(server):
         assert status == 421
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", f"LOCALHOST:{port}"):
         assert request(server, "GET", "/api/health", host=host)[0] == 200, host
+
+
+def test_every_answer_says_nosniff_and_no_referrer(server):
+    """A body's type is never guessed from its bytes, and the page's address (its text in
+    ?text=) is not sent on with a request: on the page, an asset, an API answer and a refusal."""
+    u = urllib.parse.urlsplit(server)
+    for path, host in [("/", None), ("/assets/bertscope.js", None), ("/api/health", None),
+                       ("/api/health", "evil.example"), ("/no-such-page", None)]:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        try:
+            conn.request("GET", path, headers={} if host is None else {"Host": host})
+            r = conn.getresponse()
+            r.read()
+            assert (r.getheader("X-Content-Type-Options"), r.getheader("Referrer-Policy")) == \
+                ("nosniff", "no-referrer"), (path, host, r.status, r.getheaders())
+        finally:
+            conn.close()
 
 
 def test_allowed_hosts_rules():

@@ -54,6 +54,7 @@ import base64
 import ipaddress
 import json
 import logging
+import re
 import signal
 import socket
 import threading
@@ -105,14 +106,17 @@ def is_all_interfaces(host: str) -> bool:
         return False
 
 
-def _host_name(header: str) -> str:
-    """The name of a Host header, lower case, without its port or IPv6 brackets."""
-    h = header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h[1:]
-    if h.count(":") == 1:
-        h = h.split(":", 1)[0]
-    return h.rstrip(".")
+# a Host header: a name or an IPv4 address, or an IPv6 address in brackets, then an optional port
+_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+(?:%[\w.-]+)?)\]|(?P<name>[\w.-]+))(?::\d{1,5})?", re.ASCII)
+
+
+def _host_name(header: str) -> str | None:
+    """The name of a Host header, lower case, without its port or IPv6 brackets; None for a
+    header that is not a host and port ("localhost:80@evil.example", "[::1" unclosed)."""
+    m = _HOST_HEADER.fullmatch(header.strip().lower())
+    if m is None:
+        return None
+    return m.group("v6") or m.group("name").rstrip(".")
 
 
 def allowed_host(header: str | None, bound: str, extra: frozenset[str] = frozenset()) -> bool:
@@ -120,6 +124,8 @@ def allowed_host(header: str | None, bound: str, extra: frozenset[str] = frozens
     if header is None:
         return True  # HTTP/1.0 without Host: not something a browser sends
     name = _host_name(header)
+    if name is None:
+        return False
     bound_name = bound.strip().strip("[]").lower()
     if name in LOOPBACK_NAMES or name == bound_name or name in extra:
         return True
@@ -155,6 +161,30 @@ class _HostCheck:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+# on every response: no type is guessed from a body, and no address of the page (with its text
+# in ?text=) leaves with a request. Framing stays allowed: an editor's preview pane (VS Code's
+# Simple Browser) shows a forwarded port in a frame, and nothing on the page changes state.
+SAFE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+
+
+class _SafeHeaders:
+    """ASGI middleware: adds SAFE_HEADERS to every HTTP response (421 and 413 answers too)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_safe(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SAFE_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_safe)
 
 
 def _nbytes(result: list) -> int:
@@ -397,6 +427,7 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     app.add_middleware(_BodyLimit, limit=body_limit(max_chars),
                        detail=f"the request is too large: texts are limited to {max_chars} characters")
     app.add_middleware(_HostCheck, bound=host, extra=frozenset(h.lower() for h in allowed_hosts))
+    app.add_middleware(_SafeHeaders)  # added last: the outermost, so it sees every answer
     app.state.analyzer = analyzer
 
     @app.exception_handler(BertscopeError)
@@ -597,7 +628,9 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
         sock = bind(host, port)
     app = create_app(bert, max_chars=max_chars, host=host, allowed_hosts=allowed_hosts,
                      measures=measures, measure_info=measure_info)
-    config = uvicorn.Config(app, log_level=log_level)
+    # log_config None: uvicorn's records (a malformed request's warning) go through the caller's
+    # logging (the CLI's "bertscope: warning: ..." lines), not a format of its own
+    config = uvicorn.Config(app, log_level=log_level, log_config=None)
     quiet = _QuietWhenForced()
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(quiet)

@@ -1588,3 +1588,189 @@ def test_a_comparison_names_both_texts_in_its_title(browser, compared):
     assert "too tired" in title and "too wide" in title and len(title) <= 80, title
     assert not errors, errors
     page.close()
+
+
+LONG = "the quick brown fox jumps over the lazy dog " * 22  # 198 words: [CLS] + 198 + [SEP]
+
+
+@pytest.fixture(scope="module")
+def long_report(bert, tmp_path_factory):
+    """The saved report of a 200-word text: a zoomed matrix view scrolls both ways."""
+    rep = build_report(bert, LONG.strip())
+    return rep, rep.save(tmp_path_factory.mktemp("a11y_long") / "long.html")
+
+
+_CURRENT_CELL = """n => {
+    const p = document.querySelector("#bs-matrix-view .bs-panel[data-panel='0']");
+    const c = p.querySelector("canvas.bs-grid"), s = p.querySelector(".bs-mscroll");
+    const out = p.querySelector(".bs-mreadout");
+    const lw = p.querySelector("canvas.bs-rowlabels").getBoundingClientRect().width;
+    const r = c.getBoundingClientRect(), box = s.getBoundingClientRect(), cell = r.width / n;
+    const x = r.left + +out.dataset.to * cell, y = r.top + +out.dataset.from * cell;
+    // the part of the scroll box the label strips (stuck at its top and left) leave to the cells
+    const left = box.left + s.clientLeft + lw, top = box.top + s.clientTop + lw;
+    const right = box.left + s.clientLeft + s.clientWidth, bottom = box.top + s.clientTop + s.clientHeight;
+    return {cell: [+out.dataset.from, +out.dataset.to], scroll: [s.scrollLeft, s.scrollTop],
+            seen: x >= left - 0.5 && x + cell <= right + 0.5 && y >= top - 0.5 && y + cell <= bottom + 0.5,
+            clip: {x: x - 3, y: y - 3, width: cell + 6, height: cell + 6}};
+}"""
+
+
+def test_the_heatmaps_current_cell_is_marked_and_kept_in_view(browser, long_report):
+    """The arrow keys moved a current cell that only the readout below said: nothing marked it on
+    the map, and on a zoomed map it went out of the scroll box, which did not follow it."""
+    rep, path = long_report
+    n = len(rep.texts[0].words)
+    page, errors = open_report(browser, rep, path)
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    for _ in range(6):  # "+" six times: 2 px cells to 14
+        before = page.evaluate("() => bertscope.state.zoom")
+        page.click("#bs-matrix-view button[data-zoom='1']")
+        page.wait_for_function(f"() => bertscope.state.zoom !== {'null' if before is None else before}")
+        settle(page)
+    assert page.evaluate("() => bertscope.state.zoom") == 14
+    page.focus("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
+    for key, times in (("ArrowDown", 60), ("ArrowRight", 120)):  # past the box's bottom and right
+        for _ in range(times):
+            page.keyboard.press(key)
+    at = page.evaluate(_CURRENT_CELL, n)
+    assert at["cell"] == [60, 120] and at["seen"], at
+    assert at["scroll"][0] > 0 and at["scroll"][1] > 0, at
+    # in the window too, below the sticky controls bar
+    box = at["clip"]
+    bar = page.eval_on_selector("#bs-controls", "e => e.getBoundingClientRect().bottom")
+    assert box["y"] + 3 >= bar and box["y"] + box["height"] - 3 <= 1000, (box, bar)
+    # the cell is marked while the heatmap has the focus (and not once it has gone)
+    marked = page.screenshot(clip=at["clip"])
+    page.focus("#bs-matrix-view button[data-zoom='-1']")
+    assert page.screenshot(clip=at["clip"]) != marked
+    page.focus("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
+    assert page.screenshot(clip=at["clip"]) == marked
+    for key, times in (("ArrowUp", 55), ("ArrowLeft", 115)):  # back: the box scrolls up and left
+        for _ in range(times):
+            page.keyboard.press(key)
+    at = page.evaluate(_CURRENT_CELL, n)
+    assert at["cell"] == [5, 5] and at["seen"], at
+    page.keyboard.press("End")  # the row's last column, at the far right
+    at = page.evaluate(_CURRENT_CELL, n)
+    assert at["cell"] == [5, n - 1] and at["seen"], at
+    assert not errors, errors
+    page.close()
+
+
+def test_the_heatmaps_focus_ring_is_seen_whole(browser, compared):
+    """The heatmap's focus ring was drawn round the map, inside its scroll box: the label strips
+    covered it at the top and left, the box cut it off at the right and bottom."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    page.click(".bs-tab[data-view='matrix']")
+    settle(page)
+    page.focus("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
+    page.keyboard.press("ArrowRight")
+    rings = page.eval_on_selector("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid", """c => {
+        const found = [];
+        for (let e = c; e && !e.classList.contains('bs-view'); e = e.parentElement) {
+            const s = getComputedStyle(e);
+            if (s.outlineStyle === 'none' || !parseFloat(s.outlineWidth)) continue;
+            const clippers = [];  // the boxes around it that cut off what is outside them
+            for (let a = e.parentElement; a; a = a.parentElement) {
+                const o = getComputedStyle(a);
+                if (o.overflowX !== 'visible' || o.overflowY !== 'visible') clippers.push(a.className || a.tagName);
+            }
+            found.push({cls: e.className, offset: parseFloat(s.outlineOffset), clippers});
+        }
+        return found; }""")
+    assert len(rings) == 1, rings
+    ring, = rings
+    assert ring["offset"] >= 0 and ring["clippers"] == [], ring  # outside the box, nothing cuts it
+    assert not errors, errors
+    page.close()
+
+
+def _on(page) -> str:
+    """The focused token, as "side index"."""
+    return page.evaluate("() => { const a = document.activeElement; "
+                         "return a.classList.contains('bs-tok') ? a.dataset.side + ' ' + a.dataset.i : a.tagName; }")
+
+
+def test_token_columns_take_the_arrows_across_home_end_and_keep_their_tab_stop(browser, compared):
+    """The head view's token columns took Up and Down only: Left and Right did not go across to
+    the other column, Home and End did nothing, and Tab back into a column went to its first
+    token, not the one the user had been on."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    col = "#bs-head-view .bs-panel[data-panel='0'] .bs-tok"
+    page.focus(f"{col}.bs-left[data-i='0']")
+    for _ in range(3):
+        page.keyboard.press("ArrowDown")
+    assert _on(page) == "left 3"
+    page.keyboard.press("Tab")  # on to the other column (its first token: never visited)
+    assert _on(page) == "right 0"
+    page.keyboard.press("Shift+Tab")  # and back where the user was
+    assert _on(page) == "left 3"
+    page.keyboard.press("ArrowRight")  # across, the same token
+    assert _on(page) == "right 3"
+    page.keyboard.press("ArrowRight")  # no third column: it stays
+    assert _on(page) == "right 3"
+    page.keyboard.press("End")
+    last = len(rep.texts[0].words) - 1
+    assert _on(page) == f"right {last}"
+    page.keyboard.press("ArrowLeft")
+    assert _on(page) == f"left {last}"
+    page.keyboard.press("Home")
+    assert _on(page) == "left 0"
+    page.keyboard.press("End")
+    page.keyboard.press("Tab")
+    assert _on(page) == f"right {last}"  # the right column's stop followed its last token focused
+    # one tab stop a column, and a redraw (another layer) keeps where it is
+    page.select_option("#bs-layer", "2")
+    settle(page)
+    stops = page.eval_on_selector_all(f"{col}[tabindex='0']", "els => els.map(e => e.dataset.side + ' ' + e.dataset.i)")
+    assert stops == [f"left {last}", f"right {last}"], stops
+    assert not errors, errors
+    page.close()
+
+
+def test_the_page_has_headings_and_every_part_is_in_a_landmark(browser, compared):
+    """No h1 or h2 (only the panels' h3), the texts shown and the hint under the controls in no
+    landmark, and the settings bar announced as navigation."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    assert page.get_by_role("heading", level=1).count() == 1
+    for view, name in (("head", "Head view"), ("model", "Model view"), ("matrix", "Matrix view"),
+                       ("qk", "Query–key view")):
+        page.click(f".bs-tab[data-view='{view}']")
+        settle(page)
+        root = page.locator(f"#bs-{view}-view")
+        h2 = root.get_by_role("heading", level=2)
+        assert h2.count() == 1 and h2.inner_text() == name, view
+        # the view's heading comes first, its panels' headings (if any) below it
+        levels = page.eval_on_selector(f"#bs-{view}-view", "v => [...v.querySelectorAll('h1, h2, h3, h4, h5, h6')]"
+                                       ".map(h => +h.tagName[1])")
+        assert levels[0] == 2 and all(x == 3 for x in levels[1:]), (view, levels)
+    for sel in ("#bs-texts", "#bs-hint", "#bs-controls", "#bs-head-view"):
+        assert page.eval_on_selector(sel, "e => !!e.closest('main, header, footer, aside, nav, "
+                                     "[role=main], [role=banner], [role=region]')"), sel
+    assert page.get_by_role("navigation").count() == 0
+    settings = page.get_by_role("region", name="settings", exact=True)
+    assert settings.count() == 1
+    assert settings.get_by_role("combobox", name="Layer").count() == 1
+    assert settings.get_by_role("tab", name="Head view").count() == 1
+    assert not errors, errors
+    page.close()
+
+
+def test_unpressed_head_buttons_are_readable_and_unlike_the_pressed(browser, compared):
+    """An unpressed head button was drawn at opacity 0.55: its number at 3.65:1 on white."""
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    assert page.get_attribute(".bs-head[data-head='0']", "aria-pressed") == "true"
+    for h in range(1, 12):
+        ratio = _contrast(page, f".bs-head[data-head='{h}']")
+        assert ratio >= 4.5, (h, ratio)
+    pressed, = _marks(page, ".bs-head[aria-pressed='true']")
+    unpressed = _marks(page, ".bs-head[aria-pressed='false']")
+    assert all(u[:2] != pressed[:2] for u in unpressed)  # the colours tell them apart
+    assert not errors, errors
+    page.close()

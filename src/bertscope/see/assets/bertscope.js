@@ -49,6 +49,9 @@
     qkQuery: null,     // query-key view: the query token (index), null = a sensible first
   };
   let renderGen = 0;
+  // each head-view column's tab stop ("panel.side": the token index focused there last), kept
+  // across the renders of one text
+  let tokenStops = {};
 
   function headColor(h) {
     return `hsl(${Math.round((h * 137.508 + 210) % 360)}, 68%, 44%)`;
@@ -658,12 +661,19 @@
     return { panel: t, side: f.side, index: idx === undefined ? null : idx, linked: true, from: f };
   }
 
+  /** Empty a view for a new picture, but for its heading: the page reads h1 (the page), h2 (the
+   * view, out of sight: its tab says it), h3 (a panel). */
+  function clearView(root) {
+    root.textContent = "";
+    root.appendChild(el("h2", "bs-sr", $(root.getAttribute("aria-labelledby")).textContent));
+  }
+
   async function renderHeadView(gen) {
     const root = $("bs-head-view");
     const texts = meta.texts.map((_, t) => t);
     const per = await Promise.all(texts.map((t) => pickMatrices(t, state.layer)));
     if (gen !== renderGen) return;
-    root.textContent = "";
+    clearView(root);
     const panels = el("div", "bs-panels");
     root.appendChild(panels);
     const built = texts.map((t) => buildHeadPanel(t, per[t], panels));
@@ -711,7 +721,9 @@
     for (let a = 0; a < n; a++) {
       for (const [col, side, list] of [[left, "left", leftDivs], [right, "right", rightDivs]]) {
         const d = tokenDiv(labels[a], side, keep[a], special[a], a * ROW, colW);
-        d.tabIndex = a === 0 ? 0 : -1;  // the column's first token shown is its tab stop
+        // the column's tab stop: the token focused in it last, if still shown, else its first
+        const stop = keep.includes(tokenStops[`${t}.${side}`]) ? tokenStops[`${t}.${side}`] : keep[0];
+        d.tabIndex = keep[a] === stop ? 0 : -1;
         list.push(d);
         if (two && counterpart(t, keep[a]) === undefined) {  // [SEP] too: a pair's second has none in a text
           d.classList.add("bs-unmatched");
@@ -759,6 +771,9 @@
     hv.addEventListener("focusin", (e) => {
       const d = e.target.closest(".bs-tok");
       if (!d) return;
+      // a roving tab stop: Tab and Shift+Tab come back to the token the user was on, not the first
+      for (const x of d.dataset.side === "left" ? leftDivs : rightDivs) x.tabIndex = x === d ? 0 : -1;
+      tokenStops[`${t}.${d.dataset.side}`] = Number(d.dataset.i);
       state.hover = { panel: t, side: d.dataset.side, index: Number(d.dataset.i) };
       redrawHeadPanels();
       announce(headSummary(view, d.dataset.side, Number(d.dataset.i)));  // the readout, in short
@@ -776,6 +791,16 @@
         const col = Array.from(hv.querySelectorAll(`.bs-tok.bs-${d.dataset.side}`));
         const next = col[col.indexOf(d) + (e.key === "ArrowDown" ? 1 : -1)];
         if (next) { e.preventDefault(); next.focus(); }
+      } else if (e.key === "Home" || e.key === "End") {  // the column's first or last token
+        const col = d.dataset.side === "left" ? leftDivs : rightDivs;
+        e.preventDefault();
+        col[e.key === "Home" ? 0 : col.length - 1].focus();
+      } else if ((e.key === "ArrowLeft" || e.key === "ArrowRight") && !e.altKey) {
+        // across to the other column, the same token (both columns show the same ones); Alt+Left
+        // stays the browser's Back
+        const other = { ArrowLeft: leftDivs, ArrowRight: rightDivs }[e.key];
+        const next = other[(d.dataset.side === "left" ? leftDivs : rightDivs).indexOf(d)];
+        if (next && next !== d) { e.preventDefault(); next.focus(); }
       }
     });
     hv.addEventListener("click", (e) => {
@@ -1035,7 +1060,7 @@
     const root = $("bs-matrix-view");
     const per = await Promise.all(meta.texts.map((_, t) => pickMatrices(t, state.layer)));
     if (gen !== renderGen) return;
-    root.textContent = "";
+    clearView(root);
     const P = per.map((list, t) => project(t, meanOf(list.map((m) => m.M))));
     const cell = state.zoom || fitCell(Math.max(...P.map((p) => p.n)));
     const bar = el("div", "bs-zoom");
@@ -1121,7 +1146,10 @@
     const corner = el("div", "bs-mcorner");
     const cols = el("canvas", "bs-collabels"), rows = el("canvas", "bs-rowlabels");
     const canvas = el("canvas", "bs-grid");
-    grid.append(corner, cols, rows, canvas);
+    // the keyboard's current cell, marked over the map (under the label strips, as the cells are)
+    const cursor = el("div", "bs-mcursor");
+    cursor.hidden = true;
+    grid.append(corner, cols, rows, canvas, cursor);
     scroll.appendChild(grid);
     panel.appendChild(scroll);
     // the cells: one pixel per cell, scaled up without smoothing
@@ -1194,11 +1222,36 @@
       return text;
     };
     let at = null;  // the cell read last, by the mouse or the keys: the arrows go on from it
+    // The current cell is marked while the heatmap has the focus: the readout said its value, but
+    // a sighted keyboard user saw nothing move on the map. The mark is 2px outside the cell, so a
+    // cell of 2px shows it too.
+    const mark = () => {
+      cursor.hidden = !at || document.activeElement !== canvas;
+      if (cursor.hidden) return;
+      cursor.style.left = `${lw + at[1] * cell - 2}px`;
+      cursor.style.top = `${lw + at[0] * cell - 2}px`;
+      cursor.style.width = cursor.style.height = `${cell + 4}px`;
+    };
+    // The arrows go past the scroll box's edge on a zoomed map: it scrolls the current cell into
+    // view, the part of the box the label strips (lw wide, stuck at its top and left) leave free.
+    const reveal = () => {
+      const x = lw + at[1] * cell, y = lw + at[0] * cell;
+      if (x - lw < scroll.scrollLeft) scroll.scrollLeft = x - lw;
+      else if (x + cell > scroll.scrollLeft + scroll.clientWidth) scroll.scrollLeft = x + cell - scroll.clientWidth;
+      if (y - lw < scroll.scrollTop) scroll.scrollTop = y - lw;
+      else if (y + cell > scroll.scrollTop + scroll.clientHeight) scroll.scrollTop = y + cell - scroll.clientHeight;
+      // and the page, where the box goes below the window or under the sticky controls bar
+      const r = cursor.getBoundingClientRect();
+      const top = (parseFloat(document.documentElement.style.getPropertyValue("--bs-controls-h")) || 0) + 4;
+      if (r.bottom > window.innerHeight) window.scrollBy(0, r.bottom - window.innerHeight + 4);
+      else if (r.top < top) window.scrollBy(0, r.top - top);
+    };
     canvas.addEventListener("mousemove", (e) => {
       const r = canvas.getBoundingClientRect();
       const b = Math.floor((e.clientX - r.left) / cell), a = Math.floor((e.clientY - r.top) / cell);
       if (a < 0 || b < 0 || a >= n || b >= n) { tip.hidden = true; return; }
       at = [a, b];
+      mark();
       tip.textContent = read(a, b);
       tip.style.left = `${e.clientX + 14}px`;
       tip.style.top = `${e.clientY + 12}px`;
@@ -1209,7 +1262,11 @@
     canvas.tabIndex = 0;
     canvas.setAttribute("role", "application");
     canvas.setAttribute("aria-label", `${title} heatmap: the arrow keys move from cell to cell; each value is read below it`);
-    canvas.addEventListener("focus", () => { if (!at && n) { at = [0, 0]; read(0, 0); } });  // a click keeps its cell
+    canvas.addEventListener("focus", () => {
+      if (!at && n) { at = [0, 0]; read(0, 0); }  // a click keeps its cell
+      mark();
+    });
+    canvas.addEventListener("blur", mark);
     canvas.addEventListener("keydown", (e) => {
       if (!at || !n || e.altKey || e.ctrlKey || e.metaKey) return;  // Alt+Left stays the browser's Back
       const [a, b] = at, last = n - 1;
@@ -1219,6 +1276,8 @@
       e.preventDefault();
       at = [Math.max(0, Math.min(last, to[0])), Math.max(0, Math.min(last, to[1]))];
       read(at[0], at[1]);
+      mark();
+      reveal();
     });
     return panel;
   }
@@ -1255,7 +1314,7 @@
 
   async function renderModelView(gen) {
     const root = $("bs-model-view");
-    root.textContent = "";
+    clearView(root);
     const N = meta.layers, H = meta.heads;
     if (meta.texts.length > 1) {
       const seg = el("div", "bs-segment");
@@ -1432,7 +1491,7 @@
     const layer = state.layer, head = state.heads[0];
     const data = await source.qk(t, layer, head);
     if (gen !== renderGen) return;
-    root.textContent = "";
+    clearView(root);
     if (meta.texts.length > 1) {
       const seg = el("div", "bs-segment");
       seg.setAttribute("role", "group");
@@ -1973,6 +2032,7 @@
     if (source && source !== src && source.close) source.close();  // the last text's requests: not wanted
     meta = m;
     source = src;
+    tokenStops = {};
     state.layer = Math.min(state.layer, meta.layers - 1);
     state.heads = state.heads.filter((h) => h < meta.heads);
     if (!state.heads.length) state.heads = [0];

@@ -451,7 +451,8 @@ def test_served_page_refuses_what_the_server_would_and_keeps_no_stale_picture(br
         page.click("#bs-submit")
         page.wait_for_selector("html[data-ready='error']", state="attached", timeout=30_000)
         # the text in the box is not the one drawn below it: said
-        assert page.inner_text("#bs-error") == "the server failed (Below: the last text analysed, not this one.)"
+        # (the server's line begins in lower case, as in a terminal; the page's with a capital)
+        assert page.inner_text("#bs-error") == "The server failed (Below: the last text analysed, not this one.)"
         assert page.locator("#bs-head-view .bs-tok.bs-left:text-is('new')").count() == 1
         assert page.inner_text("#bs-progress") == "" and page.get_attribute("html", "data-rendered") != "0"
         page.unroute("**/api/analyze")

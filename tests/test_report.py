@@ -354,7 +354,12 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     ([np.full((2, 2, 3, 3), 1 / 3)], ["a"] * 3, {}, "tokens_b"),
     ([np.full((1, 2, 3, 3), 1 / 3)], ["a"] * 3, {"tokens_b": ["b"] * 3}, "exactly 2"),
     ([np.full((1, 2, 3, 3), 2.0)], ["a"] * 3, {}, "probabilities"),
-    ([np.full((1, 2, 3, 3), np.nan)], ["a"] * 3, {}, "NaN"),
+    ([np.full((1, 2, 3, 3), np.nan)], ["a"] * 3, {}, "NaN or infinite values (first: layer 0, head 0, row "
+                                                      "tokens[0], column 0: nan)"),
+    ([np.full((1, 2, 3, 3), 1 / 3)], ["a", "b\ud800", "c"], {}, "tokens[1] is not valid Unicode"),  # save() failed
+    # whole numbers that sum to 0 (a softmax cast to int): no "for bfloat16 values" about them
+    ([np.zeros((1, 2, 3, 3), dtype=np.int64)], ["a"] * 3, {}, "sums to 0.0000 over the 3 tokens given, not 1 "
+                                                              "(within 0.001):"),
     ([np.full((1, 2, 4, 4), 0.25)], ["a"] * 3, {}, "sums to"),
     ([np.full((1, 2, 3, 3), 1 / 3)], "a b c", {}, "list of token strings"),
     ([np.full((1, 2, 3, 3), 1 / 3)], ["a", None, "c"], {}, "not a string"),
@@ -369,6 +374,15 @@ def test_show_refuses_what_does_not_fit_with_one_sentence(attentions, tokens, kw
         bertscope.show(attentions, tokens, **kw)
     text = str(e.value)
     assert message in text and "\n" not in text, text
+
+
+def test_show_takes_tokens_as_a_numpy_array_as_embed_takes_texts():
+    """A numpy array of strings (or anything with .tolist(), a pandas Series) is a list of tokens;
+    one of another shape is refused as its items are."""
+    att = [np.full((1, 2, 3, 3), 1 / 3)]
+    assert bertscope.show(att, np.array(["[CLS]", "a", "[SEP]"])).texts[0].tokens == ["[CLS]", "a", "[SEP]"]
+    with pytest.raises(bertscope.InputTypeError, match=re.escape("tokens[0] is list, not a string")):
+        bertscope.show(att, np.array([["[CLS]", "a", "[SEP]"]]))
 
 
 def test_words_from_tokens_of_other_tokenizers():

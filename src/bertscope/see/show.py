@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..core.tokenizer import check_text
 from ..errors import InputError, InputTypeError
 from .aggregate import attention_rollout
 from .report import Report, ReportText
@@ -70,6 +71,8 @@ def _row_sum_tolerance(values: np.ndarray) -> tuple[float, str]:
     x = values.astype(np.float32)
     if not np.array_equal(x, values):  # finer than float32: not rounded to a short format
         return ROW_SUM_TOLERANCE, ""
+    if np.array_equal(x, np.round(x)):  # whole numbers (integers given, or one-hot rows): no format
+        return ROW_SUM_TOLERANCE, ""
     if not (x.view(np.uint32) & 0xFFFF).any():  # the low 16 bits of every float32 are 0
         return 2 * 2.0 ** -7, "bfloat16"  # twice bfloat16's epsilon
     with np.errstate(over="ignore"):
@@ -117,12 +120,13 @@ def _tokens(tokens: Any, what: str) -> tuple[int, list[str]]:
     """(how many padding tokens lead, the tokens without the trailing padding): a padded batch's
     tokens, padded on the right (BERT's) or the left. Whether the leading ones are padding, the
     attention says (:func:`_text`): T5's decoder starts with ``<pad>`` as a real token."""
+    if not isinstance(tokens, (str, list, tuple)) and callable(getattr(tokens, "tolist", None)):
+        tokens = tokens.tolist()  # a numpy array or a pandas Series of strings, as embed takes texts
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise InputTypeError(f"{what} must be a list of token strings, got {type(tokens).__name__}")
     out = list(tokens)
     for i, t in enumerate(out):
-        if not isinstance(t, str):
-            raise InputTypeError(f"{what}[{i}] is {type(t).__name__}, not a string")
+        check_text(t, f"{what}[{i}]")  # a string, and valid Unicode: the page is written as UTF-8
     while out and out[-1] in PAD_TOKENS:  # the padding goes with its rows and columns
         out.pop()
     start = 0
@@ -147,7 +151,9 @@ def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
     U = len(tokens)
     a = att[:, :, s0:s0 + U, s0:s0 + U]  # (N, H, U, U): the padding before and after the tokens dropped
     if not np.isfinite(a).all():
-        raise InputError(f"the attentions of {what} hold NaN or infinite values")
+        l, h, i, j = (int(x) for x in np.argwhere(~np.isfinite(a))[0])
+        raise InputError(f"the attentions of {what} hold NaN or infinite values (first: layer {l}, head {h}, "
+                         f"row {what}[{i}], column {j}: {a[l, h, i, j]})")
     if a.min() < -1e-6 or a.max() > 1 + 1e-6:
         raise InputError(f"the attentions of {what} lie in {a.min():.3g}..{a.max():.3g}; "
                          "give probabilities (after the softmax), in 0..1")

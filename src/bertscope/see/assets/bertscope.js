@@ -74,7 +74,10 @@
 
   function showError(msg) {
     const el = $("bs-error");
-    el.textContent = msg;
+    // the server's and the library's lines begin in lower case (they follow "bertscope: error:"
+    // in a terminal); the page's own begin with a capital: one look, as a sentence ("text_b" and
+    // the like are names, left as they are)
+    el.textContent = msg.replace(/^[a-z]+\b/, (w) => w[0].toUpperCase() + w.slice(1));
     el.hidden = !msg;
     if (msg && el.scrollIntoView) el.scrollIntoView({ block: "nearest" });  // never below the fold
   }

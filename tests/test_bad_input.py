@@ -377,6 +377,11 @@ def test_trace_seed_out_of_torch_range(capsys, seed):
 def test_trace_seed_at_the_edges_of_the_range(bert):
     for seed in (0, 2 ** 64 - 1):
         assert trace(bert, "The cat sat", "cat", seed=seed).dropped.shape[0] > 0
+    # from Python, the argument by its name, the flag after it (it said "--seed must be ...")
+    with pytest.raises(InputError, match=re.escape("seed (--seed) must be a whole number from 0 to 2**64 - 1")):
+        trace(bert, "The cat sat", "cat", seed=-1)
+    with pytest.raises(InputError, match=re.escape("pad (--pad), how many [PAD] tokens to add, must be")):
+        trace(bert, "The cat sat", "cat", pad=-1)
 
 
 # ---------------------------------------------------------------- WSC files: bounded parse

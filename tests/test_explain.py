@@ -222,6 +222,19 @@ def test_gradient_attributions_rank_by_size_whatever_their_sign(bert):
     assert [j for j, _, _ in att.ranked("it", 3, 1, k=5)] == list(np.argsort(-arow, kind="stable")[:5])
 
 
+def test_a_long_text_b_is_named_in_its_truncation_warning(bert):
+    """The warning for a cut text_b said "the text is longer ...", as if the text explained
+    had been cut."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bertscope.explain(bert, "A dog sleeps", "grad-input", text_b="word " * 400)
+    said = [str(w.message) for w in caught if issubclass(w.category, bertscope.TruncationWarning)]
+    assert said == [f"the second text (text_b) is longer than {bert.max_seq_length} tokens and was truncated"]
+    assert caught[0].filename == __file__  # the caller's line, as every TruncationWarning
+
+
 def test_map_measures_and_build_report_take_any_sequence_of_names_and_numpy_flags(bert):
     """The checks added for strings and non-functions must not refuse what worked: a tuple or a
     numpy array of names, numpy's bool for qk."""
@@ -369,6 +382,7 @@ def test_record_shapes_and_word_rules(bert):
 
 @pytest.mark.parametrize("call,fragment", [
     (lambda b: bertscope.explain(b, IT_ANIMAL, "saliency"), "unknown method 'saliency'"),
+    (lambda b: bertscope.explain(b, IT_ANIMAL, None), "method is NoneType, not a string; the methods are: "),
     (lambda b: bertscope.explain(b, "  ", "alti"), "the text is empty"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "alti", text_b="x"), "text_b and target are for the gradient"),
     (lambda b: bertscope.explain(b, IT_ANIMAL, "grad-input"), "give text_b"),

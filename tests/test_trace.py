@@ -125,6 +125,6 @@ def test_trace_cli(capsys):
     # the flags as typed, as plot and explain name them (it said "layer", "head", "pad")
     for args, said in ((["--layer", "6"], "--layer must be a whole number from 0 to 5"),
                        (["--head", "12"], "--head must be a whole number from 0 to 11"),
-                       (["--pad", "-1"], "--pad (how many [PAD] tokens to add) must be")):
+                       (["--pad", "-1"], "--pad, how many [PAD] tokens to add, must be")):
         assert main(["trace", "The cat sat", "--token", "cat", *args]) == 2
         assert capsys.readouterr().err.startswith(f"bertscope: error: {said}")

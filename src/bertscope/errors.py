@@ -101,9 +101,9 @@ def as_count(value: object, name: str = "k") -> int:
     return n
 
 
-def check_seed(seed: object, flag: str = "--seed") -> int:
+def check_seed(seed: object, name: str = "seed", flag: str = "--seed") -> int:
     """``seed`` if it is a whole number torch's generators take (0 to 2**64 - 1; numpy's take no
-    negative one either), else an InputError naming ``flag``."""
+    negative one either), else an InputError naming it as ``name`` (``flag``)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-        raise InputError(f"{flag} must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+        raise InputError(f"{setting(name, flag)} must be a whole number from 0 to 2**64 - 1, got {seed!r}")
     return seed

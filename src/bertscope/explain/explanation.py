@@ -72,8 +72,11 @@ def method_kind(method: str) -> str:
 
 
 def check_method(method: object) -> str:
-    """The method name, or an InputError (one line) naming the methods there are."""
-    if not isinstance(method, str) or method not in METHODS:
+    """The method name, or an InputError (one line) naming the methods there are (an
+    InputTypeError for one that is not a string)."""
+    if not isinstance(method, str):
+        raise InputTypeError(f"method is {type(method).__name__}, not a string; the methods are: {', '.join(METHODS)}")
+    if method not in METHODS:
         raise InputError(f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
     return method
 

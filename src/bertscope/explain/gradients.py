@@ -41,7 +41,8 @@ import torch
 
 from ..bert import Bert
 from ..core.model import INFERENCE_WEIGHTS, evaluating
-from ..errors import InputError, as_whole_number
+from ..core.tokenizer import TruncationWarning
+from ..errors import InputError, as_whole_number, warn_caller
 from ..fast.packing import masked_mean, pack, unpack
 
 __all__ = ["GRAD_METHODS", "EmbeddingFunction", "Target", "class_target", "embedding_function", "grad_input",
@@ -69,7 +70,10 @@ def similarity_target(bert: Bert, text_b: str) -> Target:
     text_b's embedding is ``bert.embed``'s (cut at ``max_seq_length``), computed by the fp32
     reference encoder: under ``precision="int8"`` or ``"bf16"`` both texts are in fp32, as the
     gradients are."""
-    b = bert.encode([text_b], max_length=bert.max_seq_length)  # (1, T): as embed cuts it (and warns)
+    b = bert.encode([text_b], max_length=bert.max_seq_length, warn=False)  # (1, T): as embed cuts it
+    if b.truncated[0]:  # named: "the text" would read as the text explained
+        warn_caller(f"the second text (text_b) is longer than {bert.max_seq_length} tokens and was truncated",
+                    TruncationWarning)
     dev = bert.device
     with torch.no_grad(), evaluating(bert.encoder):
         hidden = bert.encoder(b.input_ids.to(dev), b.attention_mask.to(dev),

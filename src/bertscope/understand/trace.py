@@ -137,7 +137,8 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     head = as_index(setting("head", "--head"), head, cfg.num_attention_heads)
     n_pad = as_whole_number(pad)
     if n_pad is None or n_pad < 0:
-        raise InputError(f"{setting('pad', '--pad')} (how many [PAD] tokens to add) must be a whole number, 0 or more, got {pad!r}")
+        raise InputError(f"{setting('pad', '--pad')}, how many [PAD] tokens to add, must be a whole number, 0 or more, "
+                         f"got {pad!r}")
     pad = n_pad
     check_seed(seed)
     batch = bert.encode([text], warn=False)  # the warning once the word is found: else the error says it

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import bertscope
+
 TEXTS = [
     "The animal didn't cross the street because it was too tired",
     "A man is playing a guitar.",
@@ -48,6 +50,20 @@ def test_embed_unnormalised_and_empty(bert, st_model):
     assert bert.embed([]).shape == (0, bert.config.hidden_size)
     with pytest.raises(TypeError):
         bert.embed("one string")
+
+
+def test_embed_progress_counts_every_text_once(bert):
+    """Bert.embed had no progress (only embed_ids had): its calls add up to len(texts), empty
+    texts included, and the rows are what they are without it."""
+    texts = ["a b", "", "long " * 60, "  ", "x", "\u200b"] * 3
+    seen: list[int] = []
+    with_progress = bert.embed(texts, batch_size=2, progress=seen.append)
+    assert sum(seen) == len(texts) and len(seen) > 2  # the empty ones, then batch by batch
+    np.testing.assert_array_equal(with_progress, bert.embed(texts, batch_size=2))
+    with pytest.raises(bertscope.InputTypeError, match="progress must be a function"):
+        bert.embed(texts, progress=len(texts))
+    with pytest.raises(bertscope.InputTypeError, match="progress must be a function"):
+        bert.embed_ids([[101, 102]], progress="tqdm")
 
 
 def test_max_seq_length_comes_from_sentence_bert_config(bert):

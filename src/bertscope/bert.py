@@ -79,6 +79,14 @@ def _count(value: object, name: str) -> int | None:
     return None if value is None else as_count(value, name)
 
 
+def _check_progress(progress: object) -> None:
+    """InputTypeError (one line) unless ``progress`` is None or a function: one that is not
+    failed after the first batch's work, with Python's "'int' object is not callable"."""
+    if progress is not None and not callable(progress):
+        raise InputTypeError(f"progress must be a function of the number of texts done, got "
+                             f"{type(progress).__name__}")
+
+
 def _check_flag(value: object, name: str) -> None:
     """InputTypeError (one line) unless ``value`` is True or False (a string such as "no" is
     true to Python: it would be read as the opposite of what was meant)."""
@@ -196,7 +204,7 @@ class Bert:
         return self.tokenizer.encode(texts, pairs=pairs, max_length=max_length, warn=warn)
 
     def embed(self, texts: Sequence[str], batch_size: int | None = None, normalize: bool = True,
-              *, batch_tokens: int | None = None) -> np.ndarray:
+              *, batch_tokens: int | None = None, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Sentence embeddings (N, C): mean of the last hidden state over real tokens.
 
         Texts are sorted by length and packed into batches of at most ``batch_tokens`` real
@@ -209,11 +217,17 @@ class Bert:
         :class:`~bertscope.core.tokenizer.TruncationWarning`. A text that is not a string, or
         not valid Unicode, is an :class:`~bertscope.errors.InputError`.
 
+        ``progress(n)`` is called after each batch with the number of texts it held, and once
+        with the number of empty texts (their zero rows): the calls add up to ``len(texts)``, so
+        ``tqdm(total=len(texts)).update`` is a progress bar. Batches run longest first (as
+        sentence-transformers' ``encode`` does), so the count runs behind the time at first.
+
         The first call on a machine measures the fastest kernels for this model's shape (about
         2 s; cached, see ``bertscope doctor``).
         """
         batch_size, batch_tokens = _count(batch_size, "batch_size"), _count(batch_tokens, "batch_tokens")
         _check_flag(normalize, "normalize")
+        _check_progress(progress)
         texts = check_texts(texts)
         real = [i for i, t in enumerate(texts) if t.strip()]
         ids, truncated = self.tokenizer.encode_ids([texts[i] for i in real], max_length=self.max_seq_length)
@@ -222,9 +236,11 @@ class Bert:
         kept = [k for k, row in enumerate(ids) if not tokenless(row) or truncated[k]]
         real, ids = [real[k] for k in kept], [ids[k] for k in kept]
         out = np.zeros((len(texts), self.config.hidden_size), dtype=np.float32)
+        if progress is not None and len(texts) > len(real):
+            progress(len(texts) - len(real))  # the empty ones: done, zeros
         if real:
             out[real] = self.embed_ids(ids, batch_size=batch_size, normalize=normalize,
-                                       batch_tokens=batch_tokens)
+                                       batch_tokens=batch_tokens, progress=progress)
         return out
 
     def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
@@ -240,6 +256,7 @@ class Bert:
         """
         batch_size, batch_tokens = _count(batch_size, "batch_size"), _count(batch_tokens, "batch_tokens")
         _check_flag(normalize, "normalize")
+        _check_progress(progress)
         check_id_lists(self.config, ids)
         ids = ids if isinstance(ids, list) else list(ids)  # rows by position (a Series indexes by label)
         C = self.config.hidden_size

@@ -103,3 +103,38 @@ def test_patching_explain_is_undone_like_any_name():
     with mock.patch.object(bertscope, "load", "a stand-in"):
         assert bertscope.load == "a stand-in"
     assert bertscope.load is bertscope.bert.load
+
+
+def test_a_broken_torch_is_one_line_not_a_traceback():
+    """torch that fails to import (a broken install) gave Python's traceback."""
+    code = ("import sys\n"
+            "class Broken:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            raise ImportError('libtorch_cpu.so: cannot open shared object file')\n"
+            "sys.meta_path.insert(0, Broken())\n"
+            "from bertscope.cli import main\n"
+            "sys.exit(main(['params', '--preset', 'bert-base']))\n")
+    r = _python(code)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("bertscope: error: cannot import torch (ImportError: libtorch_cpu.so: cannot open shared "
+                        "object file); reinstall it as the README says (pip install torch==2.13.0)\n")
+
+
+def test_a_second_ctrl_c_while_torch_imports_stops_at_once():
+    """The first Ctrl-C is held until torch is imported; a second (the import hangs on a slow
+    disk) stops there, in one line, without waiting for the import."""
+    code = ("import os, signal, sys\n"
+            "class Hang:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "            for _ in range(3): pass\n"  # a loop's jump runs the handler: two signals, not one
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "            while True:\n"  # an import that never ends: only the second Ctrl-C leaves it
+            "                signal.getsignal(signal.SIGINT)\n"
+            "sys.meta_path.insert(0, Hang())\n"
+            "from bertscope.cli import main\n"
+            "sys.exit(main(['params', '--preset', 'bert-base']))\n")
+    r = _python(code)
+    assert (r.returncode, r.stdout, r.stderr) == (130, "", "bertscope: interrupted\n"), r.stderr

@@ -355,7 +355,7 @@ def test_show_takes_hf_layouts_and_strips_padding(bert, hf_model):
     ([np.full((1, 2, 3, 3), 1 / 3)], ["a"] * 3, {"tokens_b": ["b"] * 3}, "exactly 2"),
     ([np.full((1, 2, 3, 3), 2.0)], ["a"] * 3, {}, "probabilities"),
     ([np.full((1, 2, 3, 3), np.nan)], ["a"] * 3, {}, "NaN or infinite values (first: layer 0, head 0, row "
-                                                      "tokens[0], column 0: nan)"),
+                                                      "tokens[0], column tokens[0]: nan)"),
     ([np.full((1, 2, 3, 3), 1 / 3)], ["a", "b\ud800", "c"], {}, "tokens[1] is not valid Unicode"),  # save() failed
     # whole numbers that sum to 0 (a softmax cast to int): no "for bfloat16 values" about them
     ([np.zeros((1, 2, 3, 3), dtype=np.int64)], ["a"] * 3, {}, "sums to 0.0000 over the 3 tokens given, not 1 "
@@ -374,6 +374,20 @@ def test_show_refuses_what_does_not_fit_with_one_sentence(attentions, tokens, kw
         bertscope.show(attentions, tokens, **kw)
     text = str(e.value)
     assert message in text and "\n" not in text, text
+
+
+def test_show_names_a_bad_value_by_the_callers_own_token_positions_under_left_padding():
+    """With padding on the left the row was counted from the first real token: tokens[1] for
+    the caller's tokens[2]."""
+    att = np.zeros((1, 1, 4, 4))
+    att[0, 0, 1:, 1:] = 1 / 3  # a masked [PAD] first, then three tokens that attend to each other
+    att[0, 0, 0, 0] = 1.0
+    att[0, 0, 2, 3] = np.nan
+    with pytest.raises(bertscope.InputError, match=re.escape("row tokens[2], column tokens[3]: nan")):
+        bertscope.show([att], ["[PAD]", "a", "b", "c"])
+    att[0, 0, 2, 3] = 0.0  # now its row sums to 2/3
+    with pytest.raises(bertscope.InputError, match=re.escape("the row of tokens[2] sums to 0.6667")):
+        bertscope.show([att], ["[PAD]", "a", "b", "c"])
 
 
 def test_show_takes_tokens_as_a_numpy_array_as_embed_takes_texts():

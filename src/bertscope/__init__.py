@@ -98,6 +98,9 @@ if not TYPE_CHECKING:  # hidden from type checkers, which then still flag a miss
         return sorted({*__all__, *_PACKAGES, *(k for k in globals() if k.startswith("__"))})
 
 
+_UNSET = object()  # explain not looked up yet (None is a value a caller may set)
+
+
 class _Package(types.ModuleType):
     """``bertscope.explain`` is the function, though a subpackage has the same name: importing
     the subpackage binds it here (Python sets a package's attribute to each subpackage it
@@ -106,8 +109,8 @@ class _Package(types.ModuleType):
 
     @property
     def explain(self):
-        value = self.__dict__.get("_explain")
-        if value is None:
+        value = self.__dict__.get("_explain", _UNSET)
+        if value is _UNSET:
             from .explain import explain as value
             self.__dict__["_explain"] = value  # looked up once, as the other names are
         return value

@@ -274,6 +274,9 @@ class _HeldInterrupt:
         self.previous = None
 
     def _note(self, signum, frame) -> None:
+        if self.hit:  # a second Ctrl-C: the import hangs (a slow disk), the user insists: stop now
+            self.__exit__()  # (the command does not run: torch, half imported, is not imported again)
+            raise KeyboardInterrupt
         self.hit = True
 
     def __enter__(self) -> "_HeldInterrupt":
@@ -286,6 +289,7 @@ class _HeldInterrupt:
 
     def __exit__(self, *exc) -> None:
         if self.active:  # None: a handler set outside Python, which Python cannot put back
+            self.active = False
             signal.signal(signal.SIGINT, signal.default_int_handler if self.previous is None else self.previous)
 
 
@@ -319,8 +323,15 @@ def _main(argv: Sequence[str] | None) -> int:
                          else _LogLine())
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     warnings.showwarning = _warning_line
-    with _HeldInterrupt() as held:
-        _import_torch()
+    try:
+        with _HeldInterrupt() as held:
+            _import_torch()
+    except Exception as e:  # a broken install: one line (doctor, which would say more, needs torch too)
+        if args.debug:
+            traceback.print_exc()
+        print(f"bertscope: error: cannot import torch ({type(e).__name__}: {_one_line(e)[:300]}); "
+              "reinstall it as the README says (pip install torch==2.13.0)", file=sys.stderr)
+        return 1
     if held.hit:
         raise KeyboardInterrupt
     stdout = _checked_stdout()

@@ -153,7 +153,7 @@ def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
     if not np.isfinite(a).all():
         l, h, i, j = (int(x) for x in np.argwhere(~np.isfinite(a))[0])
         raise InputError(f"the attentions of {what} hold NaN or infinite values (first: layer {l}, head {h}, "
-                         f"row {what}[{i}], column {j}: {a[l, h, i, j]})")
+                         f"row {what}[{s0 + i}], column {what}[{s0 + j}]: {a[l, h, i, j]})")
     if a.min() < -1e-6 or a.max() > 1 + 1e-6:
         raise InputError(f"the attentions of {what} lie in {a.min():.3g}..{a.max():.3g}; "
                          "give probabilities (after the softmax), in 0..1")
@@ -163,7 +163,7 @@ def _text(att: np.ndarray, tokens: tuple[int, list[str]], what: str,
     if bad.any():
         l, h, i = (int(x) for x in np.argwhere(bad)[0])
         raise InputError(
-            f"in layer {l}, head {h}, the row of {what}[{i}] sums to {sums[l, h, i]:.4f} over the {U} "
+            f"in layer {l}, head {h}, the row of {what}[{s0 + i}] sums to {sums[l, h, i]:.4f} over the {U} "
             f"tokens given, not 1 (within {tol:.2g}{f' for {fmt} values' if fmt else ''}): the tokens "
             f"must be the positions the attention covers (padding, if any, before or after them)")
     words, token_words, special = words_from_tokens(tokens)

@@ -1642,12 +1642,22 @@ def test_the_heatmaps_current_cell_is_marked_and_kept_in_view(browser, long_repo
     box = at["clip"]
     bar = page.eval_on_selector("#bs-controls", "e => e.getBoundingClientRect().bottom")
     assert box["y"] + 3 >= bar and box["y"] + box["height"] - 3 <= 1000, (box, bar)
-    # the cell is marked while the heatmap has the focus (and not once it has gone)
-    marked = page.screenshot(clip=at["clip"])
+    # the cell is marked while the heatmap has the focus (and not once it has gone): a box drawn
+    # round the cell, seen (read from the page, not from pixels, which a scroll would move)
+    mark = ("() => { const m = document.querySelector(\"#bs-matrix-view .bs-panel[data-panel='0'] .bs-mcursor\"); "
+            "return m.hidden || getComputedStyle(m).display === 'none' ? null : m.getBoundingClientRect().toJSON(); }")
+
+    def marks_the_cell() -> bool:
+        m, c = page.evaluate(mark), page.evaluate(_CURRENT_CELL, n)["clip"]  # the cell, 3 px round it
+        return m is not None and m["x"] <= c["x"] + 3 and m["y"] <= c["y"] + 3 and \
+            m["x"] + m["width"] >= c["x"] + c["width"] - 3 and m["y"] + m["height"] >= c["y"] + c["height"] - 3
+
+    assert marks_the_cell()
     page.focus("#bs-matrix-view button[data-zoom='-1']")
-    assert page.screenshot(clip=at["clip"]) != marked
+    page.wait_for_function(f"() => ({mark})() === null", timeout=10_000)
     page.focus("#bs-matrix-view .bs-panel[data-panel='0'] canvas.bs-grid")
-    assert page.screenshot(clip=at["clip"]) == marked
+    page.wait_for_function(f"() => ({mark})() !== null", timeout=10_000)
+    assert marks_the_cell()
     for key, times in (("ArrowUp", 55), ("ArrowLeft", 115)):  # back: the box scrolls up and left
         for _ in range(times):
             page.keyboard.press(key)

@@ -441,8 +441,11 @@ def test_a_stop_while_idle_is_one_line_and_the_status_of_its_signal(tmp_path, st
         if proc.poll() is None:
             proc.kill()
     lines = err_path.read_text().strip().splitlines()
-    assert (code, lines[1:]) == ((130, ["bertscope: interrupted"]) if stop == "SIGINT"
-                                 else (143, ["bertscope: terminated"])), lines
+    assert (code, lines[-1]) == ((130, "bertscope: interrupted") if stop == "SIGINT"
+                                 else (143, "bertscope: terminated")), lines
+    # the health request's task may not have ended yet when the signal comes: then the stop says
+    # it waits for it, and nothing else
+    assert all(x.startswith("bertscope: warning: stopping: waiting for 1 request(s)") for x in lines[1:-1]), lines
 
 
 def test_uvicorn_speaks_in_the_command_lines_own_format(tmp_path):
@@ -534,6 +537,27 @@ def test_every_answer_says_nosniff_and_no_referrer(server):
             conn.close()
 
 
+def test_an_unexpected_failure_is_a_500_with_the_same_headers(tmp_path):
+    """Starlette's error middleware sits outside the middleware an app adds: its 500 went out
+    without nosniff and no-referrer."""
+    proc, err_path, base = _serve_measuring(tmp_path, (
+        "def measure(b, text, wanted, pair=None):\n"
+        "    raise RuntimeError('a bug in a measure')"), "--measure", "alti")
+    try:
+        u = urllib.parse.urlsplit(base)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        body = json.dumps({"text": IT_ANIMAL, "layer": 0, "heads": [0], "kind": "measure", "measure": "alti"})
+        conn.request("POST", "/api/attention", body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        assert r.status == 500
+        assert (r.getheader("X-Content-Type-Options"), r.getheader("Referrer-Policy")) == ("nosniff", "no-referrer")
+    finally:
+        proc.kill()
+        proc.wait(60)
+
+
 def test_allowed_hosts_rules():
     import socket
 
@@ -548,6 +572,12 @@ def test_allowed_hosts_rules():
     assert allowed_host("10.0.0.5:8000", "0.0.0.0") and allowed_host("[fe80::1]:8000", "::")
     assert allowed_host(socket.gethostname(), "0.0.0.0")
     assert not allowed_host("evil.example", "0.0.0.0") and not allowed_host("evil.example", "::")
+    # as a browser writes them: an empty port, a zone id escaped in the URL (%25), a trailing dot
+    # on either side; and what is not a host and port at all
+    assert allowed_host("localhost:", "127.0.0.1") and allowed_host("[fe80::1%25eth0]:80", "fe80::1%eth0")
+    assert allowed_host("myhost", "myhost.") and allowed_host("Example.ORG.:443", "127.0.0.1",
+                                                               frozenset({"example.org."}))
+    assert not allowed_host("localhost:80@evil.example", "127.0.0.1") and not allowed_host("[::1", "127.0.0.1")
 
 
 @pytest.mark.parametrize("raw", [

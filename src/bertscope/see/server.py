@@ -107,16 +107,21 @@ def is_all_interfaces(host: str) -> bool:
 
 
 # a Host header: a name or an IPv4 address, or an IPv6 address in brackets, then an optional port
-_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+(?:%[\w.-]+)?)\]|(?P<name>[\w.-]+))(?::\d{1,5})?", re.ASCII)
+_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+(?:%[\w.-]+)?)\]|(?P<name>[\w.-]+))(?::\d{0,5})?", re.ASCII)
 
 
 def _host_name(header: str) -> str | None:
     """The name of a Host header, lower case, without its port or IPv6 brackets; None for a
     header that is not a host and port ("localhost:80@evil.example", "[::1" unclosed)."""
-    m = _HOST_HEADER.fullmatch(header.strip().lower())
+    m = _HOST_HEADER.fullmatch(header.strip().lower().replace("%25", "%"))  # a zone id, as URLs escape it
     if m is None:
         return None
     return m.group("v6") or m.group("name").rstrip(".")
+
+
+def _bound_name(host: str) -> str:
+    """An address or name given to bind or allow, as _host_name reads a header's."""
+    return host.strip().strip("[]").lower().rstrip(".")
 
 
 def allowed_host(header: str | None, bound: str, extra: frozenset[str] = frozenset()) -> bool:
@@ -126,8 +131,7 @@ def allowed_host(header: str | None, bound: str, extra: frozenset[str] = frozens
     name = _host_name(header)
     if name is None:
         return False
-    bound_name = bound.strip().strip("[]").lower()
-    if name in LOOPBACK_NAMES or name == bound_name or name in extra:
+    if name in LOOPBACK_NAMES or name == _bound_name(bound) or name in {_bound_name(x) for x in extra}:
         return True
     if is_all_interfaces(bound):
         try:
@@ -170,7 +174,7 @@ SAFE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"
 
 
 class _SafeHeaders:
-    """ASGI middleware: adds SAFE_HEADERS to every HTTP response (421 and 413 answers too)."""
+    """ASGI middleware: adds SAFE_HEADERS to every HTTP response (421, 413 and 500 answers too)."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -427,7 +431,10 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     app.add_middleware(_BodyLimit, limit=body_limit(max_chars),
                        detail=f"the request is too large: texts are limited to {max_chars} characters")
     app.add_middleware(_HostCheck, bound=host, extra=frozenset(h.lower() for h in allowed_hosts))
-    app.add_middleware(_SafeHeaders)  # added last: the outermost, so it sees every answer
+    # around the whole stack, Starlette's own error middleware too (add_middleware puts one inside
+    # it): a 500 for an unexpected failure gets the headers as well
+    build_stack = app.build_middleware_stack
+    app.build_middleware_stack = lambda: _SafeHeaders(build_stack())
     app.state.analyzer = analyzer
 
     @app.exception_handler(BertscopeError)
@@ -619,7 +626,12 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
         allowed_hosts: tuple[str, ...] = (), measures: MeasureFunction | None = None,
         measure_info: list[dict[str, Any]] | tuple = ()) -> None:
     """Serve until interrupted, on ``sock`` if given (see :func:`bind`; ``host`` is then the
-    address it is bound to), else on host:port."""
+    address it is bound to), else on host:port.
+
+    A Ctrl-C (or SIGTERM) stops it once the requests running are done; the call then raises
+    KeyboardInterrupt (SIGTERM: whatever its handler does; Python's default ends the process).
+    A second one stops it at once, raising :class:`StoppedAtOnce` (``.signal`` says which):
+    leave with ``os._exit`` then, not to wait for the computations it cut short."""
     try:
         import uvicorn
     except ImportError:
@@ -628,9 +640,11 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
         sock = bind(host, port)
     app = create_app(bert, max_chars=max_chars, host=host, allowed_hosts=allowed_hosts,
                      measures=measures, measure_info=measure_info)
-    # log_config None: uvicorn's records (a malformed request's warning) go through the caller's
-    # logging (the CLI's "bertscope: warning: ..." lines), not a format of its own
-    config = uvicorn.Config(app, log_level=log_level, log_config=None)
+    # a caller whose logging is set up (the CLI's "bertscope: warning: ..." lines) gets uvicorn's
+    # records there (a malformed request's warning); one without keeps uvicorn's own format, and
+    # its "Uvicorn running on ..." at log_level "info"
+    own = uvicorn.config.LOGGING_CONFIG if not logging.getLogger().handlers else None
+    config = uvicorn.Config(app, log_level=log_level, log_config=own)
     quiet = _QuietWhenForced()
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(quiet)

@@ -304,7 +304,7 @@ def test_bench_prints_results_before_a_failed_plot_write(tmp_path, capsys, monke
     cap = capsys.readouterr()
     assert json.loads(cap.out)["scaling"]["lengths"] == [16, 32]  # the results came out whole
     lines = cap.err.strip().splitlines()
-    assert len(lines) == 1 and "No space left" in lines[0] and "results above are complete" in lines[0]
+    assert len(lines) == 1 and "(no space left on the device)" in lines[0] and "results above are complete" in lines[0]
     assert not (tmp_path / "s.svg").exists()
 
 

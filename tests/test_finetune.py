@@ -1216,7 +1216,7 @@ def test_predict_on_a_full_disk_says_resume_finishes_and_does(trained, tmp_path,
     args = ["predict", str(out), str(inp), "--out", str(pred), "--quiet"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err == (f"bertscope: error: --out: cannot write '{pred}.partial' (No space left on device); free "
+    assert err == (f"bertscope: error: --out: cannot write '{pred}.partial' (no space left on the device); free "
                    "some space, then rerun the same command with --resume to finish\n")
     monkeypatch.setattr(RunProgress, "_write", write)
     assert main(args + ["--resume"]) == 0 and not Path(f"{pred}.partial").exists()

@@ -35,6 +35,16 @@ class NonFiniteError(BertscopeError):
 NO_SPACE = "no space left on the device"  # how every message says a full disk (the CLI looks for it)
 
 
+def os_reason(e: OSError) -> str:
+    """Why an OSError failed, for a message: a full disk (or quota) as :data:`NO_SPACE`, else the
+    system's words ("Permission denied")."""
+    import errno
+
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return NO_SPACE
+    return e.strerror or str(e)
+
+
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SAID: dict[str, str] = {}  # "max_length (--max-length)" -> "--max-length", as messages named them
 

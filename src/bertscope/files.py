@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from .errors import InputError, InputTypeError
+from .errors import InputError, InputTypeError, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class FolderLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise InputError(f"cannot write in {self.path.parent} ({e.strerror or e})") from None
+                raise InputError(f"cannot write in {self.path.parent} ({os_reason(e)})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:

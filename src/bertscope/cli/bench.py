@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import bench
     from ..bench.corpus import read_corpus
     from ..bench.report import PLOT_SUFFIXES, render_scaling_plot, write_markdown
-    from ..errors import InputError
+    from ..errors import InputError, os_reason
     from ..files import write_bytes_atomic
     from .common import check_output_file
     from .guard import dumps_strict, null_non_finite
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             with tempfile.TemporaryFile(dir=plot.parent if str(plot.parent) else "."):
                 pass
         except OSError as e:
-            raise InputError(f"--plot: cannot write in {str(plot.parent)!r} ({e.strerror or e})") from None
+            raise InputError(f"--plot: cannot write in {str(plot.parent)!r} ({os_reason(e)})") from None
         from ..see.figures import require_matplotlib
 
         require_matplotlib("--plot")
@@ -148,6 +148,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_bytes_atomic(plot, figure, make_parents=False)
         except OSError as e:
-            raise InputError(f"could not write --plot {plot} ({e.strerror or e}); "
+            raise InputError(f"could not write --plot {plot} ({os_reason(e)}); "
                              "the results above are complete") from None
     return 0

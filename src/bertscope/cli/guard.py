@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import InputError
+from ..errors import InputError, os_reason
 
 
 def dumps_strict(obj: Any, **kw: Any) -> str:
@@ -79,4 +79,4 @@ def writing(path: str | os.PathLike, flag: str = "--out") -> Iterator[None]:
         name, inner = str(path), str(getattr(e, "filename", "") or "")
         if inner.startswith(name.rstrip(os.sep) + os.sep):  # a file of an output folder: that file
             name = inner
-        raise InputError(f"{flag}: cannot write {name!r} ({e.strerror or e})") from None
+        raise InputError(f"{flag}: cannot write {name!r} ({os_reason(e)})") from None

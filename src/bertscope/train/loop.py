@@ -44,7 +44,7 @@ from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_conf
 from ..core.classifier import BertForSequenceClassification
 from ..core.model import evaluating
 from ..core.tokenizer import least_read_length, tokenless
-from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed, setting
+from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed, os_reason, setting
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
 from ..files import TEMP_SUFFIX, FolderLock, lock_holder, nearly_full, sha256_file, write_atomic, write_text_atomic
@@ -350,7 +350,7 @@ def _check_out(out: Path, resume: bool) -> None:
     try:  # a real write: permission bits do not tell for root, /proc or a read-only mount
         probe = tempfile.mkdtemp(prefix=".bertscope-check-", suffix=TEMP_SUFFIX, dir=existing)
     except OSError as e:
-        raise InputError(f"{_named('out')}: {out} cannot be created in {existing} ({e.strerror or e})") from None
+        raise InputError(f"{_named('out')}: {out} cannot be created in {existing} ({os_reason(e)})") from None
     os.rmdir(probe)
 
 

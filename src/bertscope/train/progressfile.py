@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, os_reason
 from ..files import same_file, sha256_file
 
 SUFFIX = ".partial"
@@ -121,7 +121,7 @@ class RunProgress:
             try:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise InputError(f"cannot write {self.path} ({e.strerror or e})") from None
+                raise InputError(f"cannot write {self.path} ({os_reason(e)})") from None
             try:
                 self._lock()
             except BaseException:

@@ -3,6 +3,7 @@ one line."""
 
 from __future__ import annotations
 
+import errno
 import operator
 import os
 import sys
@@ -35,14 +36,15 @@ class NonFiniteError(BertscopeError):
 NO_SPACE = "no space left on the device"  # how every message says a full disk (the CLI looks for it)
 
 
+def no_space(e: BaseException) -> bool:
+    """Whether ``e`` is a full disk, or a full disk quota."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
 def os_reason(e: OSError) -> str:
     """Why an OSError failed, for a message: a full disk (or quota) as :data:`NO_SPACE`, else the
     system's words ("Permission denied")."""
-    import errno
-
-    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return NO_SPACE
-    return e.strerror or str(e)
+    return NO_SPACE if no_space(e) else e.strerror or str(e)
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -9,7 +9,6 @@ prints one line too. ``--debug`` shows the traceback before that line; the exit 
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import io
 import logging
@@ -21,7 +20,7 @@ import warnings
 from typing import NoReturn, Sequence
 
 from .. import __version__
-from ..errors import NO_SPACE, BertscopeError, as_typed
+from ..errors import NO_SPACE, BertscopeError, as_typed, no_space
 
 COMMAND_MODULES = [
     "params", "attend",  # core
@@ -137,7 +136,7 @@ def _no_space(e: BaseException | None) -> bool:
     for _ in range(4):
         if e is None:
             return False
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        if no_space(e):
             return True
         if isinstance(e, BertscopeError) and NO_SPACE in str(e):
             return True

@@ -92,7 +92,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..core.tokenizer import tokenless
-from ..errors import NO_SPACE, InputError, InputTypeError, as_whole_number, setting
+from ..errors import NO_SPACE, InputError, InputTypeError, as_whole_number, no_space, setting
 from ..files import TEMP_SUFFIX, FolderLock, fields_note, lock_holder, move_into_place, nearly_full, sha256_file, write_atomic
 from .heap import release_free_memory
 from .jobinput import (JOB_FILE, InputFile, InputPlan, Shard, iter_records, plan_input, read_piece, read_shard,
@@ -348,10 +348,10 @@ def embed_texts(bert, texts: list[str], statuses: list[str], *, batch_tokens: in
 def write_error(path: Path, e: OSError) -> InputError:
     """One line naming the file and the reason; a full disk says so (numpy's short-write
     message, "N requested and M written", carries no errno, so the free space decides)."""
-    no_space = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-    if not no_space and e.errno is None and "written" in str(e):
-        no_space = nearly_full(path)
-    reason = NO_SPACE if no_space else (e.strerror or str(e))
+    full = no_space(e)
+    if not full and e.errno is None and "written" in str(e):
+        full = nearly_full(path)
+    reason = NO_SPACE if full else (e.strerror or str(e))
     return InputError(f"cannot write {path}: {reason}")
 
 

@@ -151,6 +151,18 @@ def test_a_text_with_no_tokens_is_skipped_with_a_warning(bert):
         head_stats(bert, [(1, "\u200b")])
 
 
+def test_a_blank_text_is_skipped_with_a_warning_as_a_tokenless_one_is(bert):
+    """A blank text was skipped without a word, while a tokenless one was named."""
+    stats = head_stats(bert, ["the cat sat on the mat", "", "a dog ran", "  \t "])
+    assert stats.num_texts == 2
+    assert "2 lines are blank and were skipped (lines 2, 4)" in stats.warnings
+    one = head_stats(bert, [(7, " "), (8, "the cat sat")])
+    assert one.num_texts == 1 and "line 7 is blank and was skipped" in one.warnings
+    assert not any("blank" in w for w in head_stats(bert, ["the cat sat"]).warnings)
+    with pytest.raises(InputError, match="the corpus has no text"):
+        head_stats(bert, ["", " "])
+
+
 def test_head_stats_refuses_pairs_that_are_not_numbered_texts_and_odd_options(bert):
     """A pair of strings read its first string as a line number and dropped it without a word;
     warnings="abc" became ['a', 'b', 'c']; progress=5 raised TypeError from inside."""

@@ -245,6 +245,7 @@ class HeadSums:
     rows_nb: int = 0  # query rows that have a previous (or next) neighbour
     truncated: list[int] = field(default_factory=list)
     no_tokens: list[int] = field(default_factory=list)  # texts with no ordinary token: skipped
+    blank: list[int] = field(default_factory=list)  # texts empty or only whitespace: skipped
 
     def __post_init__(self) -> None:
         N, H = self.layers, self.heads
@@ -289,6 +290,7 @@ class HeadSums:
         self.rows_nb += other.rows_nb
         self.truncated.extend(other.truncated)
         self.no_tokens.extend(other.no_tokens)
+        self.blank.extend(other.blank)
         return self
 
     def finish(self, model: str, max_length: int, warnings: list[str] | None = None) -> HeadStats:
@@ -299,6 +301,7 @@ class HeadSums:
         warns = list(warnings or [])
         warns += lines_warning(sorted(self.truncated), f"is longer than {max_length} tokens and was truncated",
                                 f"are longer than {max_length} tokens and were truncated")
+        warns += lines_warning(sorted(self.blank), "is blank and was skipped", "are blank and were skipped")
         warns += lines_warning(sorted(self.no_tokens), "has no tokens (the tokenizer drops every character of it) "
                                 "and was skipped", "have no tokens (the tokenizer drops every character of "
                                 "them) and were skipped")
@@ -322,7 +325,7 @@ class HeadSums:
 def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
               progress: Callable[[int, int], None] | None = None) -> HeadSums:
     """The :class:`HeadSums` of ``texts`` (strings, or (line number, string) pairs); blank
-    texts are skipped. Each text runs alone through the reference model (its attentions).
+    texts are skipped (and named in the statistics' warnings). Each text runs alone through the reference model (its attentions).
     ``progress(done, total)`` is called after each text (one forward pass each)."""
     if (isinstance(texts, (str, bytes, Mapping, set, frozenset)) or hasattr(texts, "columns")
             or not isinstance(texts, Iterable)):
@@ -342,7 +345,8 @@ def head_sums(bert: Bert, texts: list[tuple[int, str]] | list[str], *,
     for done, (n, text) in enumerate(items):
         if progress is not None:
             progress(done, len(items))
-        if not text.strip():
+        if not text.strip():  # said once, by finish(), as the tokenless are
+            sums.blank.append(n)
             continue
         batch = bert.encode([text], warn=False)  # said once, by finish(), with the line number
         if batch.lengths[0] <= 2:  # [CLS] [SEP] only: no ordinary rows to classify

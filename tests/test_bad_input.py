@@ -929,3 +929,35 @@ def test_the_summary_says_when_the_weights_were_cast_after_loading(bert):
     cast = copy.deepcopy(bert)
     cast.model.to(torch.bfloat16)
     assert "bfloat16 weights on cpu" in repr(cast) and "fp32" not in repr(cast).split("path=")[0]
+
+
+def test_a_number_of_the_wrong_kind_is_a_type_error_and_one_out_of_range_a_value_error(bert):
+    """``embed(batch_size=2.0)`` was a ValueError, where Python's own ``[2.0]`` is a TypeError:
+    a caller's ``except TypeError`` missed it. Out of range stays a ValueError."""
+    from bertscope.core.words import find_word
+    from bertscope.errors import as_count, as_index, check_seed
+    from bertscope.train.loop import FinetuneConfig
+
+    wrong_kind = [lambda: bert.embed(["a b"], batch_size=2.0), lambda: bert.embed(["a b"], batch_size="3"),
+                  lambda: as_count(1.5, "k"),
+                  lambda: bert.tokenizer.encode(["a b"], max_length=True), lambda: as_index("layer", 1.0, 6),
+                  lambda: check_seed(0.5), lambda: check_seed(True),
+                  lambda: trace(bert, "the cat sat", "cat", pad=1.0),
+                  lambda: trace(bert, "the cat sat", "cat", layer="1"),
+                  lambda: find_word(["the", "cat"], "cat", occurrence=1.0),
+                  lambda: FinetuneConfig(train="t.jsonl", epochs=2.0).check(),
+                  lambda: FinetuneConfig(train="t.jsonl", lr="1e-5").check()]
+    for i, call in enumerate(wrong_kind):
+        with pytest.raises(InputTypeError) as e:
+            call()
+        assert isinstance(e.value, TypeError) and isinstance(e.value, InputError), i
+    out_of_range = [lambda: bert.embed(["a b"], batch_size=0), lambda: bert.tokenizer.encode(["a b"], max_length=1),
+                    lambda: as_index("layer", 6, 6), lambda: check_seed(-1), lambda: check_seed(2 ** 64),
+                    lambda: trace(bert, "the cat sat", "cat", pad=-1),
+                    lambda: find_word(["the", "cat"], "cat", occurrence=0),
+                    lambda: FinetuneConfig(train="t.jsonl", epochs=0).check(),
+                    lambda: FinetuneConfig(train="t.jsonl", lr=float("nan")).check()]
+    for i, call in enumerate(out_of_range):
+        with pytest.raises(InputError) as e:
+            call()
+        assert not isinstance(e.value, TypeError), (i, e.value)

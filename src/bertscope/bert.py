@@ -59,7 +59,7 @@ from .core.config import BertConfig
 from .core.model import BertModel, check_id_lists, check_tensor, evaluating
 from .core.outputs import BertOutput
 from .core.tokenizer import BertTokenizer, check_texts, least_read_length, tokenless, warn_truncated
-from .errors import BertscopeError, InputError, InputTypeError, NonFiniteError, as_count, as_whole_number, setting, warn_caller
+from .errors import BertscopeError, InputError, InputTypeError, NonFiniteError, as_count, bad_whole, as_whole_number, setting, warn_caller
 from .files import as_path
 from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
@@ -312,7 +312,7 @@ class Bert:
         limit = self.max_seq_length if max_length is None else as_whole_number(max_length)
         low = least_read_length(pairs is not None)  # one token of each text besides the specials
         if limit is None or not low <= limit <= self.config.max_position_embeddings:
-            raise InputError(f"max_length must be a whole number {low}..{self.config.max_position_embeddings}"
+            raise bad_whole(limit, f"max_length must be a whole number {low}..{self.config.max_position_embeddings}"
                              f"{' for pairs' if pairs is not None else ''} (room for one token of each "
                              f"text), got {max_length!r}")
         ids, types, truncated = self.tokenizer.encode_segments(texts, pairs, max_length=limit)

@@ -94,28 +94,40 @@ def as_whole_number(value: object) -> int | None:
         return None
 
 
+def bad_whole(n: int | None, message: str) -> InputError:
+    """The error for a value that had to be a whole number in some range, given ``n``, what
+    :func:`as_whole_number` made of it: an InputTypeError (also a TypeError) when it is None, the
+    value being of the wrong kind (a float, a string, a bool), as Python's ``[]`` says; else an
+    InputError (a ValueError), the number being out of range."""
+    return (InputTypeError if n is None else InputError)(message)
+
+
 def as_index(name: str, value: object, size: int) -> int:
     """``value`` as an index into ``size`` things, 0..size-1; negatives count from the end, as in
     Python, and come back as the same index counted from the start. Anything else (a float, a
-    string, a bool, out of range) is an InputError that names ``name`` and the range."""
+    string, a bool, out of range) is an InputError that names ``name`` and the range: an
+    InputTypeError (also a TypeError) for a value that is not a whole number at all."""
     n = as_whole_number(value)
     if n is None or not -size <= n < size:
-        raise InputError(f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
+        raise bad_whole(n, f"{name} must be a whole number from 0 to {size - 1} (or -{size} to -1, "
                          f"counted from the end), got {value!r}")
     return n % size
 
 
 def as_count(value: object, name: str = "k") -> int:
-    """``value`` as a whole number >= 1 (how many to return), else an InputError."""
+    """``value`` as a whole number >= 1 (how many to return), else an InputError (an
+    InputTypeError for a float, a string or a bool)."""
     n = as_whole_number(value)
     if n is None or n < 1:
-        raise InputError(f"{name} must be a whole number >= 1, got {value!r}")
+        raise bad_whole(n, f"{name} must be a whole number >= 1, got {value!r}")
     return n
 
 
 def check_seed(seed: object, name: str = "seed", flag: str = "--seed") -> int:
     """``seed`` if it is a whole number torch's generators take (0 to 2**64 - 1; numpy's take no
-    negative one either), else an InputError naming it as ``name`` (``flag``)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-        raise InputError(f"{setting(name, flag)} must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+    negative one either), else an InputError naming it as ``name`` (``flag``): an
+    InputTypeError for a float, a string or a bool."""
+    n = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+    if n is None or not 0 <= n < 2 ** 64:
+        raise bad_whole(n, f"{setting(name, flag)} must be a whole number from 0 to 2**64 - 1, got {seed!r}")
     return seed

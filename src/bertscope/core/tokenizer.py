@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import numbers
 import os
 import re
 import threading
@@ -19,7 +18,7 @@ import torch
 from tokenizers import Encoding, Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from ..errors import CheckpointError, InputError, InputTypeError, as_whole_number, warn_caller
+from ..errors import CheckpointError, InputError, InputTypeError, as_whole_number, bad_whole, warn_caller
 
 __all__ = ["Batch", "BertTokenizer", "TruncationWarning", "check_text", "check_texts", "no_tokens", "tokenless",
            "warn_truncated"]
@@ -154,7 +153,7 @@ class BertTokenizer:
     def __init__(self, tokenizer: Tokenizer, max_length: int, do_lower_case: bool) -> None:
         length = as_whole_number(max_length)
         if length is None or length < 2:
-            raise InputError(f"max_length must be a whole number >= 2 ([CLS] and [SEP]), got {max_length!r}")
+            raise bad_whole(length, f"max_length must be a whole number >= 2 ([CLS] and [SEP]), got {max_length!r}")
         max_length = length
         self._tok = tokenizer
         self._tok.no_padding()
@@ -248,11 +247,11 @@ class BertTokenizer:
         if max_length is None:
             return self.max_length
         low, why = (3, "[CLS] and two [SEP] for a pair") if pairs else (2, "[CLS] and [SEP]")
-        if (isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral)
-                or not low <= max_length <= self.max_length):
-            raise InputError(f"max_length must be a whole number from {low} ({why}) to "
+        n = as_whole_number(max_length)
+        if n is None or not low <= n <= self.max_length:
+            raise bad_whole(n, f"max_length must be a whole number from {low} ({why}) to "
                              f"{self.max_length} (the model's positions), got {max_length!r}")
-        return int(max_length)
+        return n
 
     def _pad(self, encs: list[Encoding], truncated: list[bool]) -> Batch:
         B = len(encs)

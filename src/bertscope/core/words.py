@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import InputError, as_whole_number, setting
+from ..errors import InputError, as_whole_number, bad_whole, setting
 from .tokenizer import Batch, check_text, no_tokens
 
 __all__ = ["Words", "find_word", "group_words", "word_attention"]
@@ -118,7 +118,7 @@ def find_word(words: Sequence[str], word: str, occurrence: int = 1, *, cut_text:
         raise InputError("the word to look for (--token) is empty")
     n = as_whole_number(occurrence)
     if n is None or n < 1:  # 0 or -1 are not Python indices here: the first occurrence is 1
-        raise InputError(f"{setting('occurrence', '--occurrence')} must be a whole number >= 1 (the first is 1), got {occurrence!r}")
+        raise bad_whole(n, f"{setting('occurrence', '--occurrence')} must be a whole number >= 1 (the first is 1), got {occurrence!r}")
     occurrence = n
     target = _fold(word.strip())
     hits = [i for i, w in enumerate(words) if _fold(w) == target]

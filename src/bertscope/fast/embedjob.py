@@ -643,10 +643,10 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
     out = Path(out_dir)
     if batch_tokens is not None:
         if as_whole_number(batch_tokens) is None:
-            raise InputError(f"batch_tokens must be a whole number, got {batch_tokens!r}")
+            raise InputTypeError(f"batch_tokens must be a whole number, got {batch_tokens!r}")
         batch_tokens = as_whole_number(batch_tokens)  # a numpy or 0-d tensor int: a plain int, for the JSON
     if as_whole_number(shard_rows) is None:
-        raise InputError(f"shard_rows must be a whole number, got {shard_rows!r}")
+        raise InputTypeError(f"shard_rows must be a whole number, got {shard_rows!r}")
     shard_rows = as_whole_number(shard_rows)
     if field_name is not None and not isinstance(field_name, str):
         raise InputError(f"{setting('field_name', '--field')} must be a string, got {field_name!r}")

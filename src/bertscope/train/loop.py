@@ -44,7 +44,7 @@ from ..core.checkpoint import FINETUNE_STATE_FILE, bundled_model_path, read_conf
 from ..core.classifier import BertForSequenceClassification
 from ..core.model import evaluating
 from ..core.tokenizer import least_read_length, tokenless
-from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, check_seed, os_reason, setting
+from ..errors import CheckpointError, InputError, InputTypeError, NonFiniteError, bad_whole, check_seed, os_reason, setting
 from ..fast.encoder import PackedEncoder
 from ..fast.packing import pack_ids
 from ..files import TEMP_SUFFIX, FolderLock, lock_holder, nearly_full, sha256_file, write_atomic, write_text_atomic
@@ -114,8 +114,9 @@ class FinetuneConfig:
         """Raise InputError (one line) for a value out of range."""
         def whole(name: str, low: int) -> None:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise InputError(f"{_named(name)} must be a whole number >= {low}, got {v!r}")
+            n = v if isinstance(v, int) and not isinstance(v, bool) else None
+            if n is None or n < low:
+                raise bad_whole(n, f"{_named(name)} must be a whole number >= {low}, got {v!r}")
 
         whole("epochs", 1)
         if self.epochs > MAX_EPOCHS:  # every epoch's batches are planned up front, for the schedule
@@ -132,7 +133,8 @@ class FinetuneConfig:
         def number(name: str) -> float:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InputError(f"{_named(name)} must be a number, got {v!r}")
+                kind = InputError if isinstance(v, float) else InputTypeError  # NaN, inf: wrong values
+                raise kind(f"{_named(name)} must be a number, got {v!r}")
             return v
 
         if not number("lr") > 0:

@@ -23,7 +23,7 @@ from ..bert import Bert, analysis
 from ..core.masks import mask_to_bias
 from ..core.tokenizer import check_text, warn_truncated
 from ..core.words import find_word, group_words, word_attention
-from ..errors import InputError, as_count, as_index, as_whole_number, check_seed, setting
+from ..errors import InputError, as_count, bad_whole, as_index, as_whole_number, check_seed, setting
 
 __all__ = ["Trace", "trace"]
 
@@ -137,7 +137,7 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     head = as_index(setting("head", "--head"), head, cfg.num_attention_heads)
     n_pad = as_whole_number(pad)
     if n_pad is None or n_pad < 0:
-        raise InputError(f"{setting('pad', '--pad')}, how many [PAD] tokens to add, must be a whole number, 0 or more, "
+        raise bad_whole(n_pad, f"{setting('pad', '--pad')}, how many [PAD] tokens to add, must be a whole number, 0 or more, "
                          f"got {pad!r}")
     pad = n_pad
     check_seed(seed)

@@ -1785,3 +1785,147 @@ def test_unpressed_head_buttons_are_readable_and_unlike_the_pressed(browser, com
     assert all(u[:2] != pressed[:2] for u in unpressed)  # the colours tell them apart
     assert not errors, errors
     page.close()
+
+
+CONTRAST = """e => {
+    // the text's contrast ratio on what is behind it: its own background and each ancestor's,
+    // laid over one another down to the first opaque one (white if none), a translucent shading
+    // included; a translucent text colour is laid over that too
+    const rgba = (s) => { const v = s.match(/[\\d.]+/g).map(Number); return v.length > 3 ? v : [...v, 1]; };
+    const over = (top, under) => under.map((u, i) => top[3] * top[i] + (1 - top[3]) * u);
+    const layers = [];
+    for (let n = e; n; n = n.parentElement) {
+        const c = rgba(getComputedStyle(n).backgroundColor);
+        if (c[3] > 0) layers.push(c);
+        if (c[3] >= 1) break;
+    }
+    let bg = [255, 255, 255];
+    for (const c of layers.reverse()) bg = over(c, bg);
+    const fg = over(rgba(getComputedStyle(e).color), bg);
+    const lum = (c) => { const [r, g, b] = c.map((x) => x / 255).map((x) => x <= 0.03928 ? x / 12.92
+        : ((x + 0.055) / 1.055) ** 2.4); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+    const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+    return { text: e.textContent, ratio: (hi + 0.05) / (lo + 0.05), background: getComputedStyle(e).backgroundColor,
+             classes: e.className, look: [getComputedStyle(e).color, getComputedStyle(e).fontStyle,
+             getComputedStyle(e).fontWeight] };
+}"""
+
+
+def test_special_tokens_stay_readable_in_every_state_and_unlike_the_words(browser, tmp_path):
+    """[CLS] and [SEP] were --muted grey (#667085): 4.97:1 on white, but 2.84:1 on the shading of
+    the strongest weight and 4.14:1 on the focused token's yellow (axe: color-contrast). Made-up
+    attention puts "a"'s whole weight on [CLS] and [SEP], half each: both take the strongest
+    shading (the largest weight over itself, exactly 1: no rounding decides it)."""
+    from bertscope import show
+
+    tokens = ["[CLS]", "a", "b", "c", "[SEP]"]
+    T = len(tokens)
+    att = np.full((1, 1, T, T), 1.0 / T)  # (layers, heads, T, T)
+    att[0, 0, 1] = [0.5, 0, 0, 0, 0.5]
+    rep = show([torch.tensor(att[0])], tokens)
+    page, errors = open_report(browser, rep, tmp_path / "special.html")
+    col = "#bs-head-view .bs-panel[data-panel='0'] .bs-tok"
+    special = [f"{col}.bs-{side}[data-i='{i}']" for side in ("left", "right") for i in (0, T - 1)]
+    assert all(page.eval_on_selector(s, "e => e.classList.contains('bs-special')") for s in special)
+    seen = []
+
+    def check(state: str, selectors: list[str], marks: str = "") -> None:
+        for sel in selectors:
+            got = page.eval_on_selector(sel, CONTRAST)
+            assert all(m in got["classes"].split() for m in marks.split()), (state, got)
+            seen.append((state, got))
+            assert got["ratio"] >= 4.5, (state, got)
+
+    check("plain", special)
+    word = page.eval_on_selector(f"{col}.bs-left[data-i='1']", CONTRAST)
+    plain = page.eval_on_selector(special[0], CONTRAST)
+    assert plain["look"] != word["look"], (plain, word)  # still unlike a word token
+    page.hover(f"{col}.bs-left[data-i='1']")  # "a": the right column shaded by its weights
+    shaded = [f"{col}.bs-right[data-i='0']", f"{col}.bs-right[data-i='{T - 1}']"]
+    for sel in shaded:
+        assert page.eval_on_selector(sel, "e => getComputedStyle(e).backgroundColor") == "rgba(36, 86, 201, 0.35)"
+    check("shaded (the strongest weight)", shaded)
+    shaded_word = page.eval_on_selector(f"{col}.bs-right[data-i='2']", CONTRAST)
+    assert page.eval_on_selector(shaded[0], CONTRAST)["look"] != shaded_word["look"]
+    page.hover(shaded[0])
+    check("hovered", [shaded[0]], "bs-focus")
+    page.click(shaded[1])  # pinned (and hovered)
+    check("pinned, hovered", [shaded[1]], "bs-pinned bs-focus")
+    page.hover(f"{col}.bs-left[data-i='1']")
+    check("pinned, shaded", [shaded[1]], "bs-pinned")
+    page.mouse.move(1, 1)  # off the lines: the pin is the focus
+    check("pinned", [shaded[1]], "bs-pinned bs-focus")
+    page.focus(f"{col}.bs-left[data-i='1']")
+    page.keyboard.press("ArrowUp")  # the keyboard's focus, on the left [CLS]
+    assert page.eval_on_selector(special[0], "e => e.matches(':focus-visible')")
+    check("focused", [special[0]], "bs-focus")
+    page.keyboard.press("Enter")
+    check("focused, pinned", [special[0]], "bs-pinned bs-focus")
+    print(*(f"{s}: {g['text']} {g['ratio']:.2f} on {g['background']}" for s, g in seen), sep="\n")
+    assert not errors, errors
+    page.close()
+
+
+def test_query_key_bars_and_model_thumbnails_say_what_they_show(browser, compared):
+    """The query-key view's bars and the model view's thumbnails were canvases with no text: a
+    screen reader heard nothing of the query-key view's vectors and only the layer and head of a
+    thumbnail. Each bar is now a picture named by its layer, head and vector and its 3 largest
+    dimensions; each thumbnail keeps its name and says its 3 strongest weights."""
+    from playwright.sync_api import expect
+
+    from bertscope.core.words import word_attention
+
+    rep, path = compared
+    page, errors = open_report(browser, rep, path)
+    layer, head = 3, 1
+    page.select_option("#bs-layer", str(layer))
+    settle(page)
+    page.click(f".bs-head[data-head='{head}']")
+    settle(page)
+    page.click(".bs-tab[data-view='qk']")
+    settle(page)
+    view = page.locator("#bs-qk-view")
+    T = len(rep.texts[0].tokens)
+    bars = view.locator("canvas")
+    assert bars.count() == 3 * T + 2  # q, then k, q ⊙ k and weight · v for each key, the output
+    named = view.get_by_role("img", name=re.compile(rf"^layer {layer}, head {head}, .+: \d+ dimensions, largest "))
+    assert named.count() == bars.count()
+    for i in range(bars.count()):
+        expect(bars.nth(i)).to_have_role("img")
+        expect(bars.nth(i)).to_have_accessible_name(re.compile(
+            rf"^layer {layer}, head {head}, \S.*: \d+ dimensions, largest (dimension \d+ [+−]\d+\.\d{{3}}(, |$)){{3}}"))
+    q = [float(x) for x in page.get_attribute("#bs-qk-query-vec", "data-values").split(",")]
+    d = max(range(len(q)), key=lambda j: abs(q[j]))
+    name = page.get_attribute("#bs-qk-query-vec canvas", "aria-label")
+    said = re.search(r": (\d+) dimensions, largest dimension (\d+) ([+−])(\d+\.\d+)", name)
+    assert said and [int(said.group(1)), int(said.group(2))] == [len(q), d], (name, d)
+    value = float(said.group(4)) * (-1 if said.group(3) == "−" else 1)
+    assert abs(value - q[d]) <= 5e-4 + 1e-9, (name, q[d])  # shown to 3 decimals
+
+    page.click(".bs-tab[data-view='model']")
+    settle(page)
+    thumbs = page.locator("#bs-model-view canvas.bs-thumb")
+    W = len(rep.texts[0].words)
+    assert thumbs.count() == 6 * 14
+    for i in range(thumbs.count()):
+        x = thumbs.nth(i)
+        l, h = x.get_attribute("data-layer"), x.get_attribute("data-head")
+        own = (f"layer {l}, head {h}" if h.isdigit() else f"layer {l}, mean over heads" if h == "mean"
+               else f"rollout through layer {l}")
+        expect(x).to_have_role("button")  # it opens its map in the head view
+        expect(x).to_have_accessible_name(own)
+        expect(x).to_have_accessible_description(re.compile(
+            rf"^{W} × {W} words; strongest: (“[^”]+” → “[^”]+” \d\.\d{{3}}(, |\. )){{3}}Enter opens it"))
+    # the strongest weight said is the map's: layer 5, head 11
+    thumb = page.locator("canvas.bs-thumb[data-layer='5'][data-head='11']")
+    text = page.eval_on_selector("canvas.bs-thumb[data-layer='5'][data-head='11']",
+                                 "e => document.getElementById(e.getAttribute('aria-describedby')).textContent")
+    top = float(re.search(r"strongest: “[^”]+” → “[^”]+” (\d\.\d+)", text).group(1))
+    words = word_attention(torch.from_numpy(rep.texts[0].attentions), rep.texts[0].token_words).numpy()
+    assert abs(top - words[5, 11].max()) <= TEXT_TOL, (text, words[5, 11].max())
+    expect(thumb).to_have_accessible_description(text)
+    page.click(".bs-segment button[data-text='diff']")
+    settle(page)
+    expect(thumbs.first).to_have_accessible_description(re.compile(r"largest differences, A − B .*: “.+[+−]\d"))
+    assert not errors, errors
+    page.close()

@@ -568,6 +568,7 @@
     box.dataset.scale = state.scale;
     const bar = document.createElement("canvas");
     bar.className = "bs-legend-bar";
+    bar.setAttribute("aria-hidden", "true");  // its ends and its text, beside it, say the scale
     bar.width = 120; bar.height = 10;
     const ctx = bar.getContext("2d");
     for (let x = 0; x < 120; x++) {
@@ -1302,6 +1303,31 @@
     return { s, n, pooled, labels: p.labels };
   }
 
+  /** The indices of the k largest entries of M (of |x| where signed), the largest first. */
+  function topIndices(M, k, signed) {
+    const top = [];  // [index, size], sorted, at most k
+    for (let i = 0; i < M.length; i++) {
+      const x = signed ? Math.abs(M[i]) : M[i];
+      if (top.length === k && !(x > top[k - 1][1])) continue;
+      let at = top.length;
+      while (at > 0 && top[at - 1][1] < x) at--;
+      top.splice(at, 0, [i, x]);
+      if (top.length > k) top.pop();
+    }
+    return top.map((e) => e[0]);
+  }
+
+  /** A thumbnail's numbers in words, for a screen reader (its description): the map's 3
+   * strongest cells, "row → column value", from the shown map itself, not the pooled picture. */
+  function thumbSummary(p, diverging) {
+    const cells = topIndices(p.M, 3, diverging).map((i) => {
+      const a = Math.floor(i / p.n), b = i % p.n, v = p.M[i];
+      return `“${p.labels[a]}” → “${p.labels[b]}” ${diverging ? fmtSigned(v, source.exact ? 4 : 3) : fmt(v)}`;
+    });
+    const what = diverging ? "largest differences, A − B (+ where A attends more)" : "strongest";
+    return `${p.n} × ${p.n} ${unitName()}s; ${what}: ${cells.join(", ")}. Enter opens it in the head view.`;
+  }
+
   function paintThumb(canvas, th, diverging, vmax) {
     const { s, pooled } = th;
     canvas.width = s;
@@ -1384,9 +1410,15 @@
         c.dataset.layer = String(l);
         c.dataset.head = cols[k].head;
         c.setAttribute("aria-label", cols[k].label(l));
+        // its numbers in words: a screen reader says them with the name, on focus (the arrows
+        // reach every thumbnail); a hidden element, so they are not read twice in the table
+        const desc = el("span", "", thumbSummary(p, diverging));
+        desc.id = `bs-thumb-${l}-${k}`;
+        desc.hidden = true;
+        c.setAttribute("aria-describedby", desc.id);
         const th = pool(p);
         thumbs.push({ canvas: c, th, l, k, col: cols[k] });
-        td.appendChild(c);
+        td.append(c, desc);
         await slice.tick();
         if (gen !== renderGen) return;
       }
@@ -1473,9 +1505,14 @@
 
   // ---------------------------------------------------------------- query-key view
 
-  /** One vector as a row of coloured cells (blue > 0, red < 0), scaled by vmax. */
-  function vectorBar(vec, offset, D, vmax, cls) {
+  /** One vector as a row of coloured cells (blue > 0, red < 0), scaled by vmax. A picture to a
+   * screen reader (role img), named by what it is and its 3 largest dimensions. */
+  function vectorBar(vec, offset, D, vmax, name, cls) {
     const c = el("canvas", "bs-vec" + (cls ? " " + cls : ""));
+    const part = vec.subarray(offset, offset + D);
+    const top = topIndices(part, 3, true).map((d) => `dimension ${d} ${fmtSigned(part[d])}`);
+    c.setAttribute("role", "img");
+    c.setAttribute("aria-label", `${name}: ${D} dimensions, largest ${top.join(", ")}`);
     const w = Math.max(2, Math.floor(160 / D));
     c.width = D * w;
     c.height = 12;
@@ -1571,7 +1608,9 @@
     const qrow = el("div", "bs-qk-q");
     qrow.id = "bs-qk-query-vec";
     qrow.dataset.values = Array.from(q.subarray(i * D, (i + 1) * D)).join(",");
-    qrow.append(el("span", "bs-qk-name", `q (query of “${x.tokens[i]}”)`), vectorBar(q, i * D, D, vq));
+    const lh = `layer ${layer}, head ${head}`;  // each bar's name starts with it
+    qrow.append(el("span", "bs-qk-name", `q (query of “${x.tokens[i]}”)`),
+      vectorBar(q, i * D, D, vq, `${lh}, q, the query of “${x.tokens[i]}” (token ${i})`));
     root.appendChild(qrow);
     root.appendChild(el("div", "bs-legend-text",
       `Bars: one cell per dimension, blue > 0, red < 0; q and k on one scale (±${vq.toFixed(3)}), ` +
@@ -1603,12 +1642,14 @@
       tr.appendChild(el("td", "bs-qk-tok", x.tokens[j]));
       const prod = new Float64Array(D), wv = new Float64Array(D);
       for (let d = 0; d < D; d++) { prod[d] = q[i * D + d] * k[j * D + d]; wv[d] = weight[j] * v[j * D + d]; }
-      const cells = [vectorBar(k, j * D, D, vq), vectorBar(prod, 0, D, vqk)];
+      const key = `“${x.tokens[j]}” (token ${j})`;
+      const cells = [vectorBar(k, j * D, D, vq, `${lh}, k, the key of ${key}`),
+        vectorBar(prod, 0, D, vqk, `${lh}, q ⊙ k for the key ${key}, summing to q·k ${raw[j].toFixed(3)}`)];
       cells.forEach((c) => { const td = el("td"); td.appendChild(c); tr.appendChild(td); });
       tr.append(el("td", "bs-num", raw[j].toFixed(3)), el("td", "bs-num", scaled[j].toFixed(3)),
         el("td", "bs-num", "1 (+0)"), el("td", "bs-num", weight[j].toFixed(4)));
       const td = el("td");
-      td.appendChild(vectorBar(wv, 0, D, vv));
+      td.appendChild(vectorBar(wv, 0, D, vv, `${lh}, weight · v for the key ${key}, weight ${weight[j].toFixed(4)}`));
       tr.appendChild(td);
       tr.addEventListener("click", () => { state.qkQuery = j; render(); });
       tr.title = `click to make “${x.tokens[j]}” the query`;
@@ -1620,7 +1661,7 @@
     crow.id = "bs-qk-context";
     crow.dataset.values = Array.from(context).join(",");
     crow.append(el("span", "bs-qk-name", `Σ weight · v: head ${head}'s output for “${x.tokens[i]}” (before the heads are merged and W_O)`),
-      vectorBar(context, 0, D, Math.max(1e-9, maxAbs(context))));
+      vectorBar(context, 0, D, Math.max(1e-9, maxAbs(context)), `${lh}, Σ weight · v, the head's output for “${x.tokens[i]}”`));
     root.appendChild(crow);
   }
 

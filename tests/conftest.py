@@ -9,6 +9,7 @@ too, unless BERTSCOPE_NO_BROWSER=1 asks to leave them out (then each is reported
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import tempfile
@@ -36,6 +37,30 @@ if MADE_CACHE_DIR is not None:
 # process the busy reading itself is a stand-in: steady_gemm_rate below)
 os.environ.setdefault("BERTSCOPE_BUSY_SHARE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def _isa_limited_inductor_cache() -> str | None:
+    """An inductor cache folder of its own for a run told to act as a lesser CPU (one of the ISA
+    limits of bertscope.fast.tuning set), unless one is named. inductor's cache key leaves the
+    limit out: a run with ATEN_CPU_CAPABILITY=avx2 reused the code that a native run had built
+    in the shared folder (/tmp/torchinductor_<user>), and its compiled LayerNorm disagreed with
+    F.layer_norm (benchmarks/compiled_layer_norm.py stopped); a native run after may read the
+    limited run's code as well. None: nothing to set."""
+    from bertscope.fast.tuning import ISA_LIMIT_VARS
+
+    limits = [f"{v}-{os.environ[v]}" for v in ISA_LIMIT_VARS if os.environ.get(v)]
+    if not limits or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    try:
+        user = getpass.getuser()  # as inductor names its own folder
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    name = "_".join(["torchinductor", user, *limits])
+    return os.path.join(tempfile.gettempdir(), "".join(c if c.isalnum() or c in "_-" else "_" for c in name))
+
+
+if (_cache := _isa_limited_inductor_cache()) is not None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
 
 IT_ANIMAL = "The animal didn't cross the street because it was too tired"
 

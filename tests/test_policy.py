@@ -93,3 +93,23 @@ def test_browser_tests_do_not_depend_on_ci():
     needle = 'environ.get("' + 'CI"'  # spelt in two parts so this file does not match itself
     for p in TESTS.glob("*.py"):
         assert needle not in p.read_text(encoding="utf-8"), p.name
+
+
+def test_a_run_told_to_act_as_a_lesser_cpu_keeps_its_own_inductor_cache(monkeypatch):
+    """inductor's cache key leaves out ATEN_CPU_CAPABILITY: a run limited to AVX2 reused a native
+    run's compiled LayerNorm from the shared folder, and it disagreed with F.layer_norm. The suite
+    gives such a run a folder of its own, named by the limits; a folder the user names is kept."""
+    from conftest import _isa_limited_inductor_cache
+    from bertscope.fast.tuning import ISA_LIMIT_VARS
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    for v in (*ISA_LIMIT_VARS, "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.delenv(v, raising=False)
+    assert _isa_limited_inductor_cache() is None
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    avx2 = _isa_limited_inductor_cache()
+    assert avx2 is not None and "avx2" in Path(avx2).name and avx2 != default_cache_dir()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert _isa_limited_inductor_cache() not in (None, avx2)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")
+    assert _isa_limited_inductor_cache() is None

@@ -49,6 +49,22 @@ def request(base: str, method: str, path: str, body=None, raw: bytes | None = No
         conn.close()
 
 
+def exchange(base: str, method: str, path: str, body=None, headers: dict | None = None, timeout=60):
+    """One HTTP request: (status, headers with lower-case names, the body's bytes as sent)."""
+    u = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+SAFE = {"x-content-type-options": "nosniff", "referrer-policy": "no-referrer"}
+
+
 def test_binds_loopback_and_serves_the_page(server):
     assert server.startswith("http://127.0.0.1:")
     status, page = request(server, "GET", "/")
@@ -387,7 +403,8 @@ def test_a_measure_request_dropped_by_its_page_is_not_computed(tmp_path):
 def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebacks(tmp_path, stop):
     """A Ctrl-C during a long request waited silently; a second printed two uvicorn tracebacks
     and then waited for the computation anyway. A second SIGTERM was ignored: the server waited
-    for the computation."""
+    for the computation. The request it cut short got uvicorn's plain-text 500 ("Internal Server
+    Error"), without nosniff and no-referrer: now a 503 that says the server is stopping."""
     import signal
     import time
 
@@ -403,25 +420,96 @@ def test_ctrl_c_says_what_the_stop_waits_for_and_a_second_stops_without_tracebac
         # over 512 tokens: the page says it was cut; the terminal said so per request and measure
         body = {"text": "b " * 600, "layer": 0, "heads": [0], "kind": "measure", "measure": "alti"}
         with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(request, base, "POST", "/api/attention", body, None, 120)
+            pending = pool.submit(exchange, base, "POST", "/api/attention", body, None, 120)
             while not marker.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert marker.exists(), err_path.read_text()
             proc.send_signal(sig)
-            while "waiting for" not in err_path.read_text() and time.monotonic() < deadline:
+            while "stopping: waiting" not in err_path.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert proc.poll() is None  # the first Ctrl-C waits for the request
             proc.send_signal(sig)
             assert proc.wait(60) == (130 if stop == "SIGINT" else 143)  # the measure sleeps 120 s
-            status, _ = pending.result(60)
-            assert status == 500  # cut short, as a stop at once must
+            status, headers, answer = pending.result(60)
+            # cut short, as a stop at once must, and said so in the API's own shape
+            assert status == 503, (status, answer)
+            assert json.loads(answer) == {"detail": STOPPING}
+            assert headers["content-type"] == "application/json" and SAFE.items() <= headers.items()
     finally:
         if proc.poll() is None:
             proc.kill()
     lines = err_path.read_text().strip().splitlines()
-    assert lines[1:] == ["bertscope: warning: stopping: waiting for 1 request(s) to finish (Ctrl-C again stops "
-                         "at once)", "bertscope: warning: stopped with 1 request(s) unfinished",
+    assert lines[1:] == ["bertscope: warning: stopping: waiting up to 10 s for 1 request(s) to finish (Ctrl-C "
+                         "again stops at once)", "bertscope: warning: stopped with 1 request(s) unfinished",
                          f"bertscope: {'interrupted' if stop == 'SIGINT' else 'terminated'}"], lines
+
+
+STOPPING = "the server is stopping: this request was cut short; send it again once it runs"
+
+
+def test_a_stop_held_by_a_client_that_does_not_read_says_so_and_ends_in_time(tmp_path):
+    """A client that never reads a large answer held a Ctrl-C's stop for as long as it kept its
+    connection, and nothing was said: the answer was written (its task done), its bytes waited
+    in the connection's buffer. The stop now counts it, says so, and waits at most 10 s (the
+    default --stop-timeout); a request still computing then is cut short with a 503."""
+    import signal
+    import socket
+    import time
+
+    marker = tmp_path / "started"
+    proc, err_path, base = _serve_measuring(tmp_path, (
+        "def measure(b, text, wanted, pair=None):\n"
+        "    if text == 'slow':\n"
+        f"        pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "        time.sleep(120)\n"
+        "    return {wanted[0]: np.zeros((6, 12, 320, 320), np.float32)}  # 40 MB of JSON"), "--measure", "alti")
+    u = urllib.parse.urlsplit(base)
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # set before connecting
+    try:
+        deadline = time.monotonic() + 120
+        reader.settimeout(60)
+        reader.connect((u.hostname, u.port))
+        body = json.dumps({"text": "big", "measures": ["alti"]}).encode()
+        reader.sendall(f"POST /api/analyze HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = b""
+        while b"\r\n" not in head:  # the answer has begun, written whole: read no more
+            piece = reader.recv(256)
+            assert piece, head
+            head += piece
+        assert head.startswith(b"HTTP/1.1 200"), head
+        slow = {"text": "slow", "layer": 0, "heads": [0], "kind": "measure", "measure": "alti"}
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(exchange, base, "POST", "/api/attention", slow, None, 120)
+            while not marker.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            while "stopping: waiting" not in err_path.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.05)
+            assert proc.wait(60) == 130  # 10 s: the measure sleeps 120 s and the reader never reads
+            status, headers, answer = pending.result(60)
+        assert status == 503, (status, answer)
+        assert json.loads(answer) == {"detail": STOPPING}
+        assert SAFE.items() <= headers.items()
+    finally:
+        reader.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    lines = err_path.read_text().strip().splitlines()
+    assert lines[1:] == ["bertscope: warning: stopping: waiting up to 10 s for 2 request(s) to finish (Ctrl-C "
+                         "again stops at once)", "bertscope: warning: stopped after 10 s with 2 request(s) unfinished",
+                         "bertscope: interrupted"], lines
+
+
+def test_stop_timeout_must_be_seconds():
+    for bad in ("-1", "nan", "inf"):
+        r = _serve_cli("--port", "0", "--stop-timeout", bad)
+        assert r.returncode == 2 and r.stderr.startswith("bertscope: error: --stop-timeout must be"), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "LOADED" not in r.stderr + r.stdout
 
 
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
@@ -445,7 +533,8 @@ def test_a_stop_while_idle_is_one_line_and_the_status_of_its_signal(tmp_path, st
                                  else (143, "bertscope: terminated")), lines
     # the health request's task may not have ended yet when the signal comes: then the stop says
     # it waits for it, and nothing else
-    assert all(x.startswith("bertscope: warning: stopping: waiting for 1 request(s)") for x in lines[1:-1]), lines
+    assert all(x.startswith("bertscope: warning: stopping: waiting up to 10 s for 1 request(s)")
+               for x in lines[1:-1]), lines
 
 
 def test_uvicorn_speaks_in_the_command_lines_own_format(tmp_path):
@@ -535,6 +624,42 @@ def test_every_answer_says_nosniff_and_no_referrer(server):
                 ("nosniff", "no-referrer"), (path, host, r.status, r.getheaders())
         finally:
             conn.close()
+
+
+def test_a_large_answer_is_gzipped_for_a_client_that_accepts_it(server):
+    """An analysis with every measure's maps was about 109 MB of JSON, sent as it was to a
+    browser that accepts gzip. The compressed answer keeps nosniff and no-referrer."""
+    import gzip
+
+    ask = {"text": f"{IT_ANIMAL} {IT_ANIMAL}", "measures": ["norm"]}
+    status, plain_headers, plain = exchange(server, "POST", "/api/analyze", ask)  # computed and cached
+    assert status == 200 and "content-encoding" not in plain_headers and len(plain) > 200_000
+    status, headers, packed = exchange(server, "POST", "/api/analyze", ask, {"Accept-Encoding": "gzip, deflate"})
+    assert status == 200 and headers["content-encoding"] == "gzip", headers
+    assert "accept-encoding" in headers["vary"].lower() and SAFE.items() <= headers.items()
+    assert int(headers["content-length"]) == len(packed) < len(plain)
+    assert gzip.decompress(packed) == plain  # the same cached analysis: the same bytes
+    assert json.loads(gzip.decompress(packed))["maps"][0]["measure"] == "norm"
+    status, headers, _ = exchange(server, "GET", "/api/health", None, {"Accept-Encoding": "gzip"})
+    assert status == 200 and "content-encoding" not in headers  # a small answer goes as it is
+
+
+def test_an_overlong_address_gets_414_and_overlarge_headers_431(server):
+    """A 40 kB address was answered 200, or 400 with the connection reset, depending on how its
+    bytes arrived (uvicorn's parser, h11, checks its 16 KiB limit only while a head is
+    incomplete); the same for 40 kB of headers. Now 414 and 431 in the API's JSON shape."""
+    status, headers, body = exchange(server, "GET", "/api/health?" + "a" * 40_000)
+    assert status == 414, (status, body[:200])
+    assert json.loads(body) == {"detail": "the request's address is too long: 40,012 bytes; the limit is 16,384"}
+    assert SAFE.items() <= headers.items()
+    status, headers, body = exchange(server, "GET", "/api/health", None, {"X-Big": "b" * 40_000})
+    assert status == 431, (status, body[:200])
+    detail = json.loads(body)["detail"]
+    assert detail.startswith("the request's headers are too large: 40,") and detail.endswith("the limit is 32,768")
+    assert SAFE.items() <= headers.items()
+    # the page's longest own address (a query of 8,000 characters) still opens
+    assert exchange(server, "GET", "/?text=" + "%E2" * 2664)[0] == 200
+    assert request(server, "GET", "/api/health")[0] == 200
 
 
 def test_an_unexpected_failure_is_a_500_with_the_same_headers(tmp_path):

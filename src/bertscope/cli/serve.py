@@ -28,8 +28,12 @@ The model computes one request at a time, and a measure of a long text takes sec
 461 tokens, 2,000 characters: 4.7-6.5 s on a 2-core AMD EPYC). The page drops what it no longer
 needs (another measure's maps once a new one is chosen, a text's once another is analysed), and
 the server skips such a request if it has not begun (--debug shows each one dropped).
+Answers of 500 bytes or more are gzip-compressed for clients that accept it (browsers do). An
+address over 16 KiB gets HTTP 414, headers over 32 KiB in all HTTP 431; a request head over
+64 KiB may get uvicorn's plain HTTP 400 instead, its connection closed.
 Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C: it finishes the
-requests running (and says so); a second Ctrl-C (or SIGTERM) stops at once.
+requests open (and says how many), waiting at most --stop-timeout seconds (default 10); a second
+Ctrl-C (or SIGTERM) stops at once. A request cut short before its answer began gets HTTP 503.
 
 examples:
   bertscope serve                       # then open http://127.0.0.1:8000/
@@ -53,6 +57,8 @@ def register(sub) -> None:
     p.add_argument("--measure", action="append", default=None, metavar="M[,M...]",
                    help="measures offered beside the attention (default: all of norm, norm-residual, "
                         "value-zeroing, alti)")
+    p.add_argument("--stop-timeout", type=float, default=10.0, metavar="S",
+                   help="on Ctrl-C, wait at most S seconds for the requests open, then stop them (default 10)")
     p.set_defaults(func=run)
 
 
@@ -71,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--port must be 0..65535, got {args.port}")
     if args.max_chars < 1:
         raise InputError("--max-chars must be at least 1")
+    if not 0 <= args.stop_timeout < float("inf"):  # NaN too
+        raise InputError(f"--stop-timeout must be a number of seconds, 0 or more, got {args.stop_timeout:g}")
     from ..explain import MAP_METHODS, map_measures, measure_info
 
     args.host = _check_host(args.host)
@@ -93,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         serve(bert, host=args.host, max_chars=args.max_chars, sock=sock,
               allowed_hosts=tuple(args.allow_host),
               measures=(lambda b, text, pair, wanted: map_measures(b, text, wanted, pair=pair)) if names else None,
-              measure_info=[measure_info(m) for m in names])
+              measure_info=[measure_info(m) for m in names], stop_timeout=args.stop_timeout)
     except StoppedAtOnce as e:  # a second Ctrl-C: not to wait at exit for the computations it cut short
         term = e.signal == signal.SIGTERM
         print(f"bertscope: {'terminated' if term else 'interrupted'}", file=sys.stderr, flush=True)

@@ -41,6 +41,18 @@ of a text once another is asked for) computes nothing: it is dropped (logged at 
 answered 499. A computation that has begun runs to its end and is cached (a comparison's
 second text is not begun once its client has gone).
 
+An answer of 500 bytes or more is gzip-compressed for a client that accepts it (Accept-Encoding:
+gzip; every browser does): an analysis with every measure's maps is about 100 MB of JSON, whose
+base64 floats compress by about a quarter (level 1: the higher levels gain under 2% for 40% more
+time). A request target (path and query) over ``MAX_TARGET`` bytes gets HTTP 414, and headers over
+``MAX_HEADERS`` bytes in all HTTP 431, both in the usual JSON shape; a request head over
+``MAX_HEAD`` bytes arriving in pieces never reaches the application: uvicorn (h11) answers a
+plain-text 400 and closes the connection, which a client still sending sees as a reset.
+
+A request cut short because the server stops at once (a second Ctrl-C, or the graceful stop's
+``stop_timeout`` passed) gets HTTP 503 in the usual JSON shape if its answer had not begun; one
+whose answer had begun can only have its connection closed.
+
 Measures other than the attention weights (norm, ALTI, ...) are computed by a function the caller
 passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope serve`` passes
 ``bertscope.explain``'s), one measure at a time when the page asks for it, and cached the same way.
@@ -78,6 +90,16 @@ __all__ = ["Analyzer", "MeasureFunction", "CACHE_BYTES", "CACHE_ENTRIES", "DEFAU
 DEFAULT_MAX_CHARS = 2000
 CACHE_ENTRIES = 16
 CACHE_BYTES = 256 * 2**20  # attention arrays kept in the cache, all entries together
+STOP_TIMEOUT = 10.0  # seconds a Ctrl-C waits for the requests running before it stops them
+# a request target (path and query) and all header lines, in bytes: over these, 414 and 431. The
+# page's own address keeps its query to 8,000 characters. A whole request head over MAX_HEAD is
+# refused by uvicorn's parser (h11) before the application sees it (its default is 16 KiB, and
+# a head that arrived in one read passed it whatever its size).
+MAX_TARGET = 16 * 1024
+MAX_HEADERS = 32 * 1024
+MAX_HEAD = 64 * 1024
+GZIP_MINIMUM = 500  # bytes: a smaller answer goes uncompressed
+GZIP_LEVEL = 1
 _CONTENT_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                   ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
 
@@ -189,6 +211,70 @@ class _SafeHeaders:
             await send(message)
 
         await self.app(scope, receive, send_safe)
+
+
+async def _refuse(send, status: int, detail: str) -> None:
+    """A JSON answer {"detail": ...} that closes the connection."""
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _HeadLimit:
+    """ASGI middleware: 414 to a request target (path and query) over ``MAX_TARGET`` bytes, 431 to
+    header lines over ``MAX_HEADERS`` bytes in all (as sent: name, ": ", value, CRLF)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or scope.get("path", "").encode("utf-8")
+            query = scope.get("query_string") or b""
+            target = len(raw) + (len(query) + 1 if query else 0)
+            if target > MAX_TARGET:
+                await _refuse(send, 414, f"the request's address is too long: {target:,} bytes; "
+                                         f"the limit is {MAX_TARGET:,}")
+                return
+            size = sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
+            if size > MAX_HEADERS:
+                await _refuse(send, 431, f"the request's headers are too large: {size:,} bytes; "
+                                         f"the limit is {MAX_HEADERS:,}")
+                return
+        await self.app(scope, receive, send)
+
+
+STOPPING_DETAIL = "the server is stopping: this request was cut short; send it again once it runs"
+
+
+class _CutShort:
+    """ASGI middleware: a request cancelled before its answer began gets HTTP 503 with a one-line
+    ``detail``, not uvicorn's plain-text 500. Only a stop cancels a request here: a second
+    Ctrl-C, or the graceful stop's time running out (see :func:`run`). An answer already begun
+    cannot be replaced: uvicorn closes its connection. The cancellation goes on up either way."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        began = False
+
+        async def send_noting(message) -> None:
+            nonlocal began
+            if message["type"] == "http.response.start":
+                began = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting)
+        except asyncio.CancelledError:
+            if not began:
+                await _refuse(send, 503, STOPPING_DETAIL)
+            raise
 
 
 def _nbytes(result: list) -> int:
@@ -397,6 +483,7 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import HTMLResponse, JSONResponse, Response
         from pydantic import BaseModel, ConfigDict, Field
+        from starlette.middleware.gzip import GZipMiddleware
     except ImportError:
         raise BertscopeError(SERVE_HINT) from None
 
@@ -431,10 +518,15 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     app.add_middleware(_BodyLimit, limit=body_limit(max_chars),
                        detail=f"the request is too large: texts are limited to {max_chars} characters")
     app.add_middleware(_HostCheck, bound=host, extra=frozenset(h.lower() for h in allowed_hosts))
+    app.add_middleware(_HeadLimit)
     # around the whole stack, Starlette's own error middleware too (add_middleware puts one inside
-    # it): a 500 for an unexpected failure gets the headers as well
+    # it): a 500 for an unexpected failure gets the headers as well, and so do a compressed answer
+    # and the 503 of a request cut short (inside _SafeHeaders; outside the compression, which
+    # holds an answer's start until its body is compressed: a request cancelled meanwhile has
+    # sent nothing yet)
     build_stack = app.build_middleware_stack
-    app.build_middleware_stack = lambda: _SafeHeaders(build_stack())
+    app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(
+        GZipMiddleware(build_stack(), minimum_size=GZIP_MINIMUM, compresslevel=GZIP_LEVEL)))
     app.state.analyzer = analyzer
 
     @app.exception_handler(BertscopeError)
@@ -624,14 +716,16 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
 def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = DEFAULT_MAX_CHARS,
         log_level: str = "warning", sock: socket.socket | None = None,
         allowed_hosts: tuple[str, ...] = (), measures: MeasureFunction | None = None,
-        measure_info: list[dict[str, Any]] | tuple = ()) -> None:
+        measure_info: list[dict[str, Any]] | tuple = (), stop_timeout: float | None = STOP_TIMEOUT) -> None:
     """Serve until interrupted, on ``sock`` if given (see :func:`bind`; ``host`` is then the
     address it is bound to), else on host:port.
 
-    A Ctrl-C (or SIGTERM) stops it once the requests running are done; the call then raises
-    KeyboardInterrupt (SIGTERM: whatever its handler does; Python's default ends the process).
-    A second one stops it at once, raising :class:`StoppedAtOnce` (``.signal`` says which):
-    leave with ``os._exit`` then, not to wait for the computations it cut short."""
+    A Ctrl-C (or SIGTERM) stops it once the requests open are done (computing, or sending an
+    answer their client has not yet taken), waiting at most ``stop_timeout`` seconds (None: as
+    long as they take); the call then raises KeyboardInterrupt (SIGTERM: whatever its handler
+    does; Python's default ends the process). A second one, or the time running out, stops it at
+    once, raising :class:`StoppedAtOnce` (``.signal`` says which): leave with ``os._exit`` then,
+    not to wait for the computations it cut short. Each stop is logged in one line (a warning)."""
     try:
         import uvicorn
     except ImportError:
@@ -644,11 +738,13 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
     # records there (a malformed request's warning); one without keeps uvicorn's own format, and
     # its "Uvicorn running on ..." at log_level "info"
     own = uvicorn.config.LOGGING_CONFIG if not logging.getLogger().handlers else None
-    config = uvicorn.Config(app, log_level=log_level, log_config=own)
+    # h11, not httptools where it is installed: the head limit below is h11's setting
+    config = uvicorn.Config(app, log_level=log_level, log_config=own, http="h11",
+                            h11_max_incomplete_event_size=MAX_HEAD)
     quiet = _QuietWhenForced()
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(quiet)
-    server = _stopping_server(uvicorn, quiet)(config)
+    server = _stopping_server(uvicorn, quiet, stop_timeout)(config)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
@@ -691,26 +787,85 @@ class _QuietWhenForced(logging.Filter):
         return not self.forced or record.levelno < logging.ERROR
 
 
-def _stopping_server(uvicorn, quiet: _QuietWhenForced):
+def _open_requests(state) -> int:
+    """The requests a graceful stop waits for: those being read or computed, and those answered
+    but not yet taken by their client (the answer waits in the connection's buffer: a client that
+    does not read a large answer holds the stop as long as it keeps its connection). An idle
+    keep-alive connection is not one: the stop closes it at once."""
+    n = 0
+    for conn in state.connections:
+        cycle, transport = getattr(conn, "cycle", None), getattr(conn, "transport", None)
+        try:
+            unsent = transport is not None and transport.get_write_buffer_size() > 0
+        except (AttributeError, NotImplementedError, RuntimeError):
+            unsent = False
+        if unsent or (cycle is not None and not getattr(cycle, "response_complete", True)):
+            n += 1
+    return max(n, len(state.tasks))  # a request's task runs on its connection: never more tasks
+
+
+def _drop_unsent(state) -> None:
+    """Close at once the connections whose answers are complete but not yet taken (a stop at once
+    does not wait for a client that does not read); one still computing keeps its connection for
+    its 503."""
+    for conn in list(state.connections):
+        cycle, transport = getattr(conn, "cycle", None), getattr(conn, "transport", None)
+        if transport is not None and cycle is not None and getattr(cycle, "response_complete", False):
+            transport.abort()
+
+
+def _seconds(s: float) -> str:
+    return f"{s:g} s"
+
+
+def _stopping_server(uvicorn, quiet: _QuietWhenForced, stop_timeout: float | None = STOP_TIMEOUT):
     """uvicorn's Server, saying what a stop waits for: on the first Ctrl-C (or SIGTERM) it
-    finishes the requests running, which can take seconds (an ALTI map of 512 tokens), and said
-    nothing meanwhile; a second Ctrl-C stops it at once."""
+    finishes the requests open, which can take seconds (an ALTI map of 512 tokens), and said
+    nothing meanwhile; a second Ctrl-C stops it at once, and so does ``stop_timeout`` seconds
+    passing (None: no limit). uvicorn's own timeout_graceful_shutdown is not used: it cancels the
+    requests, logging each as an error with its traceback, and returns as if the stop were a
+    graceful one, so that the process then waits at exit for the computations it cut short."""
 
     class StoppingServer(uvicorn.Server):
         stopped_by: int | None = None  # the signal that began the stop
 
         def handle_exit(self, sig: int, frame) -> None:
-            running = len(self.server_state.tasks)
+            running = _open_requests(self.server_state)
             if self.should_exit:  # a second Ctrl-C, or SIGTERM (uvicorn forces on SIGINT only)
-                quiet.forced, quiet.forced_by = True, sig
-                self.force_exit = True
+                self._force(sig)
                 if running:
                     log.warning("stopped with %d request(s) unfinished", running)
             else:
                 self.stopped_by = sig
                 if running:
-                    log.warning("stopping: waiting for %d request(s) to finish (Ctrl-C again stops at once)",
-                                running)
+                    within = "" if stop_timeout is None else f"up to {_seconds(stop_timeout)} "
+                    log.warning("stopping: waiting %sfor %d request(s) to finish (Ctrl-C again stops at once)",
+                                within, running)
             super().handle_exit(sig, frame)
+
+        def _force(self, sig: int) -> None:
+            quiet.forced, quiet.forced_by = True, sig
+            self.force_exit = True
+            try:  # from a signal handler too: the loop closes them, not the handler
+                asyncio.get_running_loop().call_soon_threadsafe(_drop_unsent, self.server_state)
+            except RuntimeError:
+                pass  # no loop running: nothing to close
+
+        def _time_up(self) -> None:
+            if self.force_exit:
+                return
+            running = _open_requests(self.server_state)
+            self._force(self.stopped_by or signal.SIGINT)
+            log.warning("stopped after %s with %d request(s) unfinished", _seconds(stop_timeout), running)
+
+        async def shutdown(self, sockets=None) -> None:
+            timer = None
+            if stop_timeout is not None and not self.force_exit:
+                timer = asyncio.get_running_loop().call_later(stop_timeout, self._time_up)
+            try:
+                await super().shutdown(sockets=sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     return StoppingServer

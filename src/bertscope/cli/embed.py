@@ -51,9 +51,10 @@ another job's folder. A job records its model's folder and the SHA-256 of its fi
 
 OUTPUT/_manifest.json, written last (the job is done when it exists): rows, dim, format, model,
 weights, precision (the one that ran: int8 or bf16 fall back to fp32 where slower), max_seq_length,
-input (files, kind, rows, first_lines), status_counts (ok and each status), problems (status ->
-line numbers, across files), shards (file, shard, rows, first_line, sha256 of its input lines,
-file_bytes, file_sha256, run), runs (run, engine, started, precision_asked) and rows_note.
+input (files, kind, rows; first_lines for several files), status_counts (ok and each status),
+problems (status -> line numbers, across files), shards (file, shard, rows, first_line, sha256 of
+its input lines, file_bytes, file_sha256, run), runs (run, engine, started, precision_asked) and
+rows_note.
 _job.json and _runs.json hold the job's settings and runs (they stay when it is done: --resume
 reads them); _staging/ holds its finished shards until the end.
 

@@ -42,8 +42,9 @@ CITATIONS: dict[str, Citation] = {
     "wsc273_mas_bert_base": Citation(0.603, "accuracy", "WSC273 with Maximum Attention Score on bert-base-uncased",
                                      "Klein & Nabi 2019, \"Attention Is (not) All You Need for Commonsense Reasoning\""),
     "spec_forward_512_vs_192": Citation(2.8, "x", "whole BERT-base forward, 512 vs 192 tokens, on one CPU",
-                                        "the project's written requirements, which correct the seed: a figure their authors measured on "
-                                        "their own CPU, quoted, not measured here"),
+                                        "SPEC.md, the project's specification, kept beside this repository and not in it; "
+                                        "it corrects the seed with a figure its authors measured on their own CPU, quoted, "
+                                        "not measured here"),
 }
 
 SEED = "the seed"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertscope.cli import main
+from bertscope.cli.main import main
 
 from conftest import IT_ANIMAL
 

@@ -146,7 +146,7 @@ def test_malformed_config_values_name_the_field(tmp_path, field, value, fragment
 def test_malformed_config_through_the_cli(tmp_path, bundled_path, capsys):
     import shutil
 
-    from bertscope.cli import main
+    from bertscope.cli.main import main
 
     folder = tmp_path / "m"
     shutil.copytree(bundled_path, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))

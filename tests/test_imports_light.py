@@ -41,7 +41,7 @@ def test_ctrl_c_while_torch_imports_waits_for_it_then_is_one_line():
             "                cut.append(name)\n"
             "                raise\n"
             "sys.meta_path.insert(0, Interrupt())\n"
-            "from bertscope.cli import main\n"  # the console script's own import: torch stays out
+            "from bertscope.cli.main import main\n"  # the console script's own import: torch stays out
             "rc = main(['params', '--preset', 'bert-base'])\n"
             "import torch\n"
             "print('cut', cut, 'whole', hasattr(torch, 'nn') and torch.ones(2).sum().item() == 2.0)\n"
@@ -113,7 +113,7 @@ def test_a_broken_torch_is_one_line_not_a_traceback():
             "        if name == 'torch':\n"
             "            raise ImportError('libtorch_cpu.so: cannot open shared object file')\n"
             "sys.meta_path.insert(0, Broken())\n"
-            "from bertscope.cli import main\n"
+            "from bertscope.cli.main import main\n"
             "sys.exit(main(['params', '--preset', 'bert-base']))\n")
     r = _python(code)
     assert (r.returncode, r.stdout) == (1, "")
@@ -134,7 +134,23 @@ def test_a_second_ctrl_c_while_torch_imports_stops_at_once():
             "            while True:\n"  # an import that never ends: only the second Ctrl-C leaves it
             "                signal.getsignal(signal.SIGINT)\n"
             "sys.meta_path.insert(0, Hang())\n"
-            "from bertscope.cli import main\n"
+            "from bertscope.cli.main import main\n"
             "sys.exit(main(['params', '--preset', 'bert-base']))\n")
     r = _python(code)
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "bertscope: interrupted\n"), r.stderr
+
+
+def test_the_cli_module_is_not_hidden_by_its_function():
+    """``cli/__init__`` bound ``main``, the function, over the module of that name: ``import
+    bertscope.cli.main as m`` gave the function, and ``m.build_parser`` failed. The console script
+    names the function in the module (pyproject's project.scripts)."""
+    import importlib
+    import tomllib
+    import types
+
+    import bertscope.cli.main as m
+
+    assert isinstance(m, types.ModuleType) and callable(m.build_parser) and callable(m.main)
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = scripts["bertscope"].partition(":")
+    assert getattr(importlib.import_module(module), name) is m.main

@@ -332,7 +332,9 @@ def test_a_library_setting_is_named_by_its_flag_on_the_command_line(tmp_path, ca
     train.write_text('{"text": "good", "label": "pos"}\n{"text": "bad", "label": "neg"}\n')
     assert main(["finetune", str(train), "--out", str(tmp_path / "o"), "--max-length", "2", "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == "bertscope: error: --max-length must be a whole number >= 3, got 2"
-    assert main(["finetune", str(train), "--out", str(tmp_path / "o"), "--resume", "--quiet"]) == 2
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a run")
+    assert main(["finetune", str(train), "--out", str(tmp_path / "other"), "--resume", "--quiet"]) == 2
     assert capsys.readouterr().err.strip().startswith("bertscope: error: --resume: ")
     odd = tmp_path / "old data (DATA).txt"  # the user's own words, shaped like a setting
     assert main(["embed", str(odd), "--out", str(tmp_path / "x.npy")]) == 2

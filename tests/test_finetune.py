@@ -497,6 +497,8 @@ def test_a_run_that_gives_every_dev_example_one_label_says_so(tmp_path, tiny, ca
     assert f"(majority-label baseline {metrics['dev_majority_accuracy']:.4f})" in err
     assert ("bertscope: warning: epoch 1 gave every DEV example the same label: so far the model does no better "
             "than the majority-label baseline") in err
+    # a few steps (one in 24 examples): more of them, not a higher --lr, is the advice that helped
+    assert f"(an epoch of {metrics['steps']:,} steps is few: a smaller --batch-size gives more" in err
 
 
 def test_refuses_only_one_class(tmp_path, tiny, capsys):
@@ -1223,3 +1225,33 @@ def test_predict_on_a_full_disk_says_resume_finishes_and_does(trained, tmp_path,
     resumed = pred.read_text()
     assert main(["predict", str(out), str(inp), "--out", str(tmp_path / "whole.tsv"), "--quiet"]) == 0
     assert resumed == (tmp_path / "whole.tsv").read_text()
+
+
+def test_a_folder_made_read_only_mid_run_is_one_line_that_says_resume_finishes(tmp_path, tiny, capsys,
+                                                                                 monkeypatch):
+    """A folder made read-only during a run (chattr +i): exit 1, "PermissionError: ...
+    '.lock' (rerun with --debug for details)", naming the lock file, not the checkpoint that
+    could not be written, and no word of --resume, which finishes the run."""
+    import errno
+
+    from bertscope.train import loop
+
+    real_save, saved = loop._save_state, []
+
+    def second_save_refused(path, state):
+        if saved:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_save(path, state)
+        saved.append(path)
+
+    monkeypatch.setattr(loop, "_save_state", second_save_refused)
+    train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(12, seed=0))
+    out = tmp_path / "run"
+    args = ["finetune", str(train), "--model", str(tiny), "--out", str(out), "--epochs", "1", "--max-length", "16",
+            "--batch-size", "4", "--save-every", "1", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bertscope: error: cannot write {out / 'training_state.pt'}: Operation not permitted; once it "
+                   "can be written again, rerun the same command with --resume to finish"], err
+    monkeypatch.undo()
+    assert main(args + ["--resume"]) == 0 and (out / "metrics.json").is_file()

@@ -308,3 +308,59 @@ def test_a_run_that_finished_while_another_waited_to_lock_its_folder_is_not_trai
     with pytest.raises(InputError, match="the run in .* is already complete"):
         finetune(small(rows_file, tiny), out, resume=True)
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]  # left as the other run made it
+
+
+def test_a_checkpoint_that_cannot_be_written_is_the_error_not_the_lock_left_behind(tmp_path, tiny, rows_file,
+                                                                                     monkeypatch):
+    """A folder made read-only during a run: the checkpoint's PermissionError was replaced by the
+    one from removing the lock file (.lock), which also kept the lock's descriptor, and its flock,
+    open for the rest of the process."""
+    import errno
+    import pathlib
+
+    from bertscope.files import FolderLock
+    from bertscope.train import finetune, loop
+
+    out = tmp_path / "run"
+    state = out / "training_state.pt"
+
+    def cannot_write(path, _state):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    real_unlink = pathlib.Path.unlink
+
+    def read_only_folder(self, *a, **k):
+        if self.parent == out:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(loop, "_save_state", cannot_write)
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only_folder)
+    with pytest.raises(PermissionError) as e:
+        finetune(small(rows_file, tiny), out)
+    assert e.value.filename == str(state)
+    monkeypatch.undo()
+    FolderLock(out / ".lock", lambda pid: AssertionError(f"still locked by {pid}")).close()  # released
+
+
+def test_resume_on_a_folder_that_holds_no_checkpoint_yet_starts_a_new_run(tmp_path, tiny, rows_file, caplog):
+    """A run stopped before its first checkpoint leaves an empty folder: --resume was refused
+    ("holds no interrupted run"), though the help says to resume after an interruption. It now
+    starts the run there, with a warning, as ``embed --resume`` does; a folder that holds other
+    files is still refused."""
+    import logging
+
+    from bertscope.train import finetune
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("")  # what a killed run leaves, unheld
+    with caplog.at_level(logging.WARNING, logger="bertscope"):
+        result = finetune(small(rows_file, tiny), out, resume=True)
+    assert result.resumed_from_step == 0 and (out / "metrics.json").is_file()
+    assert any("holds no checkpoint yet" in r.getMessage() and "starting a new run there" in r.getMessage()
+               for r in caplog.records)
+    fresh = tmp_path / "not-yet"
+    assert finetune(small(rows_file, tiny), fresh, resume=True).resumed_from_step == 0
+    with pytest.raises(InputError, match="is already complete"):
+        finetune(small(rows_file, tiny), out, resume=True)

@@ -149,8 +149,12 @@ class FolderLock:
     def close(self, remove: bool = False) -> None:
         if self.fd is not None:
             if remove:  # while still held: no other job can be between its open and its flock
-                self.path.unlink(missing_ok=True)
-            os.close(self.fd)  # closing the descriptor releases the flock
+                try:
+                    self.path.unlink(missing_ok=True)
+                except OSError as e:  # a folder made read-only meanwhile: the file stays, unheld, and
+                    # a later run takes it over (lock_holder); the error that ends the run is another's
+                    log.debug("could not remove the lock file %s: %s", self.path, e)
+            os.close(self.fd)  # closing the descriptor releases the flock, even where unlink failed
             self.fd = None
 
 

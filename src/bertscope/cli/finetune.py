@@ -26,7 +26,8 @@ gradient clipping at 1.0, dropout wherever the checkpoint puts it (attention dro
 is scored each epoch: accuracy beside the majority-label baseline (TRAIN's commonest label for
 every example; a warning when every DEV example gets one label), and macro-F1. A checkpoint is
 written atomically every --save-every steps and at each epoch end; after an interruption, the same
-command with --resume continues exactly where it stopped. Each epoch's line (and its row in
+command with --resume continues exactly from the last one (a run stopped before its first starts
+again from the beginning, with a warning). Each epoch's line (and its row in
 metrics.json) gives the training tokens per second without a process's first step, its warm-up
 (first allocations, kernel plans), whose seconds and tokens are in warmup_seconds and
 warmup_tokens (an epoch of that one step alone gives its rate).
@@ -64,7 +65,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the head, dropout and batch order: 0 to 2**64 - 1 (default 0)")
     p.add_argument("--save-every", type=int, default=200, metavar="STEPS",
                    help="steps between checkpoints (0: only at epoch ends; default 200)")
-    p.add_argument("--resume", action="store_true", help="continue the interrupted run in DIR")
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run in DIR (from its last checkpoint; where it has none yet, "
+                        "start there)")
     add_progress_args(p)
     p.set_defaults(func=run, resumable=resumable)
 
@@ -117,9 +119,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{row['tokens_per_s']:,.0f} tokens/s, {row['wall_seconds']:.1f} s")
         lines = [line]
         if row.get("dev_labels_predicted") == 1 and row.get("dev_accuracy", 1.0) < 1.0:  # DEV of one label: no sign
+            steps = row.get("steps")
+            few = (f"an epoch of {steps:,} steps is few: a smaller --batch-size gives more, or train for more epochs"
+                   if isinstance(steps, int) and steps < 200 else "train for more epochs, or with another --lr")
             lines.append(f"bertscope: warning: epoch {row['epoch']} gave every DEV example the same label: so far "
-                         "the model does no better than the majority-label baseline (train for more epochs, or with "
-                         "a higher --lr)")
+                         f"the model does no better than the majority-label baseline ({few})")
         for text in lines:
             if bar is not None and show:
                 bar.write(text, file=sys.stderr)

@@ -9,6 +9,7 @@ prints one line too. ``--debug`` shows the traceback before that line; the exit 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import io
 import logging
@@ -20,7 +21,7 @@ import warnings
 from typing import NoReturn, Sequence
 
 from .. import __version__
-from ..errors import NO_SPACE, BertscopeError, as_typed, no_space
+from ..errors import NO_SPACE, BertscopeError, as_typed, no_space, os_reason
 
 COMMAND_MODULES = [
     "params", "attend",  # core
@@ -144,13 +145,25 @@ def _no_space(e: BaseException | None) -> bool:
     return False
 
 
+_REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def _refused(e: BaseException) -> bool:
+    """A file the system refused mid-run (permissions changed, a folder made read-only, a mount
+    remounted read-only): what the command checked writable before it began no longer is."""
+    return isinstance(e, OSError) and e.errno in _REFUSED and bool(e.filename)
+
+
 def _write_failure(e: OSError) -> str | None:
     """The one line for a failed write that is not the user's doing to fix by other input: a
-    full disk, named by the file (or standard output); None for other errors."""
+    full disk, named by the file (or standard output), or a file the system refused mid-run;
+    None for other errors."""
     if _no_space(e):
         return f"cannot write {e.filename or 'the output'}: {NO_SPACE}"
     if e.filename == STDOUT_NAME:
         return f"cannot write {STDOUT_NAME}: {e.strerror or e}"
+    if _refused(e):  # inputs are read and checked before the work begins: this is an output
+        return f"cannot write {e.filename}: {os_reason(e)}"
     return None
 
 
@@ -412,6 +425,8 @@ def _failed(e: Exception, args: argparse.Namespace) -> int:
         return _unexpected(e, debug)
     if _no_space(e) and _resumable(args):
         line += "; free some space, then rerun the same command with --resume to finish"
+    elif _refused(e) and _resumable(args):
+        line += "; once it can be written again, rerun the same command with --resume to finish"
     if debug:  # the traceback, then the same line and exit status as without --debug
         traceback.print_exc()
     print(f"bertscope: error: {line}", file=sys.stderr)
@@ -423,7 +438,8 @@ def _unexpected(e: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     msg = _one_line(e)[:300]
-    print(f"bertscope: error: {type(e).__name__}: {msg} (rerun with --debug for details)", file=sys.stderr)
+    hint = "" if debug else " (rerun with --debug for details)"  # with --debug, the traceback is above
+    print(f"bertscope: error: {type(e).__name__}: {msg}{hint}", file=sys.stderr)
     return 1
 
 

@@ -320,19 +320,31 @@ def _same_path(a: object, b: object, model: bool) -> bool:
         return a == b
 
 
-def _check_out(out: Path, resume: bool) -> None:
+def _holds_nothing(out: Path) -> bool:
+    """Whether ``out`` is absent, or holds nothing but a stopped write's temporary files and the
+    lock file: what a run stopped before its first checkpoint leaves."""
+    return not out.is_dir() or all((p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) or p.name == LOCK_FILE
+                                   for p in out.iterdir())
+
+
+def _check_out(out: Path, resume: bool) -> bool:
+    """Refuse an ``out`` this run cannot use; return whether it resumes. ``resume`` on a folder
+    that holds nothing yet (a run stopped before its first checkpoint; none began) starts a new
+    run there, as ``bertscope embed --resume`` does: a script may always pass it."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{_named('out')} must be a folder: {out} is a file")
     state = out / STATE_FILE
     if resume:
         if state.is_file():
-            return
+            return True
         if (out / METRICS_FILE).is_file():
             raise InputError(f"{_named('resume')}: the run in {out} is already complete (it has {METRICS_FILE} "
                              f"and no {STATE_FILE})")
-        raise InputError(f"{_named('resume')}: {out} holds no interrupted run (no {STATE_FILE})")
-    if out.is_dir() and any(not (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)) and p.name != LOCK_FILE
-                            for p in out.iterdir()):
+        if not _holds_nothing(out):
+            raise InputError(f"{_named('resume')}: {out} holds no interrupted run (no {STATE_FILE})")
+        log.warning("%s: %s holds no checkpoint yet (a run stopped before its first one, or none began); "
+                    "starting a new run there", _named("resume"), out)
+    elif not _holds_nothing(out):
         if state.is_file():
             pid = lock_holder(out / LOCK_FILE)
             if pid is not None:  # still training: "pass --resume" would only meet the lock
@@ -354,6 +366,7 @@ def _check_out(out: Path, resume: bool) -> None:
     except OSError as e:
         raise InputError(f"{_named('out')}: {out} cannot be created in {existing} ({os_reason(e)})") from None
     os.rmdir(probe)
+    return False
 
 
 def _predict_a_few(model: BertForSequenceClassification, encoder: PackedEncoder, ids: list, types: list) -> None:
@@ -439,7 +452,8 @@ def finetune(cfg: FinetuneConfig, out: str | Path, *, resume: bool = False,
     """Fine-tune ``cfg.model`` on ``cfg.train`` and write the classifier folder ``out``.
 
     Everything is checked before any work or any file is written: the settings, ``out`` (not
-    a file; empty or absent unless ``resume``; no other run in it now), the model's positions
+    a file; empty or absent unless ``resume``, which starts a new run, with a warning, where it
+    holds no checkpoint yet; no other run in it now), the model's positions
     against ``max_length``, and the data (records, labels, the dev labels against the train's).
     ``on_start(total, done)`` is called once training begins, ``on_step`` after every step,
     ``on_epoch`` with each epoch's metrics. Returns the metrics and the trained model (eval mode).
@@ -466,7 +480,7 @@ def _finetune(cfg: FinetuneConfig, out: str | Path, resume: bool, on_step, on_ep
         raise InputTypeError(f"finetune takes a FinetuneConfig(train=...), not {type(cfg).__name__}")
     cfg.check()
     out = Path(out)
-    _check_out(out, resume)
+    resume = _check_out(out, resume)
     pid = lock_holder(out / LOCK_FILE)
     if pid is not None:  # said now, before the model and the data are read
         raise _in_use(out)(pid)

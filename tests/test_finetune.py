@@ -111,7 +111,7 @@ def test_predict_agrees_with_classify_and_reports_bad_lines(trained, tmp_path, c
     for r, p in zip(good, probs):
         assert r["label"] == clf.labels[int(p.argmax())]
         assert max(abs(r["probs"][n] - float(v)) for n, v in zip(clf.labels, p)) <= TOL
-    assert "1 bad_json record(s): line 4" in capsys.readouterr().err
+    assert "\n  1 bad_json record(s): line 4\n" in capsys.readouterr().err  # under "wrote ..."
     # the plain table on stdout: a header, then one row per line
     capsys.readouterr()
     assert main(["predict", str(out), str(inp), "--quiet"]) == 0
@@ -250,7 +250,7 @@ def test_predict_on_a_text_file_gives_every_line_a_row(trained, tmp_path, capsys
     rows = [r.split("\t") for r in cap.out.splitlines()[1:]]
     assert [(r[0], r[1]) for r in rows] == [("1", "ok"), ("2", "ok"), ("3", "empty"), ("4", "empty"),
                                             ("5", "ok"), ("6", "undecodable")]
-    assert "2 empty record(s): line 3, 4" in cap.err
+    assert "2 empty record(s): lines 3, 4" in cap.err
     blank = tmp_path / "blank.txt"
     blank.write_text("\n  \n")
     assert main(["predict", str(out), str(blank), "--quiet"]) == 0  # nothing failed: zero texts, two rows
@@ -334,7 +334,7 @@ def test_a_csv_row_with_more_fields_than_its_header_is_a_bad_record(trained, tmp
     cap = capsys.readouterr()
     assert [r.split("\t")[:2] for r in cap.out.splitlines()[1:]] == [["2", "extra_fields"], ["3", "extra_fields"],
                                                                      ["4", "ok"], ["5", "ok"]]
-    assert "2 extra_fields record(s): line 2, 3" in cap.err
+    assert "bertscope: note: 2 extra_fields record(s): lines 2, 3" in cap.err  # a line of its own
     tsv = tmp_path / "tab.tsv"
     tsv.write_text("text\tlabel\na\ttab inside\tpos\n")
     assert [r.status for r in read_records(tsv, label_field="label")] == ["extra_fields"]

@@ -332,5 +332,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {summary(rows)} to {out}", file=sys.stderr)
     for status, nums in bad.items():
         shown = ", ".join(map(str, nums[:10])) + (f", ... ({len(nums) - 10} more)" if len(nums) > 10 else "")
-        print(f"  {len(nums)} {status} record(s): line {shown}", file=sys.stderr)
+        lines = "line" if len(nums) == 1 else "lines"
+        lead = "  " if out is not None else "bertscope: note: "  # under "wrote ...", or a line of its own
+        print(f"{lead}{len(nums)} {status} record(s): {lines} {shown}", file=sys.stderr)
     return 0

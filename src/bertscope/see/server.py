@@ -725,7 +725,8 @@ def run(bert: Bert, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 
     long as they take); the call then raises KeyboardInterrupt (SIGTERM: whatever its handler
     does; Python's default ends the process). A second one, or the time running out, stops it at
     once, raising :class:`StoppedAtOnce` (``.signal`` says which): leave with ``os._exit`` then,
-    not to wait for the computations it cut short. Each stop is logged in one line (a warning)."""
+    not to wait for the computations it cut short. A stop that waits for requests, or cuts them
+    short, says so in one line (a warning)."""
     try:
         import uvicorn
     except ImportError:
@@ -805,13 +806,17 @@ def _open_requests(state) -> int:
 
 
 def _drop_unsent(state) -> None:
-    """Close at once the connections whose answers are complete but not yet taken (a stop at once
-    does not wait for a client that does not read); one still computing keeps its connection for
-    its 503."""
+    """A stop at once: close the connections whose answers are complete but not yet taken (it
+    does not wait for a client that does not read), and cancel the requests still running, whose
+    503 (_CutShort) then closes their connections. From Python 3.12.1, uvicorn's stop waits in
+    ``asyncio.Server.wait_closed`` for every connection to close: a request left computing held
+    it to the end of its computation, whatever the second Ctrl-C or the time limit said."""
     for conn in list(state.connections):
         cycle, transport = getattr(conn, "cycle", None), getattr(conn, "transport", None)
         if transport is not None and cycle is not None and getattr(cycle, "response_complete", False):
             transport.abort()
+    for task in list(state.tasks):
+        task.cancel()
 
 
 def _seconds(s: float) -> str:
@@ -852,9 +857,9 @@ def _stopping_server(uvicorn, quiet: _QuietWhenForced, stop_timeout: float | Non
                 pass  # no loop running: nothing to close
 
         def _time_up(self) -> None:
-            if self.force_exit:
-                return
             running = _open_requests(self.server_state)
+            if self.force_exit or not running:  # none left: the graceful stop ends on its own
+                return
             self._force(self.stopped_by or signal.SIGINT)
             log.warning("stopped after %s with %d request(s) unfinished", _seconds(stop_timeout), running)
 

@@ -66,7 +66,7 @@ def sample():
         log.write(json.dumps(row) + "\n")
         time.sleep(0.5)
 threading.Thread(target=sample, daemon=True).start()
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 t = time.perf_counter()
 rc = main(sys.argv[1:])
 wall = time.perf_counter() - t

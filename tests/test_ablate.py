@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from bertscope.core.words import group_words
 from bertscope.understand.ablate import ablate, sweep
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.errors import InputError
 
 from conftest import IT_ANIMAL

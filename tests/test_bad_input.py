@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 import bertscope
 from bertscope.bench.corpus import save_random_checkpoint
 from bertscope.bert import Bert
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.core.checkpoint import check_fits_in_memory
 from bertscope.errors import CheckpointError, InputError, InputTypeError
 from bertscope.understand.ablate import ablate, sweep
@@ -655,7 +655,7 @@ def test_attend_result_names_an_index_out_of_range(bert):
 def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
     """trace and ablate said "not in the text", listing some 500 words in one line; and the
     error came after a truncation warning, two lines where the error says it all."""
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     text = "the cat sat on the mat . " * 90 + "zebra"  # over 512 tokens, zebra last
     extra = {"ablate": ["--layer", "0", "--head", "0"], "explain": ["--method", "norm"]}.get(command, [])
@@ -688,7 +688,7 @@ def test_a_word_in_the_part_cut_off_is_said_to_be_cut_off(command, capsys):
                                                                          "--out", "{tmp}/w.html"]])
 def test_a_text_of_characters_the_tokenizer_drops_has_no_tokens_everywhere(args, tmp_path, capsys):
     """view, plot and ablate ran on [CLS] [SEP] alone, while attend and trace refused it."""
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     assert main([a.replace("{tmp}", str(tmp_path)) for a in args] + ["--quiet"] * (args[0] == "ablate")) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 
 
 def test_bench_quick_json(tmp_path, capsys, monkeypatch, caplog):

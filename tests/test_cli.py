@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 
 from conftest import IT_ANIMAL
 
@@ -127,7 +127,7 @@ def test_every_module_a_help_page_names_exists():
     import importlib
     import re
 
-    from bertscope.cli.main import build_parser
+    from bertscope.cli.app import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and "attend" in a.choices)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 
 from conftest import IT_ANIMAL
 
@@ -115,7 +115,7 @@ def _without_matplotlib(*args: str, cwd: Path) -> subprocess.CompletedProcess:
             "import bertscope.bert as b\n"
             "def tripwire(*a, **k):\n    raise SystemExit('WORK STARTED: the model was loaded')\n"
             "b.load = tripwire\n"
-            "from bertscope.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+            "from bertscope.cli.app import main\nsys.exit(main(sys.argv[1:]))\n")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=_env(),
                           timeout=120, cwd=cwd)
 
@@ -196,7 +196,7 @@ def test_library_warnings_and_log_records_print_as_one_kind_of_line(capsys):
     line; a log record reads the same way ("warning", not "WARNING")."""
     import logging
 
-    from bertscope.cli.main import _LogLine, _warning_line
+    from bertscope.cli.app import _LogLine, _warning_line
 
     import bertscope.bert  # noqa: F401  (its settings are named as typed: keep_precision=True is --keep-precision)
 
@@ -313,7 +313,7 @@ def test_explain_experiments_takes_the_same_progress_flags_as_every_command(tmp_
     (["--bogus"], "(see bertscope --help)"),
 ])
 def test_an_unknown_flag_points_to_the_help_of_its_command(capsys, argv, hint):
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -92,7 +92,7 @@ def test_a_model_deeper_than_built_layers_is_counted_as_hf_counts_it():
 
 def test_params_of_a_config_with_a_million_layers_is_counted_not_built(tmp_path, capsys):
     """A config.json may say anything: 10**6 layers used to build meta modules until memory ran out."""
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     config = json.loads((bertscope.bundled_model_path() / "config.json").read_text())
     config["num_hidden_layers"] = 10**6
@@ -146,7 +146,7 @@ def test_malformed_config_values_name_the_field(tmp_path, field, value, fragment
 def test_malformed_config_through_the_cli(tmp_path, bundled_path, capsys):
     import shutil
 
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     folder = tmp_path / "m"
     shutil.copytree(bundled_path, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bertscope
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.understand.coref import evaluate, held_out_heads, hit, mas, rank_heads
 from bertscope.errors import InputError
 from bertscope.understand.wsc import parse_wsc, read_wsc, twin_groups

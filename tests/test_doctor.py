@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import bertscope
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.fast.tuning import BASELINE, BUDGET_S, CPU_FLAGS, NOISE_MARGIN
 
 

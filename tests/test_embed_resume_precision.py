@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bertscope.bert as facade
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.fast.embedjob import JOB_FILE, RUNS_FILE, JobOptions, read_embeddings, run_embed_job
 from test_embedjob_durable import _StopAfter  # interrupts a job after n rows
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.fast.embedjob import KILL_HOOK_ENV, read_embeddings
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

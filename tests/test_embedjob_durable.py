@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import bertscope.files
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.files import same_file
 from bertscope.fast.embedjob import (KILL_HOOK_ENV, LOCK_FILE, JobOptions, prepare_embed_job, read_embeddings,

@@ -10,7 +10,7 @@ import pytest
 
 import bertscope
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.core.config import BertConfig
 from bertscope.understand.experiments.claims import (errata, flops_per_forward, s1_self_match, s3_scaling, s4_padding,
                                    s11_permutation, s12_referent)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import bertscope
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.explain import METHODS, method_kind
 
 from conftest import IT_ANIMAL

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import bertscope
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.explain import faithfulness as fa
 
 SENTENCE = "the film is a gorgeous , witty and moving delight"

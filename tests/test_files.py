@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.files import TEMP_SUFFIX, write_folder_atomic, write_text_atomic
 

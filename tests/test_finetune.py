@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import bertscope
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from trainkit import sentiment_rows, tiny_checkpoint, write_csv, write_jsonl
 
 TOL = 1e-5
@@ -498,7 +498,7 @@ def test_a_run_that_gives_every_dev_example_one_label_says_so(tmp_path, tiny, ca
     assert ("bertscope: warning: epoch 1 gave every DEV example the same label: so far the model does no better "
             "than the majority-label baseline") in err
     # a few steps (one in 24 examples): more of them, not a higher --lr, is the advice that helped
-    assert f"(an epoch of {metrics['steps']:,} steps is few: a smaller --batch-size gives more" in err
+    assert f"(an epoch of {metrics['steps']:,} steps is few: smaller batches (--batch-size, --batch-tokens) give more" in err
 
 
 def test_refuses_only_one_class(tmp_path, tiny, capsys):
@@ -832,7 +832,7 @@ def test_the_text_field_flag_has_one_name_in_every_command(trained, tmp_path, ca
 
     a, b = read_embeddings(tmp_path / "a"), read_embeddings(tmp_path / "b")
     assert np.array_equal(a[0], b[0]) and a[1] == b[1] == ["ok", "ok"]
-    from bertscope.cli.main import build_parser
+    from bertscope.cli.app import build_parser
 
     for flag in ("--text-field", "--field"):
         args = build_parser().parse_args(["finetune", "train.csv", "--out", "o", flag, "body"])
@@ -1251,7 +1251,7 @@ def test_a_folder_made_read_only_mid_run_is_one_line_that_says_resume_finishes(t
             "--batch-size", "4", "--save-every", "1", "--quiet"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"bertscope: error: cannot write {out / 'training_state.pt'}: Operation not permitted; once it "
-                   "can be written again, rerun the same command with --resume to finish"], err
+    assert err == [f"bertscope: error: {out / 'training_state.pt'}: Operation not permitted; once that is "
+                   "fixed, rerun the same command with --resume to finish"], err
     monkeypatch.undo()
     assert main(args + ["--resume"]) == 0 and (out / "metrics.json").is_file()

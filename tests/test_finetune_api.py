@@ -352,8 +352,17 @@ def test_resume_on_a_folder_that_holds_no_checkpoint_yet_starts_a_new_run(tmp_pa
 
     from bertscope.train import finetune
 
+    from bertscope.files import FolderLock
+
     out = tmp_path / "run"
     out.mkdir()
+    running = FolderLock(out / ".lock", lambda pid: AssertionError("taken"))  # a run before its first checkpoint
+    try:
+        with caplog.at_level(logging.WARNING, logger="bertscope"), pytest.raises(InputError, match="is in use by"):
+            finetune(small(rows_file, tiny), out, resume=True)
+        assert not caplog.records  # not "starting a new run there", then "in use"
+    finally:
+        running.close()
     (out / ".lock").write_text("")  # what a killed run leaves, unheld
     with caplog.at_level(logging.WARNING, logger="bertscope"):
         result = finetune(small(rows_file, tiny), out, resume=True)

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 
 
 def test_matplotlib_not_imported_by_analysis_modules():
     code = ("import sys, bertscope, bertscope.understand.trace, bertscope.understand.headstats, bertscope.understand.coref, "
             "bertscope.understand.wsc, bertscope.understand.ablate, bertscope.understand.experiments.claims, "
             "bertscope.understand.experiments.report, bertscope.bench.run, bertscope.fast.embedjob, "
-            "bertscope.cli.main; from bertscope.cli.main import build_parser; build_parser(); "
+            "bertscope.cli.app; from bertscope.cli.app import build_parser; build_parser(); "
             "print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.understand.headstats import classify, head_stats, map_stats, pattern_features, token_kinds
 

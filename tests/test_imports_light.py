@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_bertscope_stays_light():
-    code = ("import sys, bertscope, bertscope.see.report, bertscope.bench, bertscope.fast.embedjob, bertscope.scale; from bertscope.cli.main import build_parser; "
+    code = ("import sys, bertscope, bertscope.see.report, bertscope.bench, bertscope.fast.embedjob, bertscope.scale; from bertscope.cli.app import build_parser; "
             "build_parser(); "
             "heavy = [m for m in ('matplotlib', 'fastapi', 'starlette', 'uvicorn', 'playwright', 'ray', 'pyarrow') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
@@ -41,7 +41,7 @@ def test_ctrl_c_while_torch_imports_waits_for_it_then_is_one_line():
             "                cut.append(name)\n"
             "                raise\n"
             "sys.meta_path.insert(0, Interrupt())\n"
-            "from bertscope.cli.main import main\n"  # the console script's own import: torch stays out
+            "from bertscope.cli import main\n"  # the console script's own import: torch stays out
             "rc = main(['params', '--preset', 'bert-base'])\n"
             "import torch\n"
             "print('cut', cut, 'whole', hasattr(torch, 'nn') and torch.ones(2).sum().item() == 2.0)\n"
@@ -57,8 +57,8 @@ def test_public_names_import_on_first_use():
     subpackage of the same name is imported; subpackages are reachable as attributes."""
     code = ("import sys, importlib, bertscope\n"
             "assert 'torch' not in sys.modules, 'import bertscope imported torch'\n"
-            "import bertscope.explain.measures, bertscope.cli.main\n"
-            "from bertscope.cli.main import build_parser; build_parser()\n"
+            "import bertscope.explain.measures, bertscope.cli.app\n"
+            "from bertscope.cli.app import build_parser; build_parser()\n"
             "from bertscope.explain import explain\n"
             "assert bertscope.explain is explain, bertscope.explain\n"
             "for name in bertscope.__all__:\n"
@@ -113,7 +113,7 @@ def test_a_broken_torch_is_one_line_not_a_traceback():
             "        if name == 'torch':\n"
             "            raise ImportError('libtorch_cpu.so: cannot open shared object file')\n"
             "sys.meta_path.insert(0, Broken())\n"
-            "from bertscope.cli.main import main\n"
+            "from bertscope.cli import main\n"
             "sys.exit(main(['params', '--preset', 'bert-base']))\n")
     r = _python(code)
     assert (r.returncode, r.stdout) == (1, "")
@@ -134,7 +134,7 @@ def test_a_second_ctrl_c_while_torch_imports_stops_at_once():
             "            while True:\n"  # an import that never ends: only the second Ctrl-C leaves it
             "                signal.getsignal(signal.SIGINT)\n"
             "sys.meta_path.insert(0, Hang())\n"
-            "from bertscope.cli.main import main\n"
+            "from bertscope.cli import main\n"
             "sys.exit(main(['params', '--preset', 'bert-base']))\n")
     r = _python(code)
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "bertscope: interrupted\n"), r.stderr
@@ -142,15 +142,19 @@ def test_a_second_ctrl_c_while_torch_imports_stops_at_once():
 
 def test_the_cli_module_is_not_hidden_by_its_function():
     """``cli/__init__`` bound ``main``, the function, over the module of that name: ``import
-    bertscope.cli.main as m`` gave the function, and ``m.build_parser`` failed. The console script
-    names the function in the module (pyproject's project.scripts)."""
+    bertscope.cli.main as m`` gave the function, and ``m.build_parser`` failed. The module is
+    ``cli.app``; ``bertscope.cli.main`` is the function the console script names, so a script
+    installed before (``from bertscope.cli import main``) still runs."""
     import importlib
-    import tomllib
+    import importlib.metadata as md
+    import importlib.util
     import types
 
-    import bertscope.cli.main as m
+    import bertscope.cli
+    import bertscope.cli.app as app
 
-    assert isinstance(m, types.ModuleType) and callable(m.build_parser) and callable(m.main)
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    module, _, name = scripts["bertscope"].partition(":")
-    assert getattr(importlib.import_module(module), name) is m.main
+    assert isinstance(app, types.ModuleType) and callable(app.build_parser)
+    assert bertscope.cli.main is app.main and importlib.util.find_spec("bertscope.cli.main") is None
+    (script,) = [e for e in md.entry_points(group="console_scripts") if e.name == "bertscope"]
+    module, _, name = script.value.partition(":")
+    assert getattr(importlib.import_module(module), name) is app.main

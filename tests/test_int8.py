@@ -18,7 +18,7 @@ import torch
 import bertscope
 from bertscope.bench.corpus import review_corpus
 from bertscope.bert import Bert
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.fast.encoder import PackedEncoder
 from bertscope.fast.gemm import GemmBackend
 from bertscope.fast.quant import (CASTS, COMPILED_KERNEL, ERROR_LIMIT, FP32_CHANNELS, INT8_KERNELS, Int8Linear,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import bertscope.fast.jobinput as ji
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.fast.embedjob import read_embeddings
 from bertscope.fast.jobinput import iter_records, plan_input, resolve_inputs

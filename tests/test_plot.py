@@ -117,7 +117,7 @@ def test_vmax_and_span(bert):
 
 
 def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     out = tmp_path / "w.png"
     assert main(["plot", IT_ANIMAL, "--layer", "3", "--head", "1", "--span", "7:13", "--vmax", "1", "--out", str(out)]) == 0
@@ -137,7 +137,7 @@ def test_plot_cli_span_vmax_and_their_errors(tmp_path, capsys):
 
 
 def test_plot_bad_output_paths(tmp_path, capsys):
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     folder = tmp_path / "d.png"
     folder.mkdir()
@@ -150,7 +150,7 @@ def test_plot_bad_output_paths(tmp_path, capsys):
 
 
 def test_plot_measure_cli_and_its_errors(tmp_path, capsys):
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     out = tmp_path / "norm.png"
     assert main(["plot", IT_ANIMAL, "--measure", "norm", "--layer", "3", "--head", "1", "--out", str(out)]) == 0
@@ -218,7 +218,7 @@ def test_missing_glyphs_are_one_warning(bert):
 def test_an_old_matplotlib_is_named_before_any_work(monkeypatch, capsys, tmp_path):
     """matplotlib 3.6 with NumPy 2 passed the check, ran the model, then failed in a traceback and
     the line "plotting needs matplotlib" (which was installed)."""
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
     from bertscope.see import figures
 
     assert figures._installed_version("matplotlib") >= figures.MIN_MATPLOTLIB  # the real one passes

@@ -21,7 +21,7 @@ import pytest
 import ray
 import torch
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.fast.embedjob import KILL_HOOK_ENV, JobOptions, read_embeddings, run_embed_job
 from bertscope.scale import EngineOptions, embed_dataset, ray_head_stats, run_ray_embed_job
 from bertscope.scale.embed import WORKER_KILL_HOOK_ENV

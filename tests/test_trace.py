@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from bertscope.cli.main import main
+from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.understand.trace import trace
 

@@ -1089,7 +1089,7 @@ def test_the_cache_folder_is_absolute_and_a_blank_setting_is_unset(tmp_path, mon
 
 def test_doctor_retune_says_that_bertscope_tune_0_blocks_it(monkeypatch, capsys):
     """--retune under BERTSCOPE_TUNE=0 measured nothing and said nothing (exit 0, "choice (default)")."""
-    from bertscope.cli.main import main
+    from bertscope.cli.app import main
 
     monkeypatch.setenv("BERTSCOPE_TUNE", "0")
     for flags in (["--retune"], ["--budget", "5"]):

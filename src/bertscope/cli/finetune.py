@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         lines = [line]
         if row.get("dev_labels_predicted") == 1 and row.get("dev_accuracy", 1.0) < 1.0:  # DEV of one label: no sign
             steps = row.get("steps")
-            few = (f"an epoch of {steps:,} steps is few: a smaller --batch-size gives more, or train for more epochs"
+            few = (f"an epoch of {steps:,} steps is few: smaller batches (--batch-size, --batch-tokens) give more, "
+                   "or train for more epochs"
                    if isinstance(steps, int) and steps < 200 else "train for more epochs, or with another --lr")
             lines.append(f"bertscope: warning: epoch {row['epoch']} gave every DEV example the same label: so far "
                          f"the model does no better than the majority-label baseline ({few})")

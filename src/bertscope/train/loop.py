@@ -342,6 +342,9 @@ def _check_out(out: Path, resume: bool) -> bool:
                              f"and no {STATE_FILE})")
         if not _holds_nothing(out):
             raise InputError(f"{_named('resume')}: {out} holds no interrupted run (no {STATE_FILE})")
+        pid = lock_holder(out / LOCK_FILE)
+        if pid is not None:  # a run still before its first checkpoint: said as in use, not "starting"
+            raise _in_use(out)(pid)
         log.warning("%s: %s holds no checkpoint yet (a run stopped before its first one, or none began); "
                     "starting a new run there", _named("resume"), out)
     elif not _holds_nothing(out):

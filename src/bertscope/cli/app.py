@@ -156,14 +156,14 @@ def _refused(e: BaseException) -> bool:
 
 def _write_failure(e: OSError) -> str | None:
     """The one line for a failed write that is not the user's doing to fix by other input: a
-    full disk, named by the file (or standard output), or a file the system refused mid-run;
-    None for other errors."""
+    full disk, named by the file (or standard output), or a file the system refused mid-run
+    (named, with the system's words); None for other errors."""
     if _no_space(e):
         return f"cannot write {e.filename or 'the output'}: {NO_SPACE}"
     if e.filename == STDOUT_NAME:
         return f"cannot write {STDOUT_NAME}: {e.strerror or e}"
-    if _refused(e):  # inputs are read and checked before the work begins: this is an output
-        return f"cannot write {e.filename}: {os_reason(e)}"
+    if _refused(e):  # an output as a rule, but embed reads its input shard by shard: not "write"
+        return f"{e.filename}: {os_reason(e)}"
     return None
 
 
@@ -426,7 +426,7 @@ def _failed(e: Exception, args: argparse.Namespace) -> int:
     if _no_space(e) and _resumable(args):
         line += "; free some space, then rerun the same command with --resume to finish"
     elif _refused(e) and _resumable(args):
-        line += "; once it can be written again, rerun the same command with --resume to finish"
+        line += "; once that is fixed, rerun the same command with --resume to finish"
     if debug:  # the traceback, then the same line and exit status as without --debug
         traceback.print_exc()
     print(f"bertscope: error: {line}", file=sys.stderr)

@@ -85,6 +85,18 @@ def settle(page) -> None:
     page.wait_for_selector("html[data-rendered='1']", state="attached", timeout=30_000)
 
 
+def show_head(page, layer: int, head: int, view: str | None = None) -> None:
+    """Choose a layer and one head (in the head view), then ``view``'s tab if given; each step
+    waits for the page to draw."""
+    page.select_option("#bs-layer", str(layer))
+    settle(page)
+    page.click(f".bs-head[data-head='{head}']")
+    settle(page)
+    if view is not None:
+        page.click(f".bs-tab[data-view='{view}']")
+        settle(page)
+
+
 def click_token(page, index: int, side: str = "left", panel: int = 0) -> None:
     page.click(f"#bs-head-view .bs-panel[data-panel='{panel}'] .bs-tok.bs-{side}[data-i='{index}']")
 
@@ -98,10 +110,7 @@ def explore(page, ref: dict, words: list[str]) -> None:
     focused = lines_image(page)
     assert focused != before  # focusing a token redraws only its lines
 
-    page.select_option("#bs-layer", "3")
-    settle(page)
-    page.click(".bs-head[data-head='1']")
-    settle(page)
+    show_head(page, 3, 1)
     assert page.get_attribute("#bs-head-view .bs-panel[data-panel='0']", "data-layer") == "3"
     assert page.get_attribute("#bs-head-view .bs-panel[data-panel='0']", "data-heads") == "1"
     after = lines_image(page)
@@ -669,12 +678,7 @@ def test_query_key_view_equals_trace(browser, bert, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(rep.save(tmp_path / "qk.html").as_uri())
     page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
-    page.select_option("#bs-layer", str(layer))
-    settle(page)
-    page.click(f".bs-head[data-head='{head}']")
-    settle(page)
-    page.click(".bs-tab[data-view='qk']")
-    settle(page)
+    show_head(page, layer, head, "qk")
     tr = trace(bert, IT_ANIMAL, "it", layer, head)
     page.select_option("#bs-qk-query", str(tr.token_index))
     settle(page)
@@ -726,10 +730,7 @@ def test_show_of_hf_attentions_renders_and_equals_bertscope(browser, bert, hf_mo
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(rep.save(tmp_path / "show.html").as_uri())
     page.wait_for_selector("html[data-ready='1']", state="attached", timeout=30_000)
-    page.select_option("#bs-layer", "5")
-    settle(page)
-    page.click(".bs-head[data-head='11']")
-    settle(page)
+    show_head(page, 5, 11)
     it = rep.texts[0].words.index("it")
     click_token(page, it)
     from bertscope.core.words import word_attention
@@ -1193,10 +1194,7 @@ def test_the_address_holds_the_view_and_a_link_opens_on_it(browser, bert, hf_mod
     page, errors = open_report(browser, rep, path)
     assert urlsplit(page.url).fragment == ""  # how the page opens: nothing to say
     it, animal = rep.texts[0].words.index("it"), rep.texts[0].words.index("animal")
-    page.select_option("#bs-layer", "3")
-    settle(page)
-    page.click(".bs-head[data-head='1']")
-    settle(page)
+    show_head(page, 3, 1)
     click_token(page, it)
     assert parse_qs(urlsplit(page.url).fragment) == {"layer": ["3"], "heads": ["1"], "pin": [f"A.left.{it}"]}
     link = page.url
@@ -1878,12 +1876,7 @@ def test_query_key_bars_and_model_thumbnails_say_what_they_show(browser, compare
     rep, path = compared
     page, errors = open_report(browser, rep, path)
     layer, head = 3, 1
-    page.select_option("#bs-layer", str(layer))
-    settle(page)
-    page.click(f".bs-head[data-head='{head}']")
-    settle(page)
-    page.click(".bs-tab[data-view='qk']")
-    settle(page)
+    show_head(page, layer, head, "qk")
     view = page.locator("#bs-qk-view")
     T = len(rep.texts[0].tokens)
     bars = view.locator("canvas")

@@ -674,6 +674,76 @@ def test_a_large_answer_is_gzipped_for_a_client_that_accepts_it(server):
     assert status == 200 and "content-encoding" not in headers  # a small answer goes as it is
 
 
+def _compress_spy(monkeypatch) -> list[tuple[int, bool]]:
+    """Every zlib compression from now on, as (bytes given, whether on a thread running an event
+    loop). Starlette's gzip, old (gzip.GzipFile) and new, compresses through zlib.compressobj."""
+    import asyncio
+    import zlib
+
+    made, seen = zlib.compressobj, []
+
+    def on_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+            return True
+        except RuntimeError:
+            return False
+
+    class Spy:
+        def __init__(self, *a, **k):
+            self.inner = made(*a, **k)
+
+        def compress(self, data):
+            seen.append((len(data), on_loop()))
+            return self.inner.compress(data)
+
+        def flush(self, *a):
+            return self.inner.flush(*a)
+
+    monkeypatch.setattr(zlib, "compressobj", Spy)
+    return seen
+
+
+def test_a_large_answer_is_compressed_off_the_event_loop(bert, monkeypatch):
+    """Starlette before 1.4 gzipped on the event loop: seconds for a large analysis, with every
+    other request of the server waiting. bertscope needs 1.4.1+, which compresses in a thread."""
+    from starlette.testclient import TestClient
+
+    from bertscope.see.server import create_app
+
+    seen = _compress_spy(monkeypatch)
+    # about 260 tokens: 12 maps of 260 x 260, a few MB of JSON
+    ask = {"text": " ".join([IT_ANIMAL] * 20), "layer": 0, "heads": list(range(12))}
+    with TestClient(create_app(bert), base_url="http://127.0.0.1") as client:
+        r = client.post("/api/attention", json=ask, headers={"Accept-Encoding": "gzip"})
+    assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
+    assert len(r.content) > 1_000_000 and len(json.loads(r.content)["matrices"]) == 12  # httpx undid the gzip
+    large = [on_loop for n, on_loop in seen if n > 200_000]
+    assert large and not any(large), seen
+
+
+def test_a_starlette_that_would_gzip_on_the_event_loop_sends_answers_as_they_are(bert, monkeypatch, caplog):
+    import starlette.middleware.gzip as gz
+    from starlette.testclient import TestClient
+
+    from bertscope.see.server import create_app, threaded_gzip
+
+    class OldGZip:  # Starlette 1.3's signature: no thread_minimum_size
+        def __init__(self, app, minimum_size: int = 500, compresslevel: int = 9) -> None:
+            raise AssertionError("not to be used")
+
+    assert threaded_gzip(gz.GZipMiddleware) and not threaded_gzip(OldGZip)
+    monkeypatch.setattr(gz, "GZipMiddleware", OldGZip)
+    seen = _compress_spy(monkeypatch)
+    with caplog.at_level("WARNING", logger="bertscope.see.server"):
+        app = create_app(bert)
+    assert "answers go uncompressed" in caplog.text and "starlette>=1.4.1" in caplog.text
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        r = client.post("/api/analyze", json={"text": IT_ANIMAL}, headers={"Accept-Encoding": "gzip"})
+    assert r.status_code == 200 and "content-encoding" not in r.headers and not seen
+    assert SAFE.items() <= {k.lower(): v for k, v in r.headers.items()}.items()
+
+
 def test_an_overlong_address_gets_414_and_overlarge_headers_431(server):
     """A 40 kB address was answered 200, or 400 with the connection reset, depending on how its
     bytes arrived (uvicorn's parser, h11, checks its 16 KiB limit only while a head is

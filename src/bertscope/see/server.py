@@ -108,6 +108,14 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdom
 SERVE_HINT = "serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'"
 
 
+def threaded_gzip(middleware) -> bool:
+    """Whether Starlette's GZipMiddleware compresses large answers in a worker thread (1.4.0+,
+    which added its ``thread_minimum_size``); before, it compressed on the event loop."""
+    import inspect
+
+    return "thread_minimum_size" in inspect.signature(middleware.__init__).parameters
+
+
 def require_serve_extra() -> None:
     """Raise BertscopeError (one line, with the pip hint) unless FastAPI and uvicorn import."""
     try:
@@ -525,8 +533,13 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     # holds an answer's start until its body is compressed: a request cancelled meanwhile has
     # sent nothing yet)
     build_stack = app.build_middleware_stack
-    app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(
-        GZipMiddleware(build_stack(), minimum_size=GZIP_MINIMUM, compresslevel=GZIP_LEVEL)))
+    if threaded_gzip(GZipMiddleware):
+        app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(
+            GZipMiddleware(build_stack(), minimum_size=GZIP_MINIMUM, compresslevel=GZIP_LEVEL)))
+    else:  # an older Starlette would compress on the event loop: every other request would wait
+        log.warning("answers go uncompressed: this Starlette compresses on the server's event loop; "
+                    "pip install 'starlette>=1.4.1' compresses large answers in a worker thread")
+        app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(build_stack()))
     app.state.analyzer = analyzer
 
     @app.exception_handler(BertscopeError)

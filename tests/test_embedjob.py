@@ -425,6 +425,38 @@ def test_a_damaged_shard_record_is_recomputed_not_fatal(tmp_path):
     assert runs == [1, 2, 2]  # shard 0 kept from the killed run; shard 1 (damaged record) redone
 
 
+def test_a_resumed_job_computes_with_the_kernel_choice_it_began_with(tmp_path, capsys, monkeypatch, caplog):
+    """_job.json records the kernel choice the job computes with, and a resume in another process
+    computes its shards with it, whatever this machine's choice is by then (the cache measured
+    again: a week later, a busy machine): the rows are then the bytes an unstopped job writes.
+    The first runs compute with the plain choice (BERTSCOPE_TUNE=0); the resume's own is another."""
+    import dataclasses
+
+    import torch
+
+    from bertscope.fast import encoder, tuning
+
+    texts = [f"sentence number {i} " + "and more words " * (i % 9) for i in range(18)]
+    inp = _write_input(tmp_path / "in.txt", texts)
+    plain = {"BERTSCOPE_TUNE": "0", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    whole = _subprocess_embed(inp, tmp_path / "whole", env_extra=plain)
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "killed"
+    killed = _subprocess_embed(inp, out, env_extra={KILL_HOOK_ENV: "2", **plain})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert json.loads((out / "_job.json").read_text())["kernel"] == tuning.KernelChoice().applied()
+    other = dataclasses.replace(tuning.KernelChoice(source="measured"), gemm="onednn", batch_tokens=512, slack=0.3)
+    monkeypatch.setattr(encoder, "choose", lambda *a, **k: other)
+    with caplog.at_level("INFO", logger="bertscope.fast.encoder"):
+        code, _, err = _run_cli(["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume", "--quiet"],
+                                capsys)
+    assert code == 0, err
+    assert "computing with the kernel choice the job began with" in caplog.text
+    a, sa = read_embeddings(tmp_path / "whole")
+    b, sb = read_embeddings(out)
+    assert sa == sb and a.shape == (18, 384) and a.tobytes() == b.tobytes()
+
+
 def test_resume_of_an_output_that_does_not_exist_says_it_starts_a_new_job(tmp_path, capsys):
     """A typo in --out with --resume started a new job without a word."""
     (tmp_path / "in.txt").write_text("hello\n")

@@ -149,16 +149,29 @@ def _long_reviews(path: Path, n: int = 60) -> Path:
     return write_jsonl(path, [{"text": ((r["text"] + ". ") * 200)[:2100]} for r in rows])
 
 
-def test_predict_resumes_after_a_kill_and_writes_what_an_unstopped_run_writes(trained, tmp_path, capsys):
+def test_predict_resumes_after_a_kill_and_writes_what_an_unstopped_run_writes(trained, tmp_path, capsys,
+                                                                             monkeypatch, caplog):
     """predict kept its rows in memory and wrote at the end: a kill near the end of a large
-    input lost every row. The rows now go to FILE.partial chunk by chunk."""
+    input lost every row. The rows now go to FILE.partial chunk by chunk.
+
+    The resumed run computes with the kernel choice the run began with, which FILE.partial
+    records: on a Xeon whose oneDNN and BLAS GEMMs raced within noise of each other, the killed
+    run and the resumed one chose differently 2 times in 6, and the file differed from the
+    unstopped run's in a probability's last digits. Here the first runs compute with the plain
+    choice (BERTSCOPE_TUNE=0), and the resumed run's own is made another."""
+    import dataclasses
+
+    from bertscope.fast import encoder, tuning
+
     out, _ = trained
     inp = _long_reviews(tmp_path / "in.jsonl")
     whole, cut = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
-    assert main(["predict", str(out), str(inp), "--json", "--out", str(whole), "--quiet"]) == 0
+    plain = {"BERTSCOPE_TUNE": "0", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    unstopped = _run_cli(["predict", str(out), str(inp), "--json", "--out", str(whole), "--quiet"], plain)
+    assert unstopped.returncode == 0, unstopped.stderr
     assert not Path(f"{whole}.partial").exists()  # a finished run leaves its output alone
     killed = _run_cli(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet"],
-                      {"BERTSCOPE_PREDICT_KILL_AFTER_CHUNKS": "2"})
+                      {"BERTSCOPE_PREDICT_KILL_AFTER_CHUNKS": "2", **plain})
     assert killed.returncode == -9, killed.stderr
     partial = Path(f"{cut}.partial")
     assert not cut.exists() and partial.is_file()
@@ -168,7 +181,13 @@ def test_predict_resumes_after_a_kill_and_writes_what_an_unstopped_run_writes(tr
     # the same command again without --resume: refused, nothing dropped
     assert main(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet"]) == 2
     assert "holds an unfinished predict run (48 of 60 records done); pass --resume" in capsys.readouterr().err
-    assert main(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet", "--resume"]) == 0
+    header = json.loads(partial.read_text().splitlines()[0])
+    assert header["kernel"] == tuning.KernelChoice().applied()  # the plain choice, as BERTSCOPE_TUNE=0 makes
+    other = dataclasses.replace(tuning.KernelChoice(source="measured"), gemm="onednn", slack=0.3)
+    monkeypatch.setattr(encoder, "choose", lambda *a, **k: other)  # this machine's choice is now another
+    with caplog.at_level("INFO", logger="bertscope.fast.encoder"):
+        assert main(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet", "--resume"]) == 0
+    assert "computing with the kernel choice the job began with" in caplog.text
     assert capsys.readouterr().err.startswith(f"bertscope: resuming at record 49 of 60 (48 done in {partial})")
     assert cut.read_bytes() == whole.read_bytes() and not partial.exists()
     rows = [json.loads(x) for x in cut.read_text().splitlines()]
@@ -750,6 +769,111 @@ def test_macro_f1_matches_scikit_learn():
     pred = [g if rng.random() < 0.7 else int(rng.integers(0, 3)) for g in gold]
     assert abs(macro_f1(pred, gold, 3) - f1_score(gold, pred, average="macro")) < 1e-12
     assert accuracy(pred, gold) == np.mean(np.array(pred) == np.array(gold))
+
+
+def test_label_report_matches_scikit_learn_with_an_unknown_and_a_never_predicted_class():
+    """Per label precision/recall/F1/support, accuracy and macro-F1 as scikit-learn computes them
+    over the model's labels; a gold name outside them ("meh") is a wrong prediction, not a class."""
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+    from bertscope.train.metrics import label_report
+
+    labels = ["neg", "neutral", "pos"]
+    rng = np.random.default_rng(3)
+    gold = [str(x) for x in rng.choice(["neg", "neutral", "pos", "meh"], 300, p=[0.4, 0.1, 0.4, 0.1])]
+    pred = [g if g != "neutral" and g != "meh" and rng.random() < 0.8 else str(rng.choice(["neg", "pos"]))
+            for g in gold]  # "neutral" is never predicted
+    report = label_report(pred, gold, labels)
+    p, r, f, support = precision_recall_fscore_support(gold, pred, labels=labels, zero_division=0)
+    for k, name in enumerate(labels):
+        row = report["per_label"][name]
+        assert (row["precision"], row["recall"], row["f1"]) == pytest.approx((p[k], r[k], f[k]), abs=1e-12)
+        assert row["support"] == support[k]
+    assert report["per_label"]["neutral"]["precision"] == 0 and report["per_label"]["neutral"]["support"] > 0
+    assert report["accuracy"] == pytest.approx(accuracy_score(gold, pred), abs=1e-12)
+    assert report["macro_f1"] == pytest.approx(f1_score(gold, pred, labels=labels, average="macro",
+                                                        zero_division=0), abs=1e-12)
+    every = labels + ["meh"]
+    matrix = confusion_matrix(gold, pred, labels=every)
+    assert {g: {q: int(matrix[i, j]) for j, q in enumerate(every) if matrix[i, j]} for i, g in enumerate(every)
+            if matrix[i].sum()} == report["confusion"]
+    assert report["majority_accuracy"] == pytest.approx(max(gold.count(x) for x in set(gold)) / len(gold))
+    assert report["scored"] == 300
+
+
+def test_predict_scores_its_predictions_against_a_label_field(trained, tmp_path, capsys):
+    """--label-field: a gold column, accuracy and macro-F1 on stderr, --metrics as JSON; records
+    without a label are predicted and not scored, a label the model lacks is named and wrong."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    out, dev = trained
+    rows = [json.loads(x) for x in dev.read_text().splitlines()][:30]
+    rows[4] = {"text": rows[4]["text"], "label": ""}  # no gold label: predicted, not scored
+    rows[9] = {"text": rows[9]["text"], "label": "meh"}  # a class the model lacks: scored as wrong
+    inp = write_csv(tmp_path / "test.csv", rows)
+    pred, metrics = tmp_path / "pred.tsv", tmp_path / "scores" / "m.json"
+    (tmp_path / "scores").mkdir()
+    assert main(["predict", str(out), str(inp), "--label-field", "label", "--out", str(pred),
+                 "--metrics", str(metrics), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    table = [line.split("\t") for line in pred.read_text().splitlines()]
+    assert table[0] == ["line", "status", "label", "gold", "p_neg", "p_pos"]
+    assert [t[3] for t in table[1:]] == [r["label"] for r in rows]  # the gold column, "" for none
+    report = json.loads(metrics.read_text())
+    scored = [(t[2], t[3]) for t in table[1:] if t[3]]
+    assert report["scored"] == len(scored) == 29
+    assert report["accuracy"] == pytest.approx(accuracy_score([g for _, g in scored], [q for q, _ in scored]))
+    assert report["macro_f1"] == pytest.approx(f1_score([g for _, g in scored], [q for q, _ in scored],
+                                                        labels=["neg", "pos"], average="macro"))
+    assert report["accuracy"] >= 0.85  # the fine-tune is good on this easy task (see the test above)
+    assert report["unknown_labels"] == {"meh": 1} and report["unlabelled_lines"] == [6]  # line 1 is the header
+    assert report["labels"] == ["neg", "pos"] and report["label_field"] == "label"
+    assert f"accuracy {report['accuracy']:.4f}, macro-F1 {report['macro_f1']:.4f} over 29 labelled" in err
+    assert "'meh' (1)" in err and "1 predicted record(s) without a gold label, not scored: line 6" in err
+    # JSON Lines output gets a "gold" key; stdout works too, without --metrics
+    jin = write_jsonl(tmp_path / "test.jsonl", rows[:3])
+    assert main(["predict", str(out), str(jin), "--label-field", "label", "--json", "--quiet"]) == 0
+    got = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [g["gold"] for g in got] == [r["label"] for r in rows[:3]]
+    assert list(got[0]) == ["line", "status", "label", "gold", "probs"]
+
+
+def test_predict_label_field_refusals_are_one_line(trained, tmp_path, capsys):
+    out, _ = trained
+    txt = tmp_path / "in.txt"
+    txt.write_text("a fine film\n")
+    good = write_jsonl(tmp_path / "in.jsonl", [{"text": "a fine film", "label": "pos"}])
+    cases = [
+        ([str(txt), "--label-field", "label"], "--label-field needs JSON Lines (.jsonl) or CSV/TSV input"),
+        ([str(good), "--metrics", str(tmp_path / "m.json")], "--metrics needs --label-field"),
+        ([str(good), "--label-field", "label", "--out", str(tmp_path / "p.tsv"), "--metrics",
+          str(tmp_path / "p.tsv")], "is --out too"),
+        ([str(write_csv(tmp_path / "in.csv", [{"text": "x", "label": "pos"}])), "--label-field", "gold"],
+         "has no column 'gold'"),
+        ([str(write_jsonl(tmp_path / "none.jsonl", [{"text": "x"}, {"text": "y", "label": None}])),
+          "--label-field", "label"], "no record of"),
+        ([str(write_jsonl(tmp_path / "other.jsonl", [{"text": "x", "label": "positive"}])),
+          "--label-field", "label"], "none of the labels in 'label' (positive) is a label of"),
+    ]
+    for extra, message in cases:
+        assert main(["predict", str(out)] + extra + ["--quiet"]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (extra, err)
+    assert "first: line 1: the field 'label' is missing" in (
+        main(["predict", str(out), str(tmp_path / "none.jsonl"), "--label-field", "label", "--quiet"]),
+        capsys.readouterr().err)[1]
+    assert not (tmp_path / "p.tsv").exists() and not (tmp_path / "m.json").exists()
+
+
+def test_predict_reads_integer_gold_labels_as_hugging_faces_default_names():
+    from bertscope.cli.predict import gold_labels
+    from bertscope.train.data import Record
+
+    records = [Record(1, "a", None, "ok", "0"), Record(2, "b", None, "ok", "1"), Record(3, "c", None, "ok", None),
+               Record(4, "d", None, "ok", "7")]
+    assert gold_labels(records, ["LABEL_0", "LABEL_1"]) == (["LABEL_0", "LABEL_1", None, "7"], True)
+    assert gold_labels(records, ["0", "1"]) == (["0", "1", None, "7"], False)  # named as read: no renaming
+    assert gold_labels(records, ["neg", "pos"]) == (["0", "1", None, "7"], False)
 
 
 def test_view_one_text_through_base_and_fine_tuned_model(trained, bert, tmp_path):

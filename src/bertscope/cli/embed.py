@@ -56,7 +56,11 @@ problems (status -> line numbers, across files), shards (file, shard, rows, firs
 its input lines, file_bytes, file_sha256, run), runs (run, engine, started, precision_asked) and
 rows_note.
 _job.json and _runs.json hold the job's settings and runs (they stay when it is done: --resume
-reads them); _staging/ holds its finished shards until the end.
+reads them); _staging/ holds its finished shards until the end. _job.json also records the
+kernel choice the job computes with (GEMM library, batch budget, attention slack; see `bertscope
+doctor`), and --resume computes with it again, so the shards it adds are those an unstopped run
+writes, even where this machine's cached choice was measured again since (Ray's workers make
+their own).
 
 --engine ray runs the same shards on a pool of Ray actors, each loading the model once, and
 writes the same OUTPUT (a job can be resumed by either engine). Without --address Ray starts on

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from glob import escape as glob_escape
 from pathlib import Path
 
@@ -29,6 +30,16 @@ nothing), INPUT is refused: the wrong --text-field, or the wrong file. A file of
 gives rows of status empty; an empty file, the header alone. With --out, stderr counts the
 predictions written and the records without one.
 
+With --label-field NAME (JSON Lines, CSV, TSV), the gold label of each record is read from that
+field and the predictions are scored against it: stderr gets the accuracy and macro-F1 (over the
+model's labels) with the baseline that predicts the commonest gold label for every text, the
+output a gold column ("gold" in JSON), and --metrics FILE a JSON report: accuracy, macro_f1,
+majority_accuracy, per_label precision/recall/f1/support, the confusion counts (gold, then
+predicted), and the lines left unscored. A record without a label (missing, empty, null) is
+predicted and not scored; a gold label the model does not have counts as wrong, and is named.
+Integer labels score against a model whose labels are LABEL_0, LABEL_1, ... (Hugging Face's
+default names) as those.
+
 With --out, the rows are kept on disk as they are computed, in FILE.partial (every 1,024
 records or 50,000 characters), so a run stopped by Ctrl-C, a kill or a crash loses at most the
 chunk it was in: the same command with --resume goes on from there and writes the FILE a run
@@ -43,6 +54,7 @@ examples:
   bertscope predict sentiment/ reviews.jsonl --text-field body --json --out predictions.jsonl
   bertscope predict nli/ pairs.tsv --text-field premise --text-pair-field hypothesis
   bertscope predict sentiment/ big.jsonl --out big.tsv --resume    # after an interruption
+  bertscope predict sentiment/ test.csv --label-field label --metrics test-metrics.json
 """
 
 
@@ -59,6 +71,11 @@ def register(sub) -> None:
     p.add_argument("--text-pair-field", default=None, metavar="NAME",
                    help="the field or column holding the second text of a pair (JSON Lines, CSV, TSV); "
                         "a classifier fine-tuned on pairs needs it, and predict warns when it is left out")
+    p.add_argument("--label-field", default=None, metavar="NAME",
+                   help="score the predictions against the gold labels in this field or column "
+                        "(JSON Lines, CSV, TSV): accuracy and macro-F1 on stderr, a gold column in the output")
+    p.add_argument("--metrics", metavar="FILE", default=None,
+                   help="with --label-field: write the scores as JSON here (per label, confusion counts)")
     p.add_argument("--max-length", type=int, default=None, metavar="N",
                    help="cut texts to N tokens, 3 at least (5 for pairs: one token of each text), at most "
                         "the model's positions (512 for BERT); default: the length the model was fine-tuned at")
@@ -134,16 +151,63 @@ def predictions(bert, records, *, max_length: int | None = None, batch_tokens: i
     return rows
 
 
-def render(rows: list[dict], labels: list[str], as_json: bool) -> str:
+def render(rows: list[dict], labels: list[str], as_json: bool, gold: list[str | None] | None = None) -> str:
+    """The output: a TSV table or JSON Lines; with ``gold`` (one per row), a gold column after label."""
+    if gold is not None and len(gold) != len(rows):
+        raise ValueError("one gold label (or None) per row")
     if as_json:
         from .guard import dumps_strict
 
-        return "".join(dumps_strict(r) + "\n" for r in rows)
-    lines = ["\t".join(["line", "status", "label"] + [f"p_{n}" for n in labels])]
-    for r in rows:
+        if gold is None:
+            return "".join(dumps_strict(r) + "\n" for r in rows)
+        return "".join(dumps_strict({"line": r["line"], "status": r["status"], "label": r["label"], "gold": g,
+                                     "probs": r["probs"]}) + "\n" for r, g in zip(rows, gold))
+    gold_head = ["gold"] if gold is not None else []
+    lines = ["\t".join(["line", "status", "label"] + gold_head + [f"p_{n}" for n in labels])]
+    for k, r in enumerate(rows):
         probs = [f"{r['probs'][n]:.6f}" for n in labels] if r["probs"] else [""] * len(labels)
-        lines.append("\t".join([str(r["line"]), r["status"], r["label"] or ""] + probs))
+        cell = [gold[k] or ""] if gold is not None else []
+        lines.append("\t".join([str(r["line"]), r["status"], r["label"] or ""] + cell + probs))
     return "\n".join(lines) + "\n"
+
+
+def gold_labels(records, labels: list[str]) -> tuple[list[str | None], bool]:
+    """Each record's gold label as one of the model's names where it can be (None: no label), and
+    whether integer labels were read as Hugging Face's default names (3 as LABEL_3)."""
+    known = set(labels)
+    default_names = all(re.fullmatch(r"LABEL_\d+", n) for n in labels)
+    gold: list[str | None] = []
+    renamed = False
+    for r in records:
+        g = r.label
+        if g is not None and g not in known and default_names and re.fullmatch(r"\d+", g) \
+                and f"LABEL_{int(g)}" in known:
+            g, renamed = f"LABEL_{int(g)}", True
+        gold.append(g)
+    return gold, renamed
+
+
+def score(rows: list[dict], gold: list[str | None], labels: list[str], label_field: str) -> dict:
+    """The --metrics report: train.metrics.label_report over the rows that have both a prediction
+    and a gold label, plus which lines were left out and which gold labels the model lacks."""
+    from ..train.metrics import label_report
+
+    pairs = [(r["label"], g) for r, g in zip(rows, gold) if r["label"] is not None and g is not None]
+    report = label_report([p for p, _ in pairs], [g for _, g in pairs], labels)
+    unknown: dict[str, int] = {}
+    for _, g in pairs:
+        if g not in labels:
+            unknown[g] = unknown.get(g, 0) + 1
+    return {"label_field": label_field, "labels": list(labels), **report,
+            "unknown_labels": unknown,
+            "unlabelled_lines": [r["line"] for r, g in zip(rows, gold) if r["label"] is not None and g is None],
+            "unpredicted_lines": [r["line"] for r in rows if r["label"] is None]}
+
+
+def _lines(nums: list[int]) -> str:
+    """"line 3" / "lines 3, 5, ... (2 more)": at most ten line numbers."""
+    shown = ", ".join(map(str, nums[:10])) + (f", ... ({len(nums) - 10} more)" if len(nums) > 10 else "")
+    return f"{'line' if len(nums) == 1 else 'lines'} {shown}"
 
 
 def _count(n: int, what: str) -> str:
@@ -190,7 +254,6 @@ def _remove_stale_temporaries(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import os
-    import re
     import sys
     from pathlib import Path
 
@@ -226,6 +289,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--text-field needs JSON Lines (.jsonl) or CSV/TSV input; {args.input} is read as one "
                          "text per line (name it .jsonl if its lines are JSON objects)")
     args.text_field = args.text_field or "text"
+    if args.label_field is not None and file_format(args.input, lines_ok=True) == "lines":
+        raise InputError(f"--label-field needs JSON Lines (.jsonl) or CSV/TSV input with the label in a field; "
+                         f"{args.input} is read as one text per line")
+    if args.metrics is not None and args.label_field is None:
+        raise InputError("--metrics needs --label-field: the field or column that holds each record's gold label")
+    metrics_out = check_output_file(args.metrics) if args.metrics is not None else None
+    if metrics_out is not None:
+        if Path(metrics_out).exists() and os.path.samefile(metrics_out, args.input):
+            raise InputError(f"--metrics {args.metrics} is INPUT itself: writing there would replace the texts; "
+                             "choose another file")
+        if out is not None and Path(metrics_out).resolve() == Path(out).resolve():
+            raise InputError(f"--metrics {args.metrics} is --out too: give the scores a file of their own")
     if args.text_pair_field is not None and file_format(args.input, lines_ok=True) == "lines":
         raise InputError(f"--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input with the pair in a "
                          f"field; {args.input} is read as one text per line")
@@ -233,8 +308,8 @@ def run(args: argparse.Namespace) -> int:
         from ..files import sha256_file
 
         before_read = (os.stat(args.input).st_mtime_ns, sha256_file(args.input).hexdigest())
-    records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field, lines_ok=True,
-                           keep_blank=True)
+    records = read_records(args.input, text_field=args.text_field, pair_field=args.text_pair_field,
+                           label_field=args.label_field, lines_ok=True, keep_blank=True)
     if args.out is not None and os.stat(args.input).st_mtime_ns != before_read[0]:
         raise InputError(f"{args.input} changed while it was read; run again once nothing writes to it")
     # as `embed` judges: refused when records fail and none holds a text; a blank line fails
@@ -266,6 +341,24 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--max-length must be {low}..{bert.config.max_position_embeddings}"
                          f"{' for text pairs' if pairs else ''} (room for one token of each text), "
                          f"got {args.max_length}")
+    gold = None
+    if args.label_field is not None:
+        gold, renamed = gold_labels(records, bert.labels)
+        read = [g for r, g in zip(records, gold) if g is not None and r.status == "ok"]
+        if not read:
+            why = next((f"line {r.line}: the field {args.label_field!r} {r.label_problem}" for r in records
+                        if r.status == "ok" and r.label_problem), "no record holds a text")
+            raise InputError(f"no record of {args.input} has a gold label to score against (first: {why}); "
+                             "check --label-field")
+        if not set(read) & set(bert.labels):
+            seen = sorted(set(read))
+            raise InputError(f"none of the labels in {args.label_field!r} ({', '.join(seen[:6])}"
+                             f"{', ...' if len(seen) > 6 else ''}) is a label of {args.model_dir} "
+                             f"({', '.join(bert.labels)}): check --label-field, or that the model is the one "
+                             "fine-tuned on these labels")
+        if renamed:
+            print(f"bertscope: note: the integer labels of {args.label_field!r} are scored as the model's "
+                  f"{bert.labels[0]}, {bert.labels[1]}, ... (3 as LABEL_3)", file=sys.stderr)
     trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
     if trained_pair is False and args.text_pair_field is not None:
         print(f"bertscope: warning: {args.model_dir} was fine-tuned on single texts (its metrics.json has no "
@@ -291,9 +384,13 @@ def run(args: argparse.Namespace) -> int:
                     "text_field": args.text_field if file_format(args.input, lines_ok=True) != "lines" else None,
                     "text_pair_field": args.text_pair_field,
                     "batch_tokens": args.batch_tokens}  # the batches change the last digits of a probability
+        header = describe_run(args.input, len(records), bert.path, settings, sha256=before_read[1])
+        # the kernel choice, made now: not a setting to match, a resumed run computes with it again
+        header["kernel"] = bert.fast.record(bert.encoder)
         with writing(f"{out}.partial"):
-            kept = RunProgress(out, describe_run(args.input, len(records), bert.path, settings,
-                                                 sha256=before_read[1]), resume=args.resume)
+            kept = RunProgress(out, header, resume=args.resume)
+        if kept.rows:
+            bert.fast.restore(bert.encoder, kept.began.get("kernel"))
         _remove_stale_temporaries(Path(out))  # a kill while FILE was written left one (the lock is ours now)
     try:
         if kept is not None:
@@ -313,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
                 rows = list(done) + predictions(bert, records[len(done):], max_length=args.max_length,
                                                 batch_tokens=args.batch_tokens, progress=bar.update,
                                                 on_chunk=kept.add if kept is not None else None)
-        text = render(rows, bert.labels, args.json)
+        text = render(rows, bert.labels, args.json, gold)
         if out is None:
             sys.stdout.write(text)
         else:
@@ -331,8 +428,36 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         print(f"wrote {summary(rows)} to {out}", file=sys.stderr)
     for status, nums in bad.items():
-        shown = ", ".join(map(str, nums[:10])) + (f", ... ({len(nums) - 10} more)" if len(nums) > 10 else "")
-        lines = "line" if len(nums) == 1 else "lines"
         lead = "  " if out is not None else "bertscope: note: "  # under "wrote ...", or a line of its own
-        print(f"{lead}{len(nums)} {status} record(s): {lines} {shown}", file=sys.stderr)
+        print(f"{lead}{len(nums)} {status} record(s): {_lines(nums)}", file=sys.stderr)
+    if gold is not None:
+        _report_scores(score(rows, gold, bert.labels, args.label_field), metrics_out)
     return 0
+
+
+def _report_scores(report: dict, metrics_out: str | None) -> None:
+    """The scores on stderr (and, with --metrics, as JSON in that file, written atomically)."""
+    import sys
+
+    from ..files import write_text_atomic
+    from .guard import dumps_strict, writing
+
+    n = report["scored"]
+    if n:
+        print(f"bertscope: accuracy {report['accuracy']:.4f}, macro-F1 {report['macro_f1']:.4f} over {n:,} "
+              f"labelled prediction{'' if n == 1 else 's'} (the commonest gold label for all: "
+              f"{report['majority_accuracy']:.4f})", file=sys.stderr)
+    else:
+        print("bertscope: no record has both a prediction and a gold label: nothing scored", file=sys.stderr)
+    if report["unknown_labels"]:
+        named = ", ".join(f"{k!r} ({v})" for k, v in sorted(report["unknown_labels"].items())[:6])
+        print(f"bertscope: warning: gold labels the model does not have, each scored as wrong: {named}"
+              f"{', ...' if len(report['unknown_labels']) > 6 else ''}", file=sys.stderr)
+    if report["unlabelled_lines"]:
+        nums = report["unlabelled_lines"]
+        print(f"bertscope: note: {len(nums)} predicted record(s) without a gold label, not scored: {_lines(nums)}",
+              file=sys.stderr)
+    if metrics_out is not None:
+        with writing(metrics_out):
+            write_text_atomic(metrics_out, dumps_strict(report, indent=2) + "\n")
+        print(f"wrote the scores to {metrics_out}", file=sys.stderr)

@@ -580,6 +580,8 @@ def _same_model(before: dict, job: dict) -> tuple[dict, dict]:
     (a moved folder, another working folder), and other weights by the same path are another
     model. A job from before fingerprints (no ``weights``) compares the folders it names."""
     before, job = dict(before), dict(job)
+    before.pop("kernel", None)  # how it computes, not what: a resumed job takes the recorded one on
+    job.pop("kernel", None)
     if before.get("weights") is not None and before.get("weights") == job.get("weights"):
         before.pop("model", None)
         job.pop("model", None)
@@ -765,8 +767,12 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
             raise InputError(_why_not_resumable(before, job))
         _remove_temporaries(out)  # we hold the lock: these belong to no live job
         _remove_temporaries(staging)
+        if not isinstance(bert, dict) and engine == "local":  # the shards left: with the job's kernel choice
+            bert.fast.restore(bert.encoder, before.get("kernel"))
         runs = _read_json(out / RUNS_FILE, out) if (out / RUNS_FILE).is_file() else {"runs": []}
     else:
+        if not isinstance(bert, dict) and engine == "local":  # the kernel choice, made now: a resumed job
+            job["kernel"] = bert.fast.record(bert.encoder)  # computes with it again (Ray's workers choose their own)
         _write_json(out / JOB_FILE, job)
         runs = {"runs": []}
     run = len(runs["runs"]) + 1

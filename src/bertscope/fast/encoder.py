@@ -26,6 +26,7 @@ the padded reference path within 1e-5 in fp32, outputs and gradients.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -42,6 +43,8 @@ from .quant import compiled_steps_of
 from .tuning import KernelChoice, choose
 
 __all__ = ["PackedEncoder", "packed_encode"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,6 +95,34 @@ class PackedEncoder:
         self.gemm.int8_kernel = choice.int8_kernel
         self.gemm.use_int8_cast(choice.int8_cast)
         self.gemm.use_int8_act(choice.int8_act)
+
+    def record(self, model) -> dict | None:
+        """The kernel choice for ``model`` (made now if not yet), as the fields that change the
+        numbers (:meth:`KernelChoice.applied`); None where there is none (a GPU, a grad-enabled
+        model). A job that may be resumed in another process keeps it beside its output."""
+        with torch.inference_mode():
+            choice = self.prepare(model)
+        return choice.applied() if choice is not None else None
+
+    def restore(self, model, recorded: object) -> bool:
+        """Compute ``model`` with a recorded choice (:meth:`record`) from now on, where it makes a
+        choice of its own and the record is whole: whether it differs from the one it replaces.
+
+        A resumed job's rows must be those an unstopped job computes, and the cached choice may
+        have been measured again since the job began (a week later, a busy machine, another
+        cache folder): another GEMM library or batch budget changes the last digits."""
+        from dataclasses import replace
+
+        from .tuning import APPLIED_FIELDS
+
+        if not isinstance(recorded, dict) or set(recorded) != set(APPLIED_FIELDS) or self.record(model) is None:
+            return False
+        if recorded == self.choice.applied():
+            return False
+        log.info("computing with the kernel choice the job began with, %s (this machine's is now %s)",
+                 recorded, self.choice.applied())
+        self.apply(replace(self.choice, **recorded, source="recorded"))
+        return True
 
     def encode(self, model, packed: PackedBatch, *, attention_impl: str = "auto",
                slack: float | None = None, linears: list[LayerLinears] | None = None,

@@ -298,6 +298,9 @@ def choice_key(config, dtype: torch.dtype, precision: str, compile: bool = False
     return key
 
 
+APPLIED_FIELDS = ("gemm", "batch_tokens", "slack", "int8_kernel", "int8_cast", "int8_act")
+
+
 @dataclass
 class KernelChoice:
     """The winning candidates for one key, and what was measured to pick them.
@@ -339,6 +342,13 @@ class KernelChoice:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def applied(self) -> dict:
+        """The fields that change the numbers a model computes with this choice (what
+        :meth:`PackedEncoder.apply` uses, the attention slack, and the batch budget where the
+        caller leaves it to the choice): a job resumed in another process records them and
+        computes with them again (:meth:`PackedEncoder.record`, :meth:`PackedEncoder.restore`)."""
+        return {name: getattr(self, name) for name in APPLIED_FIELDS}
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelChoice":

@@ -220,7 +220,9 @@ def _speed(acc: dict) -> float:
     process ran (its one-time set-up: first allocations, kernel plans) once any other step was
     timed. On the 2-CPU Zen 4 host that step took 0.56-0.62 s against 0.5 s for the median later
     step (the bundled model, 32 texts of up to 64 tokens): a small share of a long epoch, a large
-    one of a short epoch's few steps on a slower first call."""
+    one of a short epoch's few steps on a slower first call. An epoch that a resumed run finishes
+    had two processes, each with a first step: ``warmup_seconds`` and ``warmup_tokens`` add up
+    both, and both are left out."""
     tokens, seconds = acc["tokens"], acc["train_seconds"]
     if tokens > acc.get("warmup_tokens", 0):
         tokens -= acc.get("warmup_tokens", 0)

@@ -1,10 +1,10 @@
-"""Classification metrics: accuracy and macro-F1."""
+"""Classification metrics: accuracy, macro-F1, and a per-label report against gold labels."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["accuracy", "macro_f1"]
+__all__ = ["accuracy", "label_report", "macro_f1"]
 
 
 def accuracy(pred: Sequence[int], gold: Sequence[int]) -> float:
@@ -29,3 +29,45 @@ def macro_f1(pred: Sequence[int], gold: Sequence[int], num_classes: int) -> floa
         fn = sum(p != k and g == k for p, g in zip(pred, gold))
         total += 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
     return total / num_classes
+
+
+def label_report(pred: Sequence[str], gold: Sequence[str], labels: Sequence[str]) -> dict:
+    """How well predicted label names match gold ones, over a classifier's label set.
+
+    ``labels`` are the classifier's classes, in its order. A gold name outside them (a class the
+    model does not know) counts as a wrong prediction in the accuracy, and as a false positive of
+    the class that was predicted; it is no class of the macro average, as scikit-learn's
+    ``precision_recall_fscore_support(labels=labels)`` treats it. Returns::
+
+        {"scored": n, "accuracy": ..., "macro_f1": ..., "majority_accuracy": ...,
+         "per_label": {name: {"precision", "recall", "f1", "support"}},
+         "confusion": {gold name: {predicted name: count}}}
+
+    ``majority_accuracy`` is what predicting the commonest gold class for every text would
+    score: the baseline that learns nothing. A precision or recall of no examples is 0.
+    """
+    if len(pred) != len(gold):
+        raise ValueError("pred and gold differ in length")
+    if not labels:
+        raise ValueError("no labels")
+    n = len(gold)
+    per_label: dict[str, dict] = {}
+    for name in labels:
+        tp = sum(p == name and g == name for p, g in zip(pred, gold))
+        predicted = sum(p == name for p in pred)
+        support = sum(g == name for g in gold)
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * tp / (predicted + support) if tp else 0.0
+        per_label[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+    confusion: dict[str, dict[str, int]] = {}
+    for p, g in zip(pred, gold):
+        row = confusion.setdefault(g, {})
+        row[p] = row.get(p, 0) + 1
+    counts = [sum(g == name for g in gold) for name in dict.fromkeys(gold)]
+    return {"scored": n,
+            "accuracy": sum(p == g for p, g in zip(pred, gold)) / n if n else 0.0,
+            "macro_f1": sum(r["f1"] for r in per_label.values()) / len(labels),
+            "majority_accuracy": max(counts) / n if n else 0.0,
+            "per_label": per_label,
+            "confusion": confusion}

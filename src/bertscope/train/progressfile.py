@@ -4,7 +4,8 @@ crash resumes where it stopped instead of starting over.
 Beside the output FILE, ``FILE.partial`` (JSON Lines) holds:
 
 1. a header: what the run reads and how (the input's size and SHA-256, the model's folder and
-   the SHA-256 of its files, the settings that change a row);
+   the SHA-256 of its files, the settings that change a row), and the kernel choice it computes
+   with (``kernel``: a resumed run uses it again, whatever this machine's cache holds now);
 2. for each finished chunk of records, its rows, then ``{"done": N}`` (N records so far).
 
 A resumed run checks the header against itself, keeps the rows up to the last ``done`` (a chunk
@@ -116,6 +117,7 @@ class RunProgress:
         self.fd: int | None = None
         self.path = partial_path(out)
         self.chunks = 0
+        self.began: dict = header  # the header of the run resumed (this one's, when starting)
         self._kill_after = int(os.environ.get(KILL_HOOK_ENV, "0") or 0)
         for _ in range(100):  # again only while another run removes the file under us
             try:
@@ -138,6 +140,7 @@ class RunProgress:
                 data += chunk
             try:
                 before, self.rows, keep = _parse(data, self.path)
+                self.began = before
             except InputError:
                 if data and not HEADER_START.startswith(data[:len(HEADER_START)]):
                     # a file predict did not write (a user's, INPUT itself): never emptied
@@ -154,6 +157,7 @@ class RunProgress:
                     raise InputError(f"cannot resume: {why}; delete {self.path} to start over")
             else:  # nothing done yet: this run's header, whatever was there
                 keep = 0
+                self.began = header
             os.ftruncate(self.fd, keep)
             os.lseek(self.fd, keep, os.SEEK_SET)
             if not self.rows:

@@ -799,6 +799,8 @@ def test_label_report_matches_scikit_learn_with_an_unknown_and_a_never_predicted
             if matrix[i].sum()} == report["confusion"]
     assert report["majority_accuracy"] == pytest.approx(max(gold.count(x) for x in set(gold)) / len(gold))
     assert report["scored"] == 300
+    assert list(report["confusion"]) == ["neg", "neutral", "pos", "meh"]  # the model's order, then others
+    assert list(report["confusion"]["neg"]) == ["neg", "pos"]
 
 
 def test_predict_scores_its_predictions_against_a_label_field(trained, tmp_path, capsys):
@@ -830,12 +832,24 @@ def test_predict_scores_its_predictions_against_a_label_field(trained, tmp_path,
     assert report["labels"] == ["neg", "pos"] and report["label_field"] == "label"
     assert f"accuracy {report['accuracy']:.4f}, macro-F1 {report['macro_f1']:.4f} over 29 labelled" in err
     assert "'meh' (1)" in err and "1 predicted record(s) without a gold label, not scored: line 6" in err
-    # JSON Lines output gets a "gold" key; stdout works too, without --metrics
-    jin = write_jsonl(tmp_path / "test.jsonl", rows[:3])
+    # JSON Lines output gets a "gold" key; stdout works too, without --metrics. A label that is
+    # there and cannot be read (1.0, as pandas writes an integer column with a gap; a list) is
+    # named apart from a missing one (null)
+    odd = rows[:3] + [{"text": "a wonderful film", "label": 1.0}, {"text": "dull", "label": None},
+                      {"text": "awful", "label": ["neg"]}]
+    jin = write_jsonl(tmp_path / "test.jsonl", odd)
     assert main(["predict", str(out), str(jin), "--label-field", "label", "--json", "--quiet"]) == 0
-    got = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    assert [g["gold"] for g in got] == [r["label"] for r in rows[:3]]
+    cap = capsys.readouterr()
+    got = [json.loads(x) for x in cap.out.splitlines()]
+    assert [g["gold"] for g in got] == [r["label"] for r in rows[:3]] + [None, None, None]
     assert list(got[0]) == ["line", "status", "label", "gold", "probs"]
+    assert ("2 gold label(s) could not be read, not scored (first: line 4: the field 'label' is float (1.0), "
+            "not a string or an integer): lines 4, 6") in cap.err
+    assert "1 predicted record(s) without a gold label, not scored: line 5" in cap.err
+    metrics = tmp_path / "odd.json"
+    assert main(["predict", str(out), str(jin), "--label-field", "label", "--metrics", str(metrics), "--quiet"]) == 0
+    report = json.loads(metrics.read_text())
+    assert report["unlabelled_lines"] == [5] and [b["line"] for b in report["unreadable_labels"]] == [4, 6]
 
 
 def test_predict_label_field_refusals_are_one_line(trained, tmp_path, capsys):
@@ -853,7 +867,16 @@ def test_predict_label_field_refusals_are_one_line(trained, tmp_path, capsys):
         ([str(write_jsonl(tmp_path / "none.jsonl", [{"text": "x"}, {"text": "y", "label": None}])),
           "--label-field", "label"], "no record of"),
         ([str(write_jsonl(tmp_path / "other.jsonl", [{"text": "x", "label": "positive"}])),
-          "--label-field", "label"], "none of the labels in 'label' (positive) is a label of"),
+          "--label-field", "label"], "none of the labels in 'label' ('positive') is a label of"),
+        ([str(write_jsonl(tmp_path / "upper.jsonl", [{"text": "x", "label": "POS"}, {"text": "y", "label": "NEG"}])),
+          "--label-field", "label"], "they differ from the model's only in case"),
+        ([str(good), "--label-field", "text"], "--label-field 'text' is the field the texts are read from"),
+        ([str(good), "--label-field", "label", "--out", str(tmp_path / "p.tsv"), "--metrics",
+          str(tmp_path / "p.tsv.partial")], "is --out's progress file too"),
+        ([str(good), "--label-field", "label", "--metrics", str(tmp_path / "nowhere" / "m.json")], "--metrics: "),
+        ([str(good), "--label-field", "label", "--metrics", str(tmp_path)], f"--metrics {str(tmp_path)!r} is a folder"),
+        ([str(write_jsonl(tmp_path / "lable.jsonl", [{"text": "x", "lable": "pos"}])), "--label-field", "label"],
+         "the field 'label' is missing; line 1 has 'text', 'lable'"),
     ]
     for extra, message in cases:
         assert main(["predict", str(out)] + extra + ["--quiet"]) == 2, extra
@@ -863,6 +886,10 @@ def test_predict_label_field_refusals_are_one_line(trained, tmp_path, capsys):
         main(["predict", str(out), str(tmp_path / "none.jsonl"), "--label-field", "label", "--quiet"]),
         capsys.readouterr().err)[1]
     assert not (tmp_path / "p.tsv").exists() and not (tmp_path / "m.json").exists()
+    long = write_jsonl(tmp_path / "long.jsonl", [{"text": "x", "label": "a very long review " * 20}])
+    assert main(["predict", str(out), str(long), "--label-field", "label", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 400 and "'a very long review a very l...'" in err, err  # a value is cut short
 
 
 def test_predict_reads_integer_gold_labels_as_hugging_faces_default_names():

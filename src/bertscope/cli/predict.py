@@ -36,7 +36,8 @@ model's labels) with the baseline that predicts the commonest gold label for eve
 output a gold column ("gold" in JSON), and --metrics FILE a JSON report: accuracy, macro_f1,
 majority_accuracy, per_label precision/recall/f1/support, the confusion counts (gold, then
 predicted), and the lines left unscored. A record without a label (missing, empty, null) is
-predicted and not scored; a gold label the model does not have counts as wrong, and is named.
+predicted and not scored, and so is one whose label cannot be read (a float such as 1.0, a list:
+named, with its line); a gold label the model does not have counts as wrong, and is named.
 Integer labels score against a model whose labels are LABEL_0, LABEL_1, ... (Hugging Face's
 default names) as those.
 
@@ -187,21 +188,41 @@ def gold_labels(records, labels: list[str]) -> tuple[list[str | None], bool]:
     return gold, renamed
 
 
-def score(rows: list[dict], gold: list[str | None], labels: list[str], label_field: str) -> dict:
+MISSING_LABEL = ("is missing", "is empty", "is null")  # how train.data words a label that is not there
+
+
+def _missing(problem: str | None) -> bool:
+    """Whether a label problem (train.data's words) is a label left out, not one that was there
+    and could not be read (a float such as 1.0, a list, a boolean, a tab)."""
+    return problem is None or problem.startswith(MISSING_LABEL) or "a missing value written as text" in problem
+
+
+def score(rows: list[dict], gold: list[str | None], labels: list[str], label_field: str,
+          problems: list[str | None] | None = None) -> dict:
     """The --metrics report: train.metrics.label_report over the rows that have both a prediction
-    and a gold label, plus which lines were left out and which gold labels the model lacks."""
+    and a gold label; which lines were left out: no label (``unlabelled_lines``), a label that
+    could not be read (``unreadable_labels``: line and why, from ``problems``, one per row), no
+    prediction (``unpredicted_lines``); and which gold labels the model lacks."""
     from ..train.metrics import label_report
 
+    problems = problems if problems is not None else [None] * len(rows)
     pairs = [(r["label"], g) for r, g in zip(rows, gold) if r["label"] is not None and g is not None]
     report = label_report([p for p, _ in pairs], [g for _, g in pairs], labels)
     unknown: dict[str, int] = {}
     for _, g in pairs:
         if g not in labels:
             unknown[g] = unknown.get(g, 0) + 1
+    left = [(r["line"], why) for r, g, why in zip(rows, gold, problems) if r["label"] is not None and g is None]
     return {"label_field": label_field, "labels": list(labels), **report,
             "unknown_labels": unknown,
-            "unlabelled_lines": [r["line"] for r, g in zip(rows, gold) if r["label"] is not None and g is None],
+            "unlabelled_lines": [line for line, why in left if _missing(why)],
+            "unreadable_labels": [{"line": line, "problem": why} for line, why in left if not _missing(why)],
             "unpredicted_lines": [r["line"] for r in rows if r["label"] is None]}
+
+
+def _short(value: str, width: int = 30) -> str:
+    """A value for a message: cut to ``width`` characters, quoted."""
+    return repr(value if len(value) <= width else value[:width - 3] + "...")
 
 
 def _lines(nums: list[int]) -> str:
@@ -211,7 +232,7 @@ def _lines(nums: list[int]) -> str:
 
 
 def _count(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def summary(rows: list[dict]) -> str:
@@ -294,13 +315,17 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.input} is read as one text per line")
     if args.metrics is not None and args.label_field is None:
         raise InputError("--metrics needs --label-field: the field or column that holds each record's gold label")
-    metrics_out = check_output_file(args.metrics) if args.metrics is not None else None
+    metrics_out = check_output_file(args.metrics, "--metrics") if args.metrics is not None else None
     if metrics_out is not None:
         if Path(metrics_out).exists() and os.path.samefile(metrics_out, args.input):
             raise InputError(f"--metrics {args.metrics} is INPUT itself: writing there would replace the texts; "
                              "choose another file")
-        if out is not None and Path(metrics_out).resolve() == Path(out).resolve():
-            raise InputError(f"--metrics {args.metrics} is --out too: give the scores a file of their own")
+        if out is not None and Path(metrics_out).resolve() in (Path(out).resolve(), Path(f"{out}.partial").resolve()):
+            what = "--out" if Path(metrics_out).resolve() == Path(out).resolve() else "--out's progress file"
+            raise InputError(f"--metrics {args.metrics} is {what} too: give the scores a file of their own")
+    if args.label_field is not None and args.label_field in (args.text_field, args.text_pair_field):
+        raise InputError(f"--label-field {args.label_field!r} is the field the texts are read from: name the "
+                         "field or column that holds the gold labels")
     if args.text_pair_field is not None and file_format(args.input, lines_ok=True) == "lines":
         raise InputError(f"--text-pair-field needs JSON Lines (.jsonl) or CSV/TSV input with the pair in a "
                          f"field; {args.input} is read as one text per line")
@@ -346,19 +371,30 @@ def run(args: argparse.Namespace) -> int:
         gold, renamed = gold_labels(records, bert.labels)
         read = [g for r, g in zip(records, gold) if g is not None and r.status == "ok"]
         if not read:
-            why = next((f"line {r.line}: the field {args.label_field!r} {r.label_problem}" for r in records
-                        if r.status == "ok" and r.label_problem), "no record holds a text")
+            first = next((r for r in records if r.status == "ok" and r.label_problem), None)
+            why = "no record holds a text" if first is None else \
+                f"line {first.line}: the field {args.label_field!r} {first.label_problem}"
+            if first is not None and first.label_problem == "is missing" \
+                    and file_format(args.input, lines_ok=True) == "jsonl":
+                from ..files import fields_note, read_input_bytes, split_lines
+
+                lines = split_lines(read_input_bytes(args.input))
+                why += fields_note(lines[first.line - 1] if first.line <= len(lines) else None, first.line)
             raise InputError(f"no record of {args.input} has a gold label to score against (first: {why}); "
                              "check --label-field")
         if not set(read) & set(bert.labels):
             seen = sorted(set(read))
-            raise InputError(f"none of the labels in {args.label_field!r} ({', '.join(seen[:6])}"
-                             f"{', ...' if len(seen) > 6 else ''}) is a label of {args.model_dir} "
-                             f"({', '.join(bert.labels)}): check --label-field, or that the model is the one "
+            shown = ", ".join(_short(g) for g in seen[:6]) + (", ..." if len(seen) > 6 else "")
+            folded = {n.casefold() for n in bert.labels}
+            case = " (they differ from the model's only in case: write them as the model does)" \
+                if all(g.casefold() in folded for g in seen) else ""
+            raise InputError(f"none of the labels in {args.label_field!r} ({shown}) is a label of {args.model_dir} "
+                             f"({', '.join(bert.labels)}){case}: check --label-field, or that the model is the one "
                              "fine-tuned on these labels")
         if renamed:
             print(f"bertscope: note: the integer labels of {args.label_field!r} are scored as the model's "
-                  f"{bert.labels[0]}, {bert.labels[1]}, ... (3 as LABEL_3)", file=sys.stderr)
+                  f"{', '.join(bert.labels[:3])}{', ...' if len(bert.labels) > 3 else ''} (3 as LABEL_3)",
+                  file=sys.stderr)
     trained_pair = _fine_tuned_pair_field(Path(args.model_dir))
     if trained_pair is False and args.text_pair_field is not None:
         print(f"bertscope: warning: {args.model_dir} was fine-tuned on single texts (its metrics.json has no "
@@ -431,11 +467,12 @@ def run(args: argparse.Namespace) -> int:
         lead = "  " if out is not None else "bertscope: note: "  # under "wrote ...", or a line of its own
         print(f"{lead}{len(nums)} {status} record(s): {_lines(nums)}", file=sys.stderr)
     if gold is not None:
-        _report_scores(score(rows, gold, bert.labels, args.label_field), metrics_out)
+        _report_scores(score(rows, gold, bert.labels, args.label_field, [r.label_problem for r in records]),
+                       metrics_out, args.label_field)
     return 0
 
 
-def _report_scores(report: dict, metrics_out: str | None) -> None:
+def _report_scores(report: dict, metrics_out: str | None, label_field: str) -> None:
     """The scores on stderr (and, with --metrics, as JSON in that file, written atomically)."""
     import sys
 
@@ -450,9 +487,20 @@ def _report_scores(report: dict, metrics_out: str | None) -> None:
     else:
         print("bertscope: no record has both a prediction and a gold label: nothing scored", file=sys.stderr)
     if report["unknown_labels"]:
-        named = ", ".join(f"{k!r} ({v})" for k, v in sorted(report["unknown_labels"].items())[:6])
-        print(f"bertscope: warning: gold labels the model does not have, each scored as wrong: {named}"
+        by_case = {n.casefold(): n for n in report["labels"]}
+
+        def named(k: str, v: int) -> str:
+            twin = by_case.get(k.casefold())
+            return f"{_short(k)} ({v}{f'; the model has {twin!r}' if twin else ''})"
+
+        shown = ", ".join(named(k, v) for k, v in sorted(report["unknown_labels"].items())[:6])
+        print(f"bertscope: warning: gold labels the model does not have, each scored as wrong: {shown}"
               f"{', ...' if len(report['unknown_labels']) > 6 else ''}", file=sys.stderr)
+    if report["unreadable_labels"]:
+        bad = report["unreadable_labels"]
+        print(f"bertscope: warning: {len(bad)} gold label(s) could not be read, not scored (first: line "
+              f"{bad[0]['line']}: the field {label_field!r} {bad[0]['problem']}): "
+              f"{_lines([b['line'] for b in bad])}", file=sys.stderr)
     if report["unlabelled_lines"]:
         nums = report["unlabelled_lines"]
         print(f"bertscope: note: {len(nums)} predicted record(s) without a gold label, not scored: {_lines(nums)}",

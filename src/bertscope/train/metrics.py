@@ -41,7 +41,7 @@ def label_report(pred: Sequence[str], gold: Sequence[str], labels: Sequence[str]
 
         {"scored": n, "accuracy": ..., "macro_f1": ..., "majority_accuracy": ...,
          "per_label": {name: {"precision", "recall", "f1", "support"}},
-         "confusion": {gold name: {predicted name: count}}}
+         "confusion": {gold name: {predicted name: count}}}  (names in ``labels``' order, then others)
 
     ``majority_accuracy`` is what predicting the commonest gold class for every text would
     score: the baseline that learns nothing. A precision or recall of no examples is 0.
@@ -50,24 +50,23 @@ def label_report(pred: Sequence[str], gold: Sequence[str], labels: Sequence[str]
         raise ValueError("pred and gold differ in length")
     if not labels:
         raise ValueError("no labels")
+    from collections import Counter
+
     n = len(gold)
+    pairs = Counter(zip(gold, pred))  # (gold, predicted) -> count: one pass over the texts
+    predicted, support = Counter(pred), Counter(gold)
     per_label: dict[str, dict] = {}
     for name in labels:
-        tp = sum(p == name and g == name for p, g in zip(pred, gold))
-        predicted = sum(p == name for p in pred)
-        support = sum(g == name for g in gold)
-        precision = tp / predicted if predicted else 0.0
-        recall = tp / support if support else 0.0
-        f1 = 2 * tp / (predicted + support) if tp else 0.0
-        per_label[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
-    confusion: dict[str, dict[str, int]] = {}
-    for p, g in zip(pred, gold):
-        row = confusion.setdefault(g, {})
-        row[p] = row.get(p, 0) + 1
-    counts = [sum(g == name for g in gold) for name in dict.fromkeys(gold)]
+        tp = pairs[(name, name)]
+        precision = tp / predicted[name] if predicted[name] else 0.0
+        recall = tp / support[name] if support[name] else 0.0
+        f1 = 2 * tp / (predicted[name] + support[name]) if tp else 0.0
+        per_label[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support[name]}
+    order = list(labels) + sorted(set(support) - set(labels))  # the model's classes in its order, then others
+    confusion = {g: {p: pairs[(g, p)] for p in order if pairs[(g, p)]} for g in order if support[g]}
     return {"scored": n,
-            "accuracy": sum(p == g for p, g in zip(pred, gold)) / n if n else 0.0,
+            "accuracy": sum(pairs[(g, g)] for g in support) / n if n else 0.0,
             "macro_f1": sum(r["f1"] for r in per_label.values()) / len(labels),
-            "majority_accuracy": max(counts) / n if n else 0.0,
+            "majority_accuracy": max(support.values()) / n if n else 0.0,
             "per_label": per_label,
             "confusion": confusion}

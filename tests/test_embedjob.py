@@ -457,6 +457,41 @@ def test_a_resumed_job_computes_with_the_kernel_choice_it_began_with(tmp_path, c
     assert sa == sb and a.shape == (18, 384) and a.tobytes() == b.tobytes()
 
 
+def test_a_damaged_kernel_record_is_refused_in_one_line_and_another_versions_is_a_warning(tmp_path, capsys,
+                                                                                          caplog):
+    texts = [f"sentence number {i}" for i in range(18)]
+    inp = _write_input(tmp_path / "in.txt", texts)
+    out = tmp_path / "out"
+    killed = _subprocess_embed(inp, out, env_extra={KILL_HOOK_ENV: "2", "BERTSCOPE_TUNE": "0"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    job_file = out / "_job.json"
+    job = json.loads(job_file.read_text())
+    resume = ["embed", str(inp), "--out", str(out), "--shard-rows", "4", "--resume", "--quiet"]
+    job_file.write_text(json.dumps({**job, "kernel": {**job["kernel"], "batch_tokens": "2048"}}))
+    code, _, err = _run_cli(resume, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{job_file}: the kernel choice recorded there is damaged (its 'batch_tokens' is '2048')" in err
+    job_file.write_text(json.dumps({**job, "kernel": {"gemm": "blas"}}))  # another version's fields
+    with caplog.at_level("WARNING", logger="bertscope.fast.encoder"):
+        code, _, err = _run_cli(resume, capsys)
+    assert code == 0, err
+    assert "its kernel choice is not recorded as this version of bertscope records one" in caplog.text
+    assert read_embeddings(out)[0].shape == (18, 384)
+
+
+def test_the_kernel_record_names_the_gemm_library_in_use(bundled_path, monkeypatch):
+    """BERTSCOPE_ONEDNN=0 keeps BLAS whatever the choice says: the record says BLAS, the library
+    the rows were computed with, so a resume without the variable computes with it too."""
+    import bertscope
+    from bertscope.fast import encoder, tuning
+
+    monkeypatch.setattr(encoder, "choose", lambda *a, **k: tuning.KernelChoice(gemm="onednn", source="measured"))
+    assert bertscope.load(bundled_path).kernel_record()["gemm"] == "onednn"
+    monkeypatch.setenv("BERTSCOPE_ONEDNN", "0")
+    b = bertscope.load(bundled_path)
+    assert b.kernel_record()["gemm"] == "blas" and b.fast.gemm.prefer == "blas"
+
+
 def test_resume_of_an_output_that_does_not_exist_says_it_starts_a_new_job(tmp_path, capsys):
     """A typo in --out with --resume started a new job without a word."""
     (tmp_path / "in.txt").write_text("hello\n")

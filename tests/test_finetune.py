@@ -903,6 +903,16 @@ def test_predict_reads_integer_gold_labels_as_hugging_faces_default_names():
     assert gold_labels(records, ["neg", "pos"]) == (["0", "1", None, "7"], False)
 
 
+def test_predict_names_the_label_a_mismatched_gold_label_most_likely_means():
+    """A case-only difference, or an integer written as a float (pandas writes 1.0 for an integer
+    column with a gap, in CSV as in JSON): the warning and the refusal name the model's label."""
+    from bertscope.cli.predict import _twin
+
+    assert _twin("POS", ["neg", "pos"]) == "pos" and _twin("pos", ["neg", "pos"]) == "pos"
+    assert _twin("1.0", ["0", "1"]) == "1" and _twin("1.00", ["LABEL_0", "LABEL_1"]) == "LABEL_1"
+    assert _twin("1.5", ["1", "2"]) is None and _twin("meh", ["neg", "pos"]) is None
+
+
 def test_view_one_text_through_base_and_fine_tuned_model(trained, bert, tmp_path):
     """`view TEXT --model-b DIR`: A is the base model's attention, B the fine-tune's (each against
     HF transformers), and fine-tuning changed them."""

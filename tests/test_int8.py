@@ -225,6 +225,24 @@ def test_int8_uses_7bit_activations_where_8_bits_saturate_and_keeps_the_contract
     assert embedding_agreement(ref, got)["top10_overlap"] >= 0.9
 
 
+def test_a_resumed_int8_job_is_calibrated_again_for_the_int8_kernel_it_began_with(bundled_path, monkeypatch):
+    """Which linears stay fp32 depends on the int8 kernel's grid (a 7-bit one doubles the error
+    limit): a job resumed with its recorded kernel, where this machine's choice is another, gets
+    that kernel's calibration, not the one made at load for the other kernel."""
+    from bertscope.fast import encoder, quant, tuning
+
+    real = quant.int8_range_exact  # oneDNN's int8 GEMM saturates on 8 bits here, torch._int_mm not
+    monkeypatch.setattr(quant, "int8_range_exact",
+                        lambda k, levels=quant.FULL_LEVELS: (levels < quant.FULL_LEVELS or k == "int_mm") and real(k, levels))
+    monkeypatch.setattr(encoder, "choose", lambda *a, **k: tuning.KernelChoice(int8_kernel="onednn"))
+    b = bertscope.load(bundled_path, precision="int8", keep_precision=True)
+    seven_bit = quant.ERROR_LIMIT * quant.FULL_LEVELS / quant.REDUCED_LEVELS
+    assert b.fast.gemm.int8_kernel == "onednn" and b.int8_plan.error_limit == pytest.approx(seven_bit)
+    b.use_kernel_record({**b.kernel_record(), "int8_kernel": "int_mm"}, "job.json")
+    assert b.fast.gemm.int8_kernel == "int_mm" and b.int8_plan.error_limit == pytest.approx(quant.ERROR_LIMIT)
+    assert b.fast.gemm.int8_keep_fp32[b.encoder] == b.int8_plan.keep_fp32
+
+
 FIRST_CALL_PROBE = """
 import sys, torch
 from bertscope.fast import quant

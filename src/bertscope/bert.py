@@ -325,6 +325,25 @@ class Bert:
         warn_truncated(truncated, limit)
         return self.classify_ids(ids, types, batch_size=batch_size, batch_tokens=batch_tokens)
 
+    def kernel_record(self) -> dict | None:
+        """The kernel choice this model computes with here, as a job records it to be resumed
+        with (:meth:`PackedEncoder.record`); made now if not yet (read from this machine's cache,
+        or measured). None on a GPU."""
+        return self.fast.record(self.encoder)
+
+    def use_kernel_record(self, recorded: object, where: str) -> None:
+        """Compute with a kernel choice a job recorded (:meth:`kernel_record`) from now on, so that
+        its resumed rows are those an unstopped job computes (:meth:`PackedEncoder.restore`;
+        ``where`` names the record's file). In int8 the calibration is made again when the int8
+        kernel changes: which linears stay fp32 depends on the kernel's grid."""
+        kernel = self.fast.gemm.int8_kernel
+        if self.fast.restore(recorded, where) and self.fast.gemm.precision == "int8" \
+                and self.fast.gemm.int8_kernel != kernel:
+            from .fast.quant import calibrate
+
+            self.int8_plan = calibrate(self.fast, self.encoder, _calibration_batch(self),
+                                       kernel=self.fast.gemm.int8_kernel)
+
     def classify_ids(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None = None,
                      *, batch_size: int | None = None, batch_tokens: int | None = None) -> np.ndarray:
         """:meth:`classify` for texts already tokenized (ids with [CLS] and [SEP], and segments)."""

@@ -188,21 +188,13 @@ def gold_labels(records, labels: list[str]) -> tuple[list[str | None], bool]:
     return gold, renamed
 
 
-MISSING_LABEL = ("is missing", "is empty", "is null")  # how train.data words a label that is not there
-
-
-def _missing(problem: str | None) -> bool:
-    """Whether a label problem (train.data's words) is a label left out, not one that was there
-    and could not be read (a float such as 1.0, a list, a boolean, a tab)."""
-    return problem is None or problem.startswith(MISSING_LABEL) or "a missing value written as text" in problem
-
-
 def score(rows: list[dict], gold: list[str | None], labels: list[str], label_field: str,
           problems: list[str | None] | None = None) -> dict:
     """The --metrics report: train.metrics.label_report over the rows that have both a prediction
     and a gold label; which lines were left out: no label (``unlabelled_lines``), a label that
-    could not be read (``unreadable_labels``: line and why, from ``problems``, one per row), no
-    prediction (``unpredicted_lines``); and which gold labels the model lacks."""
+    could not be read (``unreadable_labels``: line and why, from ``problems``, one per row: None
+    for a label that is not there), no prediction (``unpredicted_lines``); and which gold labels
+    the model lacks."""
     from ..train.metrics import label_report
 
     problems = problems if problems is not None else [None] * len(rows)
@@ -215,9 +207,24 @@ def score(rows: list[dict], gold: list[str | None], labels: list[str], label_fie
     left = [(r["line"], why) for r, g, why in zip(rows, gold, problems) if r["label"] is not None and g is None]
     return {"label_field": label_field, "labels": list(labels), **report,
             "unknown_labels": unknown,
-            "unlabelled_lines": [line for line, why in left if _missing(why)],
-            "unreadable_labels": [{"line": line, "problem": why} for line, why in left if not _missing(why)],
+            "unlabelled_lines": [line for line, why in left if why is None],
+            "unreadable_labels": [{"line": line, "problem": why} for line, why in left if why is not None],
             "unpredicted_lines": [r["line"] for r in rows if r["label"] is None]}
+
+
+def _twin(value: str, labels: list[str]) -> str | None:
+    """The model's label that a gold label not among them most likely means: the same name in
+    another case ("POS", "pos"), or an integer written as a float ("1.0": how pandas writes an
+    integer column with a gap, in CSV too); None when there is none."""
+    by_case = {n.casefold(): n for n in labels}
+    if value.casefold() in by_case:
+        return by_case[value.casefold()]
+    if re.fullmatch(r"-?\d+\.0+", value):
+        whole = value.split(".")[0]
+        for name in (whole, f"LABEL_{whole}"):
+            if name in labels:
+                return name
+    return None
 
 
 def _short(value: str, width: int = 30) -> str:
@@ -374,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
             first = next((r for r in records if r.status == "ok" and r.label_problem), None)
             why = "no record holds a text" if first is None else \
                 f"line {first.line}: the field {args.label_field!r} {first.label_problem}"
-            if first is not None and first.label_problem == "is missing" \
+            if first is not None and first.label_missing and first.label_problem == "is missing" \
                     and file_format(args.input, lines_ok=True) == "jsonl":
                 from ..files import fields_note, read_input_bytes, split_lines
 
@@ -385,9 +392,10 @@ def run(args: argparse.Namespace) -> int:
         if not set(read) & set(bert.labels):
             seen = sorted(set(read))
             shown = ", ".join(_short(g) for g in seen[:6]) + (", ..." if len(seen) > 6 else "")
-            folded = {n.casefold() for n in bert.labels}
-            case = " (they differ from the model's only in case: write them as the model does)" \
-                if all(g.casefold() in folded for g in seen) else ""
+            twins = [_twin(g, bert.labels) for g in seen]
+            case = "" if not all(twins) else " (they differ from the model's only in case: write them as the model " \
+                "does)" if all(g.casefold() == t.casefold() for g, t in zip(seen, twins)) else \
+                f" (they look like the model's written another way: {_short(seen[0])} for {twins[0]!r})"
             raise InputError(f"none of the labels in {args.label_field!r} ({shown}) is a label of {args.model_dir} "
                              f"({', '.join(bert.labels)}){case}: check --label-field, or that the model is the one "
                              "fine-tuned on these labels")
@@ -421,12 +429,10 @@ def run(args: argparse.Namespace) -> int:
                     "text_pair_field": args.text_pair_field,
                     "batch_tokens": args.batch_tokens}  # the batches change the last digits of a probability
         header = describe_run(args.input, len(records), bert.path, settings, sha256=before_read[1])
-        # the kernel choice, made now: not a setting to match, a resumed run computes with it again
-        header["kernel"] = bert.fast.record(bert.encoder)
-        with writing(f"{out}.partial"):
-            kept = RunProgress(out, header, resume=args.resume)
+        with writing(f"{out}.partial"):  # the kernel choice: no setting to match, a resumed run takes it on
+            kept = RunProgress(out, header, resume=args.resume, more=lambda: {"kernel": bert.kernel_record()})
         if kept.rows:
-            bert.fast.restore(bert.encoder, kept.began.get("kernel"))
+            bert.use_kernel_record(kept.began.get("kernel"), str(kept.path))
         _remove_stale_temporaries(Path(out))  # a kill while FILE was written left one (the lock is ours now)
     try:
         if kept is not None:
@@ -467,7 +473,8 @@ def run(args: argparse.Namespace) -> int:
         lead = "  " if out is not None else "bertscope: note: "  # under "wrote ...", or a line of its own
         print(f"{lead}{len(nums)} {status} record(s): {_lines(nums)}", file=sys.stderr)
     if gold is not None:
-        _report_scores(score(rows, gold, bert.labels, args.label_field, [r.label_problem for r in records]),
+        _report_scores(score(rows, gold, bert.labels, args.label_field,
+                             [None if r.label_missing else r.label_problem for r in records]),
                        metrics_out, args.label_field)
     return 0
 
@@ -487,10 +494,8 @@ def _report_scores(report: dict, metrics_out: str | None, label_field: str) -> N
     else:
         print("bertscope: no record has both a prediction and a gold label: nothing scored", file=sys.stderr)
     if report["unknown_labels"]:
-        by_case = {n.casefold(): n for n in report["labels"]}
-
         def named(k: str, v: int) -> str:
-            twin = by_case.get(k.casefold())
+            twin = _twin(k, report["labels"])
             return f"{_short(k)} ({v}{f'; the model has {twin!r}' if twin else ''})"
 
         shown = ", ".join(named(k, v) for k, v in sorted(report["unknown_labels"].items())[:6])

@@ -768,11 +768,14 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
         _remove_temporaries(out)  # we hold the lock: these belong to no live job
         _remove_temporaries(staging)
         if not isinstance(bert, dict) and engine == "local":  # the shards left: with the job's kernel choice
-            bert.fast.restore(bert.encoder, before.get("kernel"))
+            if "kernel" not in before:  # begun by Ray, or before records: the resumes from now on agree
+                before["kernel"] = bert.kernel_record()
+                _write_json(out / JOB_FILE, before)
+            bert.use_kernel_record(before["kernel"], str(out / JOB_FILE))
         runs = _read_json(out / RUNS_FILE, out) if (out / RUNS_FILE).is_file() else {"runs": []}
     else:
         if not isinstance(bert, dict) and engine == "local":  # the kernel choice, made now: a resumed job
-            job["kernel"] = bert.fast.record(bert.encoder)  # computes with it again (Ray's workers choose their own)
+            job["kernel"] = bert.kernel_record()  # computes with it again (Ray's workers choose their own)
         _write_json(out / JOB_FILE, job)
         runs = {"runs": []}
     run = len(runs["runs"]) + 1

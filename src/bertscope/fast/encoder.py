@@ -98,30 +98,56 @@ class PackedEncoder:
 
     def record(self, model) -> dict | None:
         """The kernel choice for ``model`` (made now if not yet), as the fields that change the
-        numbers (:meth:`KernelChoice.applied`); None where there is none (a GPU, a grad-enabled
-        model). A job that may be resumed in another process keeps it beside its output."""
+        numbers (:meth:`KernelChoice.applied`), with the GEMM library in use (``BERTSCOPE_ONEDNN=0``
+        keeps BLAS whatever was chosen); None where there is none (a GPU, a grad-enabled model).
+        A job that may be resumed in another process keeps it beside its output."""
         with torch.inference_mode():
             choice = self.prepare(model)
-        return choice.applied() if choice is not None else None
+        return None if choice is None else {**choice.applied(), "gemm": self.gemm.prefer}
 
-    def restore(self, model, recorded: object) -> bool:
-        """Compute ``model`` with a recorded choice (:meth:`record`) from now on, where it makes a
-        choice of its own and the record is whole: whether it differs from the one it replaces.
+    def restore(self, recorded: object, where: str) -> bool:
+        """Compute with a recorded choice (:meth:`record`) from now on, without measuring one:
+        whether that changed the choice. ``where`` names the record's file, for the messages.
 
-        A resumed job's rows must be those an unstopped job computes, and the cached choice may
-        have been measured again since the job began (a week later, a busy machine, another
-        cache folder): another GEMM library or batch budget changes the last digits."""
+        A resumed job's rows must be those an unstopped job computes, and this machine's cached
+        choice may have been measured again since the job began (a week later, a busy machine,
+        another cache folder): another GEMM library or batch budget changes the last digits. A
+        damaged record is an InputError; one this version cannot read (another's fields), or one
+        whose library or int8 kernel cannot run here, is a warning, and this machine's is used."""
         from dataclasses import replace
 
-        from .tuning import APPLIED_FIELDS
+        from ..errors import InputError
+        from .tuning import APPLIED_FIELDS, damaged_field
 
-        if not isinstance(recorded, dict) or set(recorded) != set(APPLIED_FIELDS) or self.record(model) is None:
+        if recorded is None:  # a GPU's job, or one from before records
             return False
-        if recorded == self.choice.applied():
+        if not isinstance(recorded, dict) or set(recorded) != set(APPLIED_FIELDS):
+            log.warning("%s: its kernel choice is not recorded as this version of bertscope records one; "
+                        "computing with this machine's (the rows may differ from an unstopped run's in their "
+                        "last digits)", where)
             return False
-        log.info("computing with the kernel choice the job began with, %s (this machine's is now %s)",
-                 recorded, self.choice.applied())
-        self.apply(replace(self.choice, **recorded, source="recorded"))
+        bad = damaged_field(replace(KernelChoice(measured_at=0.0), **recorded))
+        if bad is not None:
+            raise InputError(f"{where}: the kernel choice recorded there is damaged (its {bad!r} is "
+                             f"{recorded[bad]!r}); remove its \"kernel\" entry to compute with this machine's")
+        recorded = dict(recorded)
+        if recorded["gemm"] == "onednn" and os.environ.get("BERTSCOPE_ONEDNN", "1") == "0":
+            log.warning("%s: the run began with oneDNN's GEMMs and BERTSCOPE_ONEDNN=0 keeps BLAS: the rows may "
+                        "differ from an unstopped run's in their last digits", where)
+        if self.gemm.precision == "int8":
+            from .quant import COMPILED_KERNEL, int8_kernel_available
+
+            kernel = recorded["int8_kernel"]
+            if kernel != self.gemm.int8_kernel and not int8_kernel_available(
+                    "onednn" if kernel == COMPILED_KERNEL else kernel):
+                log.warning("%s: the run began with the int8 kernel %s, which this machine cannot run: computing "
+                            "with %s (the rows may differ from an unstopped run's)", where, kernel,
+                            self.gemm.int8_kernel)
+                recorded["int8_kernel"] = self.gemm.int8_kernel
+        if self.choice is not None and {**self.choice.applied(), "gemm": self.gemm.prefer} == recorded:
+            return False
+        log.info("computing with the kernel choice the job began with: %s", recorded)
+        self.apply(replace(self.choice or KernelChoice(), **recorded, source="recorded"))
         return True
 
     def encode(self, model, packed: PackedBatch, *, attention_impl: str = "auto",

@@ -109,8 +109,9 @@ SERVE_HINT = "serving needs FastAPI and uvicorn: pip install 'bertscope[serve]'"
 
 
 def threaded_gzip(middleware) -> bool:
-    """Whether Starlette's GZipMiddleware compresses large answers in a worker thread (1.4.0+,
-    which added its ``thread_minimum_size``); before, it compressed on the event loop."""
+    """Whether Starlette's GZipMiddleware compresses large answers in a worker thread (1.4.0
+    added that, with its ``thread_minimum_size``; bertscope asks for 1.4.1, whose fix to that
+    release's default the middleware does not need); before, it compressed on the event loop."""
     import inspect
 
     return "thread_minimum_size" in inspect.signature(middleware.__init__).parameters

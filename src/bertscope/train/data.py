@@ -56,6 +56,7 @@ class Record:
     status: str
     label: str | None = None
     label_problem: str | None = None
+    label_missing: bool = False  # the label is not there (no field, empty, null, "nan"), not unreadable
     field: str | None = None  # the field a no_field / not_text status is about
     blank: bool = False  # an empty or whitespace-only line (status "empty"), not an empty field
 
@@ -86,19 +87,21 @@ def file_format(path: str | Path, *, lines_ok: bool = False) -> str:
 MISSING_LABELS = {"nan", "<na>", "nat"}  # how pandas' astype(str) writes NaN, pd.NA and NaT
 
 
-def _label_value(value: object) -> tuple[str | None, str | None]:
-    """(label name, None) for a string or an int; (None, problem) for anything else."""
+def _label_value(value: object) -> tuple[str | None, str | None, bool]:
+    """(label name, None, False) for a string or an int; (None, problem, missing) for anything
+    else, ``missing`` when the value stands for no label (null, empty, "nan") rather than one
+    that cannot be read (a float, a list, a boolean, a tab)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         kind = "null" if value is None else type(value).__name__
-        return None, f"is {kind} ({json.dumps(value)[:40]}), not a string or an integer"
+        return None, f"is {kind} ({json.dumps(value)[:40]}), not a string or an integer", value is None
     name = str(value).strip()
     if not name:
-        return None, "is empty"
+        return None, "is empty", True
     if name.lower() in MISSING_LABELS:  # pandas writes a missing value as "nan" (astype(str), to_csv of None: "")
-        return None, f"is {name!r}, a missing value written as text; fill or drop the record"
+        return None, f"is {name!r}, a missing value written as text; fill or drop the record", True
     if any(c in name for c in "\t\r\n"):  # predict writes labels as TSV cells
-        return None, f"holds a tab or a line break ({json.dumps(name)[:40]}); a label is one line without tabs"
-    return name, None
+        return None, f"holds a tab or a line break ({json.dumps(name)[:40]}); a label is one line without tabs", False
+    return name, None, False
 
 
 def _from_fields(line: int, get, text_field: str, pair_field: str | None,
@@ -119,13 +122,14 @@ def _from_fields(line: int, get, text_field: str, pair_field: str | None,
         if not isinstance(pair, str):
             return Record(line, "", None, "not_text", field=pair_field)
     label = problem = None
+    missing = False
     if label_field is not None:
         try:
-            label, problem = _label_value(get(label_field))
+            label, problem, missing = _label_value(get(label_field))
         except KeyError:
-            problem = "is missing"
+            problem, missing = "is missing", True
     status = "ok" if text.strip() or (pair is not None and pair.strip()) else "empty"
-    return Record(line, text, pair, status, label, problem)
+    return Record(line, text, pair, status, label, problem, label_missing=missing)
 
 
 def _jsonl(data: bytes, text_field: str, pair_field: str | None, label_field: str | None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from ..errors import InputError, os_reason
 from ..files import same_file, sha256_file
@@ -113,7 +114,10 @@ class RunProgress:
     """The open ``FILE.partial`` of a run: :attr:`rows` are the rows already done; :meth:`add`
     appends a finished chunk; :meth:`finish` removes the file once FILE is written."""
 
-    def __init__(self, out: str | os.PathLike, header: dict, *, resume: bool) -> None:
+    def __init__(self, out: str | os.PathLike, header: dict, *, resume: bool,
+                 more: Callable[[], dict] | None = None) -> None:
+        """``more()`` adds to the header of a run that starts (not one resumed): what costs time to
+        know (the kernel choice) is asked for once the file is this run's."""
         self.fd: int | None = None
         self.path = partial_path(out)
         self.chunks = 0
@@ -161,6 +165,8 @@ class RunProgress:
             os.ftruncate(self.fd, keep)
             os.lseek(self.fd, keep, os.SEEK_SET)
             if not self.rows:
+                if more is not None:
+                    header = self.began = {**header, **more()}
                 self._write((json.dumps(header) + "\n").encode())
         except BaseException:
             self._let_go()

@@ -134,16 +134,21 @@ def soak_embed(kills: int, lines: int, shard_rows: int, seed: int, work: Path) -
             proc.wait()
             proc.stdout.close()
             proc.stderr.close()
-            moments.append(round(delay, 2))
             try:
-                read_embeddings(out)
-                unfinished_read_as_done += 1  # a killed job must not read as a finished one
+                got, got_status = read_embeddings(out)
             except Exception:
-                pass
-            continue
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            raise SystemExit(f"soak: a resumed embed run failed: {err.strip()}")
+                moments.append(round(delay, 2))  # killed unfinished, and it reads as unfinished
+                continue
+            if not (np.array_equal(got, want) and got_status == want_status):
+                moments.append(round(delay, 2))
+                unfinished_read_as_done += 1  # a killed job must not read as a finished one
+                continue
+            # its manifest, written last, was on disk: the job had finished and the kill found
+            # the process on its way out (a resumed run with a few shards left ends in seconds)
+        else:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise SystemExit(f"soak: a resumed embed run failed: {err.strip()}")
         early_finish += 1  # it finished before the kill: start over from an empty folder
         import shutil
 

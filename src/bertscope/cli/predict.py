@@ -48,7 +48,9 @@ that never stopped would have written. It refuses when INPUT, the model's files 
 that changes a row (--max-length, --text-field, --text-pair-field, --batch-tokens: the batches
 change a probability's last digits) differ from the run's; a run without --resume refuses to
 start over a FILE.partial that holds rows, and any FILE.partial predict did not write. FILE.partial
-goes when FILE is written.
+goes when FILE is written. It also records the kernel choice the run computes with (see
+`bertscope doctor`), and a resumed run computes with it again, even where this machine's cached
+choice was measured again since.
 
 examples:
   bertscope predict sentiment/ reviews.txt

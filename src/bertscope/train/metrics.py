@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 __all__ = ["accuracy", "label_report", "macro_f1"]
 
@@ -19,20 +19,14 @@ def macro_f1(pred: Sequence[int], gold: Sequence[int], num_classes: int) -> floa
 
     Every class of the label set counts, including one that is never predicted nor present
     (its F1 is 0), as scikit-learn's ``f1_score(average="macro", labels=range(K))`` does.
+    :func:`label_report` over the classes 0..K-1.
     """
-    if len(pred) != len(gold):
-        raise ValueError("pred and gold differ in length")
-    total = 0.0
-    for k in range(num_classes):
-        tp = sum(p == k and g == k for p, g in zip(pred, gold))
-        fp = sum(p == k and g != k for p, g in zip(pred, gold))
-        fn = sum(p != k and g == k for p, g in zip(pred, gold))
-        total += 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
-    return total / num_classes
+    return label_report(pred, gold, range(num_classes))["macro_f1"]
 
 
-def label_report(pred: Sequence[str], gold: Sequence[str], labels: Sequence[str]) -> dict:
-    """How well predicted label names match gold ones, over a classifier's label set.
+def label_report(pred: Sequence[Hashable], gold: Sequence[Hashable], labels: Sequence[Hashable]) -> dict:
+    """How well predicted labels (names, or class indices) match gold ones, over a classifier's
+    label set.
 
     ``labels`` are the classifier's classes, in its order. A gold name outside them (a class the
     model does not know) counts as a wrong prediction in the accuracy, and as a false positive of
@@ -62,7 +56,7 @@ def label_report(pred: Sequence[str], gold: Sequence[str], labels: Sequence[str]
         recall = tp / support[name] if support[name] else 0.0
         f1 = 2 * tp / (predicted[name] + support[name]) if tp else 0.0
         per_label[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support[name]}
-    order = list(labels) + sorted(set(support) - set(labels))  # the model's classes in its order, then others
+    order = list(labels) + sorted(set(support) - set(labels), key=str)  # the model's classes in its order, then others
     confusion = {g: {p: pairs[(g, p)] for p in order if pairs[(g, p)]} for g in order if support[g]}
     return {"scored": n,
             "accuracy": sum(pairs[(g, g)] for g in support) / n if n else 0.0,

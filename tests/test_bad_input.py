@@ -961,3 +961,23 @@ def test_a_number_of_the_wrong_kind_is_a_type_error_and_one_out_of_range_a_value
         with pytest.raises(InputError) as e:
             call()
         assert not isinstance(e.value, TypeError), (i, e.value)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["view", "hello world", "--out", "-"], "--out -: standard output is not written here"),
+    (["plot", "hello world", "--out", "-"], "--out -: standard output is not written here"),
+    (["bench", "--quick", "--plot", "-"], "--plot -: standard output is not written here"),
+    (["heads", "TEXTS", "--out", "-"], "--out -: standard output is not a folder"),
+    (["embed", "TEXTS", "--out", "-"], "--out -: standard output is not a folder"),
+    (["finetune", "TEXTS", "--out", "-"], "--out -: standard output is not a folder"),
+    (["experiments", "--out", "-"], "--out -: standard output is not a folder"),
+    (["explain-experiments", "--out", "-"], "--out -: standard output is not a folder"),
+])
+def test_a_dash_for_an_output_file_or_folder_is_refused_not_made(args, said, tmp_path, monkeypatch, capsys):
+    """"-" is the shell's name for standard output: a command that writes a file or a folder
+    refuses it in one line (it made a folder named "-" in the working folder), before any work."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts.txt").write_text("a fine film\nan awful one\n")
+    args = ["texts.txt" if a == "TEXTS" else a for a in args]
+    one_line_error(main(args), capsys.readouterr().err, said)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.txt"]  # nothing named "-" was made

@@ -1416,3 +1416,30 @@ def test_a_folder_made_read_only_mid_run_is_one_line_that_says_resume_finishes(t
                    "fixed, rerun the same command with --resume to finish"], err
     monkeypatch.undo()
     assert main(args + ["--resume"]) == 0 and (out / "metrics.json").is_file()
+
+
+def test_predict_takes_a_dash_for_standard_output(trained, tmp_path, capfd):
+    """--out - writes the rows to standard output, as no --out does; --metrics - writes the
+    scores' JSON there when the rows go to a file, and is refused when they would share it."""
+    out, _ = trained
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"text": "a wonderful film", "label": "pos"},
+                                              {"text": "a dull, awful film", "label": "neg"}])
+    assert main(["predict", str(out), str(inp), "--quiet"]) == 0
+    plain = capfd.readouterr().out
+    assert main(["predict", str(out), str(inp), "--out", "-", "--quiet"]) == 0
+    assert capfd.readouterr().out == plain and plain.startswith("line\tstatus\tlabel")
+    assert not (tmp_path / "-").exists() and not Path("-").exists()
+    rows, scores = tmp_path / "p.tsv", tmp_path / "m.json"
+    assert main(["predict", str(out), str(inp), "--label-field", "label", "--out", str(rows),
+                 "--metrics", str(scores), "--quiet"]) == 0
+    capfd.readouterr()
+    assert main(["predict", str(out), str(inp), "--label-field", "label", "--out", str(tmp_path / "q.tsv"),
+                 "--metrics", "-", "--quiet"]) == 0
+    assert json.loads(capfd.readouterr().out) == json.loads(scores.read_text())
+    assert (tmp_path / "q.tsv").read_text() == rows.read_text()
+    for extra in (["--metrics", "-"], ["--metrics", "-", "--out", "-"]):
+        assert main(["predict", str(out), str(inp), "--label-field", "label", "--quiet"] + extra) == 2
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and "--metrics - and the predictions would both go to standard output" in err
+    assert main(["predict", str(out), str(inp), "--out", "-", "--resume", "--quiet"]) == 2
+    assert "--resume needs --out" in capfd.readouterr().err

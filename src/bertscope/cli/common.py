@@ -74,6 +74,8 @@ def check_output_file(value: str, flag: str = "--out", suffixes: tuple[str, ...]
 
     from ..errors import InputError
 
+    if value == "-":  # the shell's name for standard output: not a file name here
+        raise InputError(f"{flag} -: standard output is not written here; give a file name (./- for a file named -)")
     path = Path(value)
     if value.endswith(("/", os.sep)):  # Path() drops the slash that says "a folder"
         raise InputError(f"{flag} {value!r} names a folder (it ends in /); give a file name")
@@ -132,6 +134,8 @@ def check_output_dir(value: str, flag: str = "--out") -> Path:
 
     if not str(value).strip():  # "" would be the working folder: an unset $DIR in a script
         raise InputError(f"{flag} is an empty name; give a folder")
+    if value == "-":  # the shell's name for standard output, never a folder: "-" would be made
+        raise InputError(f"{flag} -: standard output is not a folder; give a folder name (./- for a folder named -)")
     path = Path(value)
     _check_name(path, flag)
     if path.exists() and not path.is_dir():

@@ -68,7 +68,7 @@ def register(sub) -> None:
     p.add_argument("input", metavar="INPUT",
                    help="text file (one per line), JSON Lines (.jsonl, .ndjson, .json), .csv or .tsv")
     p.add_argument("--json", action="store_true", help="JSON Lines instead of a tab-separated table")
-    p.add_argument("--out", metavar="FILE", default=None, help="write here instead of stdout")
+    p.add_argument("--out", metavar="FILE", default=None, help="write here instead of stdout (- is stdout)")
     p.add_argument("--text-field", "--field", dest="text_field", default=None, metavar="NAME",
                    help='the text field or column of .jsonl/.csv/.tsv input (default "text")')
     p.add_argument("--text-pair-field", default=None, metavar="NAME",
@@ -78,7 +78,8 @@ def register(sub) -> None:
                    help="score the predictions against the gold labels in this field or column "
                         "(JSON Lines, CSV, TSV): accuracy and macro-F1 on stderr, a gold column in the output")
     p.add_argument("--metrics", metavar="FILE", default=None,
-                   help="with --label-field: write the scores as JSON here (per label, confusion counts)")
+                   help="with --label-field: write the scores as JSON here (per label, confusion counts; - is "
+                        "stdout, with --out FILE)")
     p.add_argument("--max-length", type=int, default=None, metavar="N",
                    help="cut texts to N tokens, 3 at least (5 for pairs: one token of each text), at most "
                         "the model's positions (512 for BERT); default: the length the model was fine-tuned at")
@@ -298,6 +299,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.input).is_file():
         raise InputError(why_not_a_file(args.input))
+    if args.out == "-":  # the shell's name for standard output, where the rows go without --out
+        args.out = None
+    if args.metrics == "-":  # standard output, when the rows go to a file
+        if args.out is None:
+            raise InputError("--metrics - and the predictions would both go to standard output; give --metrics a "
+                             "file name, or --out one")
+        args.metrics = "/dev/stdout"
     if args.resume and args.out is None:
         raise InputError("--resume needs --out: a run to standard output keeps no rows to resume from")
     if args.batch_tokens is not None and args.batch_tokens < 1:

@@ -1115,3 +1115,38 @@ def test_every_choice_a_real_measurement_recorded_passes_the_damage_check():
             assert tuning.damaged_field(choice) is None, (path, tuning.damaged_field(choice))
             seen += 1
     assert seen >= 100  # the check saw the record, not an empty folder
+
+
+def test_threads_that_meet_a_model_at_once_measure_its_choice_once(small_model, monkeypatch):
+    """A server's first requests reach the encoder together. Each thread measured a choice of
+    its own, timing the others' work as its candidates', and they cached and applied whichever
+    came last. Now one measures and the others wait for its choice."""
+    import threading
+
+    from bertscope.fast import encoder as encoder_module
+
+    calls = []
+
+    def slow_choose(model, **kwargs):  # a measurement long enough for every thread to arrive
+        calls.append(threading.get_ident())
+        time.sleep(0.3)
+        return KernelChoice(gemm="blas", slack=0.3, source="measured", measured_at=time.time())
+
+    monkeypatch.setattr(encoder_module, "choose", slow_choose)
+    enc = PackedEncoder(tune=True)
+    start, got = threading.Barrier(4), []
+
+    def first_request():
+        start.wait()
+        with torch.inference_mode():
+            got.append(enc.prepare(small_model))
+
+    threads = [threading.Thread(target=first_request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(calls) == 1 and len(got) == 4 and all(c is got[0] for c in got)
+    assert enc.choice is got[0] and enc.gemm.prefer == "blas"
+    copied = __import__("copy").deepcopy(enc)  # the lock is not copied; the copy has its own
+    assert copied.choice.slack == 0.3 and copied._choosing is not enc._choosing

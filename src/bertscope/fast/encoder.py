@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,15 @@ class PackedEncoder:
     tune: bool = False  # measure the kernel choice at first CPU inference (the Bert facade sets it)
     choice: KernelChoice | None = None  # the measured (or cached) choice, once made
     heap: HeapPolicy | None = None  # glibc's thresholds, fixed at the first CPU run (see bertscope.fast.heap)
+    # held while the choice is made: threads that meet a model first at once measure it once
+    _choosing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:  # for pickle and copy.deepcopy: a lock is not copied
+        return {k: v for k, v in self.__dict__.items() if k != "_choosing"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._choosing = threading.Lock()
 
     def prepare(self, model) -> KernelChoice | None:
         """Make the kernel choice for ``model`` if this encoder tunes and has none yet (CPU, fp32
@@ -71,6 +81,9 @@ class PackedEncoder:
 
         The first time it sees a model on the CPU, it also fixes the C allocator's thresholds, so
         that freed activations stay in the process (:func:`bertscope.fast.heap.keep_heap`).
+
+        Threads that call it at once (a server's first requests) wait for one measurement: each
+        measuring its own would time the others' work as its candidates' and cache the result.
         """
         first = next(model.parameters(), None)
         if self.heap is None and first is not None and first.device.type == "cpu":
@@ -80,21 +93,23 @@ class PackedEncoder:
         p = next(model.parameters())
         if not self.tune or torch.is_grad_enabled() or p.device.type != "cpu" or p.dtype != torch.float32:
             return None
-        # the race's int8 candidates probe the 8-bit grid into this backend's own record, so the
-        # model does not probe (and warn) a second time
-        self.apply(choose(model, precision=self.gemm.precision, compile=self.gemm.compile,
-                          levels=self.gemm.measured_levels))
+        with self._choosing:
+            if self.choice is None:  # not made by a thread this one waited for
+                # the race's int8 candidates probe the 8-bit grid into this backend's own record,
+                # so the model does not probe (and warn) a second time
+                self.apply(choose(model, precision=self.gemm.precision, compile=self.gemm.compile,
+                                  levels=self.gemm.measured_levels))
         return self.choice
 
     def apply(self, choice: KernelChoice) -> None:
         """Use ``choice`` from now on: its GEMM library, int8 kernel, 8-bit conversion and
         activation placement, and attention slack."""
-        self.choice = choice
         if os.environ.get("BERTSCOPE_ONEDNN", "1") != "0":  # the environment's "blas" wins
             self.gemm.prefer = choice.gemm
         self.gemm.int8_kernel = choice.int8_kernel
         self.gemm.use_int8_cast(choice.int8_cast)
         self.gemm.use_int8_act(choice.int8_act)
+        self.choice = choice  # last: a thread that finds a choice finds the backend set for it
 
     def record(self, model) -> dict | None:
         """The kernel choice for ``model`` (made now if not yet), as the fields that change the

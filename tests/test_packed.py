@@ -302,3 +302,18 @@ def test_blas_activation_sees_few_row_counts_and_keeps_each_row():
     ref_x = x.detach().clone().requires_grad_(True)
     F.gelu(F.linear(ref_x, w, b)).pow(2).sum().backward()
     assert torch.allclose(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_threads_embedding_at_once_get_what_each_call_alone_gets(bert):
+    """One loaded model serving several threads at once (a web service's pool): every call's rows
+    are those of the same call made alone, whatever ran beside it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sets = [[f"request {i}, text {j}: " + "the cat sat on the mat " * (1 + (3 * i + j) % 17) for j in range(12)]
+            for i in range(4)]
+    alone = [bert.embed(texts) for texts in sets]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda k: [bert.embed(sets[k]) for _ in range(3)], range(4)))
+    for k, rounds in enumerate(together):
+        for got in rounds:
+            np.testing.assert_allclose(got, alone[k], rtol=0, atol=1e-6)

@@ -1150,3 +1150,94 @@ def test_threads_that_meet_a_model_at_once_measure_its_choice_once(small_model, 
     assert enc.choice is got[0] and enc.gemm.prefer == "blas"
     copied = __import__("copy").deepcopy(enc)  # the lock is not copied; the copy has its own
     assert copied.choice.slack == 0.3 and copied._choosing is not enc._choosing
+
+
+def _stand_in_measurement(monkeypatch, during=None) -> list:
+    """tuning.measure_choice replaced by a stand-in that records its thread, runs ``during()``
+    (what happens elsewhere while it measures) and returns a choice for the model's key."""
+    import threading
+
+    calls = []
+
+    def measure(model, *, precision="fp32", compile=False, **kwargs):
+        calls.append(threading.get_ident())
+        if during is not None:
+            during()
+        key = tuning.choice_key(model.config, next(model.parameters()).dtype, precision, compile)
+        return KernelChoice(key=key, gemm="blas", slack=0.3, source="measured", measured_at=time.time())
+
+    monkeypatch.setattr(tuning, "measure_choice", measure)
+    return calls
+
+
+def test_models_of_one_shape_on_threads_at_once_measure_once_and_share_the_cache(cache, small_model, monkeypatch):
+    """A service with one model per thread: each model's first request measured at once with the
+    others, each timing the others' work, and the models ended with different choices (the last
+    one cached). Now one thread measures; the others wait and read what it cached."""
+    import threading
+
+    calls = _stand_in_measurement(monkeypatch, during=lambda: time.sleep(0.3))  # long enough for all to arrive
+    encoders = [PackedEncoder(tune=True) for _ in range(3)]
+    start, got = threading.Barrier(3), {}
+
+    def first_request(k):
+        start.wait()
+        with torch.inference_mode():
+            got[k] = encoders[k].prepare(small_model)
+
+    threads = [threading.Thread(target=first_request, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(calls) == 1 and sorted(c.source for c in got.values()) == ["cache", "cache", "measured"]
+    assert {(c.gemm, c.slack) for c in got.values()} == {("blas", 0.3)} and len(list(cache.glob("*.json"))) == 1
+
+
+def test_a_choice_measured_while_another_thread_runs_a_model_is_not_cached(cache, small_model, monkeypatch, caplog):
+    """Other processes' CPU time is read from /proc, but this process's own other threads are
+    subtracted with it: a model serving on one thread while another model's choice was measured
+    went unseen, and the choice was cached as a quiet one."""
+    import threading
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    served = threading.Event()
+
+    def serve_once():  # another thread runs the model while the choice is measured
+        t = threading.Thread(target=lambda: (small_model(ids), served.set()))
+        t.start()
+        t.join(30)
+
+    calls = _stand_in_measurement(monkeypatch, during=serve_once)
+    with caplog.at_level(logging.WARNING, logger="bertscope.fast.tuning"):
+        choice = choose(small_model)
+    assert served.is_set() and len(calls) == 1 and choice.busy_threads == 1
+    assert not cache.exists() or not list(cache.glob("*.json"))  # held for this run only
+    said = [r.getMessage() for r in caplog.records]
+    assert any("other threads of this process ran a model 1 time(s) while it was measured, so it is not cached" in m
+               for m in said), said
+    # the measuring thread's own runs (its candidates) do not count, nor do runs after it
+    calls = _stand_in_measurement(monkeypatch, during=lambda: small_model(ids))
+    again = choose(small_model)
+    assert again.busy_threads == 0 and again.source == "measured" and len(list(cache.glob("*.json"))) == 1
+    assert choose(small_model).source == "cache"
+
+
+def test_a_slow_probe_while_other_threads_run_models_keeps_the_cached_choice(small_model, monkeypatch):
+    """The host check reads the GEMM rate; read while this process's other threads run models, a
+    rate 4x low is their load, not another host, and the cached choice stays."""
+    import threading
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    cached = KernelChoice(gemm="blas", source="cache", measured_at=time.time(), gemm_gflops=400.0)
+
+    def busy_probe(budget_s=tuning.PROBE_S, **kwargs):
+        t = threading.Thread(target=lambda: small_model(ids))
+        t.start()
+        t.join(30)
+        return 100.0
+
+    monkeypatch.setattr(tuning, "gemm_rate", busy_probe)
+    assert tuning.host_changed(cached) is None
+    monkeypatch.setattr(tuning, "gemm_rate", lambda budget_s=tuning.PROBE_S, **kwargs: 100.0)  # quiet, 4x slower
+    assert tuning.host_changed(cached) is not None  # measured again

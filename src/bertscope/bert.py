@@ -65,7 +65,7 @@ from .fast.batching import token_budget_batches
 from .fast.encoder import PackedEncoder
 from .fast.gemm import ONEDNN_REFUSALS, PRECISIONS, GemmBackend
 from .fast.packing import masked_mean, mean_pool, pack_ids, sentence_means
-from .fast.tuning import NOISE_MARGIN, busy_note, cpu_flags
+from .fast.tuning import NOISE_MARGIN, busy_note, cpu_flags, threads_note
 
 __all__ = ["BF16_BOUND", "Bert", "DEFAULT_BATCH_TOKENS", "PRECISIONS", "analysis", "bundled_model_path",
            "calibration_texts", "check_bert", "load"]
@@ -565,7 +565,7 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> tuple[float | None, 
     batch; cached with the kernel choice under ``plan`` (what makes the plan), unless other
     processes took much of the CPUs meanwhile (then the second item says so, and it holds for
     this run only). None where nothing is measured (``BERTSCOPE_TUNE=0``) or a side failed."""
-    from .fast.tuning import cpu_ticks, measured_speedup, others_share, save_choice
+    from .fast.tuning import cpu_ticks, measured_speedup, measuring, others_share, save_choice
 
     if choice is None or choice.source == "default":
         return None, ""
@@ -578,12 +578,15 @@ def _int8_speedup(bert: Bert, choice, packed, plan: str) -> tuple[float | None, 
         with torch.inference_mode():
             return encoder.encode(bert.encoder, packed)
 
-    before = cpu_ticks()
-    speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
+    with measuring() as watch:
+        before = cpu_ticks()
+        speedup = measured_speedup(lambda: run(bert.fast), lambda: run(fp32))
+        share = others_share(before, cpu_ticks())
     # this measurement's own reading, or the choice's where it was measured (not cached) just now
     verdict = "the speed verdict"
-    busy = busy_note(others_share(before, cpu_ticks()), verdict) or (
-        busy_note(choice.busy, verdict) if choice.source == "measured" else "")
+    busy = busy_note(share, verdict) or threads_note(watch.others, verdict) or (
+        busy_note(choice.busy, verdict) or threads_note(choice.busy_threads, verdict)
+        if choice.source == "measured" else "")
     if speedup is not None:
         speedup = round(speedup, 4)  # as cached: a note read later from the cache says the same
     if speedup is not None and not busy:
@@ -609,7 +612,8 @@ def _check_bf16(bert: Bert, keep_precision: bool = False) -> None:
         if isinstance(raced, str):  # the race recorded the bf16 candidate's error
             why = f"the bf16 GEMM does not run here ({raced})"
         elif speedup is not None and speedup < 1 + NOISE_MARGIN and not keep_precision:
-            busy = busy_note(choice.busy, "the speed verdict") if choice.source == "measured" else ""  # timed others' work too
+            busy = (busy_note(choice.busy, "the speed verdict") or threads_note(choice.busy_threads, "the speed verdict")
+                    if choice.source == "measured" else "")  # timed others' work too
             why = (f"bf16 GEMMs measured {speedup:.2f}x the speed of fp32 here{'; ' + busy if busy else ''} "
                    f"({_KEEP} keeps bf16)")
         else:

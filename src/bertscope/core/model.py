@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Iterator, Mapping
 
 from ..errors import InputError, InputTypeError
+from .activity import marks_runs
 from .attention import AttentionRecord
 from .config import BertConfig
 from .layer import BertLayer, FeedForward, LayerRecord
@@ -255,6 +256,7 @@ class BertModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
+    @marks_runs  # a kernel choice measured on another thread meanwhile knows (core.activity)
     def forward(
         self,
         input_ids: torch.Tensor | None,

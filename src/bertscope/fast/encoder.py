@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..core.activity import marks_runs
 from ..core.model import check_inputs
 from ..core.outputs import BertOutput
 from .gemm import GemmBackend, LayerLinears
@@ -178,7 +179,13 @@ class PackedEncoder:
         for the packed tokens' word embeddings (gradient attributions differentiate through it).
         """
         if linears is None:
-            self.prepare(model)
+            self.prepare(model)  # before the run is marked: a thread waiting here for a choice runs nothing
+        return self._encode(model, packed, attention_impl, slack, linears, inputs_embeds)
+
+    @marks_runs  # a kernel choice measured on another thread meanwhile knows (core.activity)
+    def _encode(self, model, packed: PackedBatch, attention_impl: str, slack: float | None,
+                linears: list[LayerLinears] | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`encode` once the kernel choice is made."""
         ids = packed.input_ids if inputs_embeds is None else None
         x = model.embeddings(ids, packed.token_type_ids, packed.position_ids, inputs_embeds=inputs_embeds)  # (N, C)
         if linears is None:

@@ -106,7 +106,18 @@ is never quiet). And a
 host check whose probe reads more than 2x slower while others are busy keeps the cached choice:
 load, not another host (a faster reading still measures again, unless the cached rate itself was
 read while others were busy: then the faster reading is the quiet machine's). The host check
-judges "busy" by :data:`BUSY_SHARE` whatever ``BERTSCOPE_BUSY_SHARE`` says."""
+judges "busy" by :data:`BUSY_SHARE` whatever ``BERTSCOPE_BUSY_SHARE`` says.
+
+Threads: /proc cannot tell this process's threads apart from the measurement's (its candidates
+run on torch's threads), so the work of the process's other threads counts as its own there. On
+the 2-CPU Xeon, three threads each loading the bundled model and embedding at once measured three
+choices side by side, at half the quiet GEMM rate, picked two different libraries, and cached the
+last one as measured on a quiet machine (busy 0). So a process measures one choice at a time
+(:func:`measuring`; a thread that waited finds what the one before it cached), and every model
+run is marked (:mod:`bertscope.core.activity`): a choice or a speed verdict measured while
+another thread of the process ran a model holds for that run only and is not cached
+(``busy_threads``), and a host check whose probe reads slow while they do keeps the cached
+choice."""
 
 from __future__ import annotations
 
@@ -120,6 +131,7 @@ import platform
 import random
 import re
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -134,7 +146,7 @@ from .gemm import GemmBackend
 from .packing import PackedBatch, pack_ids
 
 __all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "PRUNE_S", "RECHECK_S",
-           "BUSY_SHARE", "TuningError", "busy_limit", "busy_note", "too_busy", "cache_dir", "choice_key", "prune_cache", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
+           "BUSY_SHARE", "TuningError", "busy_limit", "busy_note", "threads_note", "too_busy", "measuring", "cache_dir", "choice_key", "prune_cache", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_id", "cpu_name", "describe_cpu", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
            "settle_allocator", "too_wide", "tuning_enabled"]
 
@@ -318,6 +330,8 @@ class KernelChoice:
     budget_s: the budget it was measured within
     busy: the share of this process's CPUs that other processes took while it was measured
         (:func:`others_share`; None where unknown). Over :data:`BUSY_SHARE` it is not cached.
+    busy_threads: model runs that other threads of this process made while it was measured
+        (:mod:`bertscope.core.activity`); above 0 it is not cached either.
     """
 
     gemm: str = BASELINE["gemm"]
@@ -337,6 +351,7 @@ class KernelChoice:
     not_raced: dict = field(default_factory=dict)
     budget_s: float | None = None
     busy: float | None = None
+    busy_threads: int = 0
     seconds: float = 0.0
     path: str | None = None
 
@@ -389,6 +404,8 @@ def damaged_field(choice: KernelChoice) -> str | None:
         "gemm_gflops": choice.gemm_gflops is None or positive(choice.gemm_gflops),
         "budget_s": choice.budget_s is None or positive(choice.budget_s),
         "busy": choice.busy is None or _number(choice.busy, 0.0, 1.0 + 1e-9),
+        "busy_threads": isinstance(choice.busy_threads, int) and not isinstance(choice.busy_threads, bool)
+        and choice.busy_threads >= 0,
         "timings": isinstance(choice.timings, dict) and all(  # seconds, or "error: ..." for a candidate that raised
             isinstance(v, dict) and all(_number(t) or isinstance(t, str) for t in v.values())
             for v in choice.timings.values()),
@@ -469,7 +486,7 @@ def save_choice(choice: KernelChoice) -> None:
     :data:`BUSY_SHARE` of the CPUs (then it holds for this process only, and the next one
     measures again). A choice read from the cache is saved whatever it recorded (it was cached
     under a higher ``BERTSCOPE_BUSY_SHARE``): only a measurement made now can be too busy."""
-    if choice.source == "measured" and too_busy(choice.busy):
+    if choice.source == "measured" and (too_busy(choice.busy) or choice.busy_threads):
         return
     path = _cache_file(choice.key)
     try:
@@ -986,14 +1003,22 @@ def host_changed(choice: KernelChoice, rate: float | None = None) -> str | None:
     def change(r: float) -> float:
         return max(r / choice.gemm_gflops, choice.gemm_gflops / r)
 
-    share = None
+    from ..core.activity import watching
+
+    share = threads = None
     if rate is None:
-        before = cpu_ticks()
-        rate = gemm_rate()
-        if change(rate) > HOST_SPEED_CHANGE:  # a short probe can read 2x low: confirm before acting
-            rate = max(rate, gemm_rate(budget_s=CONFIRM_S))
-        share = others_share(before, cpu_ticks())
+        with watching() as watch:
+            before = cpu_ticks()
+            rate = gemm_rate()
+            if change(rate) > HOST_SPEED_CHANGE:  # a short probe can read 2x low: confirm before acting
+                rate = max(rate, gemm_rate(budget_s=CONFIRM_S))
+            share = others_share(before, cpu_ticks())
+        threads = watch.others
     if change(rate) <= HOST_SPEED_CHANGE:
+        return None
+    if rate < choice.gemm_gflops and threads:  # this process's other threads ran models: not another host
+        log.info("the fp32 GEMM rate read %.1f GFLOP/s against the cached choice's %.1f while other threads of "
+                 "this process ran a model: keeping the cached kernel choice", rate, choice.gemm_gflops)
         return None
     # BUSY_SHARE itself here, not BERTSCOPE_BUSY_SHARE: that setting says what may be cached, and
     # at 1 (a machine never quiet) it must not turn every busy reading into "another host"
@@ -1053,19 +1078,55 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     busy_limit()  # a bad BERTSCOPE_BUSY_SHARE: refused now, not after a whole measurement
     if budget_s is None:
         tune_budget()  # a bad BERTSCOPE_TUNE_BUDGET too: not a week later, when the cache expires
-    if not retune and not _RETUNING.get():
+    fresh = not retune and not _RETUNING.get()  # a cached choice may do
+    if fresh:
         cached = load_choice(key)
         if cached is not None:
             why = host_changed(cached)
             if why is None:
                 return cached
             log.warning("%s: measuring the kernel choice again", why)
-    before = cpu_ticks()
-    choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
-                            candidates=candidates, compile=compile, levels=levels)
-    choice.busy = others_share(before, cpu_ticks())
-    if too_busy(choice.busy):
-        log.warning("the kernel choice holds for this run only and is measured again next time: %s",
-                    busy_note(choice.busy))
-    save_choice(choice)
+            fresh = False
+    from ..core.activity import watching
+
+    with _MEASURING:  # one measurement at a time in this process (see measuring())
+        if fresh:  # none was cached: another thread may have measured it while this one waited
+            cached = load_choice(key)
+            if cached is not None and host_changed(cached) is None:
+                return cached
+        with watching() as watch:
+            before = cpu_ticks()
+            choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
+                                    candidates=candidates, compile=compile, levels=levels)
+            choice.busy = others_share(before, cpu_ticks())
+        choice.busy_threads = watch.others
+        if too_busy(choice.busy) or choice.busy_threads:
+            log.warning("the kernel choice holds for this run only and is measured again next time: %s",
+                        busy_note(choice.busy) or threads_note(choice.busy_threads))
+        save_choice(choice)  # before a thread waiting to measure the same choice looks for it
     return choice
+
+
+# one measurement at a time in this process: two would time each other (see measuring())
+_MEASURING = threading.RLock()
+
+
+@contextlib.contextmanager
+def measuring():
+    """Hold this process's measurement lock (threads that measure wait for each other's
+    measurements, which would time each other, and no reading of other processes' CPU time sees
+    that) and watch for model runs on other threads meanwhile: the
+    :class:`~bertscope.core.activity.Watch` given counts them once the block ends."""
+    from ..core.activity import watching
+
+    with _MEASURING, watching() as watch:
+        yield watch
+
+
+def threads_note(runs: int, what: str = "it") -> str:
+    """"other threads of this process ran a model 3 time(s) while it was measured, so it is not
+    cached", or "" (none)."""
+    if not runs:
+        return ""
+    return (f"other threads of this process ran a model {runs} time(s) while {what} was measured, so {what} is "
+            "not cached")

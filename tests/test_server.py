@@ -113,6 +113,14 @@ def test_texts_within_the_limit_pass_however_json_escapes_them(server):
     ("POST", "/api/attention", {"raw": b'{"text": "hi", "layer": ' + b"1" * 5001 + b"}"}, 422,
      "the request body is not valid JSON (a number with too many digits)"),
     ("POST", "/api/qk", {"raw": b"[" * 5000 + b"]" * 5000}, 422, "the request body is not valid JSON (nested too deeply)"),
+    ("POST", "/api/analyze", {"raw": b'["hi"]'}, 422, 'the request body is an array; send a JSON object such as {"text": "..."}'),
+    ("POST", "/api/analyze", {"raw": b'"hi"'}, 422, 'the request body is a string; send a JSON object such as {"text": "..."}'),
+    ("POST", "/api/analyze", {"raw": b"null"}, 422, 'the request body is null; send a JSON object such as {"text": "..."}'),
+    ("POST", "/api/analyze", {"raw": b"3"}, 422, 'the request body is a number; send a JSON object such as {"text": "..."}'),
+    ("POST", "/api/attention", {"body": {"text": "hi", "layer": 0}}, 400,
+     'kind "attn" needs "heads": the heads to return, a list of 0..11'),
+    ("POST", "/api/analyze/", {"body": {"text": "hi"}}, 404, "Not Found"),  # not a 307 with no body
+    ("GET", "/assets/page.html", {}, 404, "no such asset"),  # the page's template, not an asset
 ])
 def test_requests_the_api_cannot_read_say_why(server, method, path, kwargs, status, detail):
     """Before: "Field required", "Input should be a valid dictionary", "There was an error parsing
@@ -609,6 +617,9 @@ def test_port_in_use_and_bad_host_are_one_line_errors(capsys):
         (["--host", "http://127.0.0.1"], "--host takes an address or host name (127.0.0.1, ::1, 0.0.0.0), not a URL: "
                                          "'http://127.0.0.1'"),
         (["--allow-host", ""], "--allow-host takes a host name such as bert.example.org, got ''"),
+        (["--host", "127.0.0.1:18702"], "--host takes no port: use --host 127.0.0.1 --port 18702"),
+        (["--host", "[::1]:8000"], "--host takes no port: use --host ::1 --port 8000"),
+        (["--host", "localhost:8000"], "--host takes no port: use --host localhost --port 8000"),
     ):
         assert main(["serve", *args, "--port", "0"]) == 2
         assert capsys.readouterr().err == f"bertscope: error: {line}\n"
@@ -924,6 +935,9 @@ def test_measures_over_http_equal_the_library(server, bert):
     status, body = request(server, "POST", "/api/attention", {"text": "word " * 150, "layer": 0, "kind": "measure",
                                                              "measure": "value-zeroing"})
     assert status == 400 and "128 tokens" in body["detail"]
+    status, body = request(server, "POST", "/api/attention", {"text": "a word", "text_b": "word " * 150, "layer": 0,
+                                                             "kind": "measure", "measure": "value-zeroing"})
+    assert status == 400 and body["detail"].startswith("text_b: ") and "128 tokens" in body["detail"]  # which text
 
 
 def test_launch_reports_a_server_that_exits_before_it_is_ready(tmp_path):
@@ -984,3 +998,72 @@ def test_a_blank_pair_or_second_text_is_refused_not_dropped(server):
         assert status == 400 and f"the {key} is empty" in answer["detail"], answer
     status, _ = request(server, "POST", "/api/analyze", {"text": "The cat sat", "pair": None, "text_b": None})
     assert status == 200
+
+
+def test_gzip_refused_with_q_0_is_not_sent(server):
+    """Starlette compressed for any Accept-Encoding containing "gzip", "gzip;q=0" (refused) too."""
+    body = {"text": IT_ANIMAL, "layer": 0, "heads": list(range(12))}
+    for accept, gzipped in [("gzip", True), ("gzip;q=0", False), ("br, gzip;q=0.0", False), ("gzip;q=0.5", True),
+                            ("identity", False)]:
+        status, headers, raw = exchange(server, "POST", "/api/attention", body, {"Accept-Encoding": accept})
+        assert status == 200 and (headers.get("content-encoding") == "gzip") == gzipped, (accept, headers)
+        if not gzipped:
+            assert json.loads(raw)["layer"] == 0
+
+
+def test_a_content_type_is_judged_by_its_first_header(server):
+    """Two Content-Type headers: FastAPI reads the first; the check read the last, and let a
+    text/plain body through to FastAPI's "Input should be a valid dictionary"."""
+    u = urllib.parse.urlsplit(server)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        conn.putrequest("POST", "/api/analyze")
+        body = b'{"text": "hi"}'
+        for k, v in [("Content-Type", "text/plain"), ("Content-Type", "application/json"),
+                     ("Content-Length", str(len(body)))]:
+            conn.putheader(k, v)
+        conn.endheaders(body)
+        r = conn.getresponse()
+        assert r.status == 415 and "it was text/plain" in json.loads(r.read())["detail"]
+    finally:
+        conn.close()
+
+
+def test_health_the_page_and_cached_answers_never_wait_behind_requests_for_the_model(tmp_path):
+    """45 requests waiting for the model each held a thread of the server's pool (40): health,
+    the page, its assets and a cached answer waited for one (14-18 s, and 42 s for the cached
+    answer, in a review). Now a request waits its turn without a thread, every computation runs
+    on one thread (the model's memory in one heap), and a client that leaves is dropped at once."""
+    import time
+
+    calls, release = tmp_path / "calls.txt", tmp_path / "release"
+    proc, err_path, base = _serve_measuring(tmp_path, (
+        "import threading\n"
+        "def measure(b, text, wanted, pair=None):\n"
+        f"    with open({str(calls)!r}, 'a') as f: f.write(threading.current_thread().name + '\\n')\n"
+        f"    while not pathlib.Path({str(release)!r}).exists():\n"
+        "        time.sleep(0.02)\n"
+        "    return {wanted[0]: np.zeros((6, 4, 4), np.float32)}"))
+    try:
+        assert request(base, "POST", "/api/analyze", {"text": "a cached text"})[0] == 200
+        ask = lambda k: {"text": f"text number {k}", "layer": 0, "heads": [0], "kind": "measure",  # noqa: E731
+                         "measure": "norm"}
+        with ThreadPoolExecutor(45) as pool:
+            waiting = [pool.submit(request, base, "POST", "/api/attention", ask(k), None, 300) for k in range(45)]
+            deadline = time.monotonic() + 120
+            while not calls.exists():  # the first computation has begun (a guard against a hang, not a timing)
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.05)
+            # with every request waiting: a client's timeout here is a guard, not a timing
+            assert request(base, "GET", "/api/health", timeout=60)[0] == 200
+            assert request(base, "GET", "/", timeout=60)[0] == 200
+            assert request(base, "GET", "/assets/bertscope.css", timeout=60)[0] == 200
+            status, body = request(base, "POST", "/api/analyze", {"text": "a cached text"}, timeout=60)
+            assert status == 200 and body["texts"][0]["tokens"][1] == "a"
+            release.write_text("x")
+            assert [f.result(300)[0] for f in waiting] == [200] * 45
+        names = calls.read_text().split()
+        assert len(names) == 45 and set(names) == {"bertscope-model_0"}  # one thread computed them all
+    finally:
+        proc.kill()
+        proc.wait(60)

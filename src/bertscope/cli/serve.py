@@ -31,9 +31,10 @@ the server skips such a request if it has not begun (--debug shows each one drop
 Answers of 500 bytes or more are gzip-compressed for clients that accept it (browsers do). An
 address over 16 KiB gets HTTP 414, headers over 32 KiB in all HTTP 431; a request head over
 64 KiB may get uvicorn's plain HTTP 400 instead, its connection closed.
-Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C: it finishes the
-requests open (and says how many), waiting at most --stop-timeout seconds (default 10); a second
-Ctrl-C (or SIGTERM) stops at once. A request cut short before its answer began gets HTTP 503.
+Needs FastAPI and uvicorn (pip install 'bertscope[serve]'). Stop it with Ctrl-C or SIGTERM: it
+finishes the requests open (and says how many), waiting at most --stop-timeout seconds (default
+10); a second Ctrl-C or SIGTERM stops at once. A request cut short before its answer began gets
+HTTP 503. The exit status is 130 after Ctrl-C, 143 after SIGTERM.
 
 examples:
   bertscope serve                       # then open http://127.0.0.1:8000/
@@ -130,6 +131,18 @@ def _check_host(host: str) -> str:
     h = host.strip()
     if "://" in h or "/" in h:
         raise InputError(f"--host takes an address or host name (127.0.0.1, ::1, 0.0.0.0), not a URL: {host!r}")
+    import ipaddress
+    import re
+
+    bracketed = re.fullmatch(r"\[([^\]]*)\]:(\d+)", h)  # [::1]:8000
+    name, _, port = h.rpartition(":")
+    if bracketed or (port.isdigit() and name and ":" not in name):  # 127.0.0.1:8000, localhost:8000
+        try:  # an IPv6 address whose last group is all digits (::1, fe80::1) is an address
+            ipaddress.IPv6Address(h)
+        except ValueError:
+            given = bracketed.group(1) if bracketed else name
+            raise InputError(f"--host takes no port: use --host {given} --port "
+                             f"{bracketed.group(2) if bracketed else port}") from None
     if h.startswith("[") and h.endswith("]"):
         h = h[1:-1]
     if not h:

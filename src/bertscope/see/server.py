@@ -12,7 +12,8 @@ Routes:
                            ...] those measures' whole maps per text ("maps": shape + float32, base64)
     POST /api/attention    {"text", "text_b"?, "pair"?, "layer", "heads", "kind": "attn"|"rollout"|"measure",
                            "measure"?} -> only that layer's requested heads (float32, base64); a
-                           per-layer measure's one map has head -1
+                           per-layer measure's one map (and the rollout's) has head -1, and takes
+                           no "heads" (ignored); "attn" needs at least one
     POST /api/qk           {"text", "text_b"?, "pair"?, "which", "layer", "head"} -> that head's
                            q, k and v (T x D each, float32, base64) for the query-key view
 
@@ -32,8 +33,10 @@ that resolves to 127.0.0.1).
 Texts over ``max_chars`` characters get HTTP 413, and so does a request body over
 24 x max_chars + 4096 bytes (two texts, every character JSON-escaped): the bytes actually
 received are counted (a chunked body without a Content-Length included), and reading stops at
-the limit. The model runs under a lock (one forward at a time; PyTorch already uses every
-core for one), and the last few analyses are cached: at most ``CACHE_ENTRIES`` (16) of them
+the limit. The model runs one computation at a time (PyTorch already uses every core for one),
+on one thread, in the order the requests came: a request waiting for it holds none of the
+server's threads, so health, the page, its assets and cached answers are answered at once
+however many wait. The last few analyses are cached: at most ``CACHE_ENTRIES`` (16) of them
 and at most ``CACHE_BYTES`` (256 MiB) of attention arrays in all; an analysis larger than that
 on its own is not cached. A request whose client goes away while it waits for the model (the
 page aborts what it no longer wants: another measure's maps once a new one is shown, everything
@@ -63,6 +66,8 @@ passes (``create_app(..., measures=compute, measure_info=[...])``; ``bertscope s
 
 import asyncio
 import base64
+import contextlib
+import contextvars
 import ipaddress
 import json
 import logging
@@ -71,6 +76,7 @@ import signal
 import socket
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -231,6 +237,43 @@ async def _refuse(send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _refuses_gzip(accept: str) -> bool:
+    """Whether an Accept-Encoding value names gzip with q=0 ("not acceptable", RFC 9110)."""
+    for part in accept.split(","):
+        coding, _, params = part.partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip"):
+            continue
+        for param in params.split(";"):
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return float(value) == 0
+                except ValueError:
+                    return False
+    return False
+
+
+class _GzipRefused:
+    """ASGI middleware, outside Starlette's GZipMiddleware: that one compresses for any
+    Accept-Encoding that contains "gzip", "gzip;q=0" (gzip refused) included. Such a request
+    reaches it without the gzip entries."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = scope.get("headers") or []
+            if any(k.lower() == b"accept-encoding" and _refuses_gzip(v.decode("latin-1")) for k, v in headers):
+                kept = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
+                others = [part for k, v in headers if k.lower() == b"accept-encoding"
+                          for part in v.decode("latin-1").split(",") if "gzip" not in part.lower()]
+                if others:
+                    kept.append((b"accept-encoding", ",".join(others).encode("latin-1")))
+                scope = {**scope, "headers": kept}
+        await self.app(scope, receive, send)
+
+
 class _HeadLimit:
     """ASGI middleware: 414 to a request target (path and query) over ``MAX_TARGET`` bytes, 431 to
     header lines over ``MAX_HEADERS`` bytes in all (as sent: name, ": ", value, CRLF)."""
@@ -302,6 +345,10 @@ class Gone(Exception):
     """The client of a request went away before its computation began: nothing was computed."""
 
 
+class Miss(Exception):
+    """Asked for cached answers only (:meth:`Analyzer.only_cached`), and one was not cached."""
+
+
 class Analyzer:
     """Thread-safe, cached ``analyze``: one forward pass at a time.
 
@@ -320,6 +367,19 @@ class Analyzer:
         self._compute = threading.Lock()  # one computation at a time
         self._guard = threading.Lock()  # the cache's dict and byte count, held only briefly
         self._cache: OrderedDict[tuple, list] = OrderedDict()
+        self._local = threading.local()  # .only: this thread takes cached answers only
+
+    @contextlib.contextmanager
+    def only_cached(self):
+        """Within the block, on this thread, an analysis or measure not in the cache raises
+        :class:`Miss` instead of being computed (the server answers from the cache without
+        waiting for the model, and queues the rest)."""
+        before = getattr(self._local, "only", False)
+        self._local.only = True
+        try:
+            yield
+        finally:
+            self._local.only = before
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -339,10 +399,15 @@ class Analyzer:
 
         def make() -> list[np.ndarray]:
             maps = []
-            for t in texts:
+            for i, t in enumerate(texts):
                 if maps and gone is not None and gone():
                     raise Gone
-                maps.append(np.ascontiguousarray(compute(self.bert, t, pair, [name])[name], dtype=np.float32))
+                try:
+                    maps.append(np.ascontiguousarray(compute(self.bert, t, pair, [name])[name], dtype=np.float32))
+                except InputError as e:  # "this text has 202 tokens": say which, by the API's name for it
+                    if len(texts) < 2:
+                        raise
+                    raise InputError(f"{'text_b' if i else 'text'}: {e}") from None
             return maps
 
         return self._cached(key, make, gone)
@@ -358,6 +423,8 @@ class Analyzer:
         hit = self._hit(key)
         if hit is not None:
             return hit
+        if getattr(self._local, "only", False):
+            raise Miss
         if gone is None:
             self._compute.acquire()
         else:  # wait for the computation running, asking now and then whether anyone still waits
@@ -457,17 +524,22 @@ def _not_json(scope, body: bytes) -> tuple[int, str] | None:
         return None
     if not body.strip():
         return 422, 'the request has no body: send a JSON object such as {"text": "..."}'
-    kind = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
+    # the first Content-Type, as FastAPI reads it (dict() would keep the last of two)
+    kind = next((v for k, v in scope.get("headers") or [] if k.lower() == b"content-type"), b"")
+    kind = kind.split(b";")[0].strip().lower()
     if kind != b"application/json" and not (kind.startswith(b"application/") and kind.endswith(b"+json")):
         shown = kind.decode("latin-1") or "none"
         return 415, f"send the request body as JSON, with Content-Type: application/json (it was {shown})"
     try:
-        json.loads(body)
+        value = json.loads(body)
     except RecursionError:
         return 422, "the request body is not valid JSON (nested too deeply)"
     except ValueError as e:
         why = "a number with too many digits" if "digits" in str(e) else str(e)  # Python's limit, 4300
         return 422, f"the request body is not valid JSON ({why})"
+    if not isinstance(value, dict):  # FastAPI: "Input should be a valid dictionary or object to extract fields from"
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        return 422, f'the request body is {kind}; send a JSON object such as {{"text": "..."}}'
     return None
 
 
@@ -497,7 +569,16 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         raise BertscopeError(SERVE_HINT) from None
 
     analyzer = Analyzer(bert)
-    assets = _asset_files()
+    # every computation on one thread, in the order asked: a request waiting for the model holds
+    # no thread of the server's pool (health, the page and cached answers need one), waits its
+    # turn rather than racing the others for the lock, and the model's memory stays in one heap
+    # (glibc gives each thread that allocates its own: 40 requests on 40 threads held 3.8 GB)
+    computing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertscope-model")
+    # read once: the routes that serve them never wait for a thread or the disk (the page's
+    # template, page.html, is not one of them)
+    assets = {n: (p.read_bytes(), _CONTENT_TYPES.get(p.suffix, "application/octet-stream"))
+              for n, p in _asset_files().items() if p.suffix != ".html"}
+    page = render_page(None, mode="server")
     N, H = bert.config.num_hidden_layers, bert.config.num_attention_heads
     name = bert.name or (bert.path.name if bert.path else "BERT")
 
@@ -523,7 +604,8 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         layer: int = Field(ge=0)
         head: int = Field(ge=0)
 
-    app = FastAPI(title="bertscope", docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect for a trailing slash: a script's POST to /api/analyze/ gets a 404 that says so
+    app = FastAPI(title="bertscope", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     app.add_middleware(_BodyLimit, limit=body_limit(max_chars),
                        detail=f"the request is too large: texts are limited to {max_chars} characters")
     app.add_middleware(_HostCheck, bound=host, extra=frozenset(h.lower() for h in allowed_hosts))
@@ -535,13 +617,14 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     # sent nothing yet)
     build_stack = app.build_middleware_stack
     if threaded_gzip(GZipMiddleware):
-        app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(
-            GZipMiddleware(build_stack(), minimum_size=GZIP_MINIMUM, compresslevel=GZIP_LEVEL)))
+        app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(_GzipRefused(
+            GZipMiddleware(build_stack(), minimum_size=GZIP_MINIMUM, compresslevel=GZIP_LEVEL))))
     else:  # an older Starlette would compress on the event loop: every other request would wait
         log.warning("answers go uncompressed: this Starlette compresses on the server's event loop; "
                     "pip install 'starlette>=1.4.1' compresses large answers in a worker thread")
         app.build_middleware_stack = lambda: _SafeHeaders(_CutShort(build_stack()))
     app.state.analyzer = analyzer
+    app.state.computing = computing
 
     @app.exception_handler(BertscopeError)
     async def user_error(request: Request, exc: BertscopeError):
@@ -579,23 +662,25 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
                 raise HTTPException(400, f"the {what} is empty")
         return texts, pair
 
+    # these four answer on the event loop (async, nothing to compute): never behind the requests
+    # that wait for the model or a worker thread
     @app.api_route("/", response_class=HTMLResponse, methods=["GET", "HEAD"])
-    def index() -> HTMLResponse:
-        return HTMLResponse(render_page(None, mode="server"))
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page)
 
     @app.api_route("/assets/{name:path}", methods=["GET", "HEAD"])
-    def asset(name: str) -> Response:
-        path = assets.get(name)  # exact names only: "../x", "a/b" and "%2e%2e%2f" are not keys
-        if path is None:
+    async def asset(name: str) -> Response:
+        found = assets.get(name)  # exact names only: "../x", "a/b" and "%2e%2e%2f" are not keys
+        if found is None:
             raise HTTPException(404, "no such asset")
-        return Response(path.read_bytes(), media_type=_CONTENT_TYPES.get(path.suffix, "application/octet-stream"))
+        return Response(found[0], media_type=found[1])
 
     @app.api_route("/favicon.ico", methods=["GET", "HEAD"])
-    def favicon() -> Response:
+    async def favicon() -> Response:
         return Response(status_code=204)
 
     @app.api_route("/api/health", methods=["GET", "HEAD"])
-    def health() -> dict[str, Any]:
+    async def health() -> dict[str, Any]:
         return {"status": "ok", "model": name, "layers": N, "heads": H, "max_chars": max_chars}
 
     offered = {m["name"]: dict(m) for m in measure_info} if measures is not None else {}
@@ -607,11 +692,21 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         return offered[m]
 
     async def for_client(request: Request, work: Callable[[Callable[[], bool]], Any]) -> Any:
-        """``work(gone)`` in a worker thread; ``gone()`` turns true once the client has gone (a
-        page that moved on aborts its fetch), so a request still waiting for the model when its
-        page no longer wants it computes nothing (an ALTI map of 512 tokens takes seconds, and
-        every request queued behind it waited too)."""
+        """``work(gone)``'s answer: first from the cache alone, in a worker thread (at once, even
+        while the model computes for another request); if it needs the model, on the one thread
+        that computes, in the order asked (see ``computing``). ``gone()`` turns true once the
+        client has gone (a page that moved on aborts its fetch), so a request still waiting for
+        the model when its page no longer wants it computes nothing (an ALTI map of 512 tokens
+        takes seconds, and every request queued behind it waited too). The answer is made JSON
+        in that thread too: 100 MB of it took the event loop for a quarter of a second."""
         left = threading.Event()
+
+        def answer(gone: Callable[[], bool]) -> JSONResponse:
+            return JSONResponse(work(gone))
+
+        def from_cache(gone: Callable[[], bool]) -> JSONResponse:
+            with analyzer.only_cached():
+                return answer(gone)
 
         async def watch() -> None:
             while not await request.is_disconnected():
@@ -620,7 +715,20 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
 
         watcher = asyncio.ensure_future(watch())  # not a task group: it would wrap the route's own errors
         try:
-            return await run_in_threadpool(work, left.is_set)
+            try:
+                return await run_in_threadpool(from_cache, left.is_set)
+            except Miss:
+                pass
+            queued = computing.submit(contextvars.copy_context().run, answer, left.is_set)
+            try:
+                done = asyncio.wrap_future(queued)
+                await asyncio.wait({done, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not done.done() and queued.cancel():  # its client left while it waited its turn
+                    raise Gone
+                return await done  # begun: it computes to its end (or says Gone itself, not begun)
+            except asyncio.CancelledError:  # a stop at once: one not begun never begins
+                queued.cancel()
+                raise
         except Gone:
             log.info("%s: the client went away before its computation began; dropped", request.url.path)
             return Response(status_code=499)  # nginx's "client closed request": no one reads it
@@ -656,6 +764,8 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         bad = [h for h in q.heads if not 0 <= h < H]
         if bad:
             raise HTTPException(400, f"heads must be 0..{H - 1}, got {bad[0]}")
+        if not q.heads and q.kind == "attn":  # an answer with no matrices would look like a result
+            raise HTTPException(400, f'kind "attn" needs "heads": the heads to return, a list of 0..{H - 1}')
         if q.kind == "measure" and q.measure is None:
             raise HTTPException(400, 'kind "measure" needs "measure": one of '
                                      + (", ".join(offered) or "none (this server offers no measures)"))

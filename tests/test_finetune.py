@@ -1435,7 +1435,8 @@ def test_predict_takes_a_dash_for_standard_output(trained, tmp_path, capfd):
     capfd.readouterr()
     assert main(["predict", str(out), str(inp), "--label-field", "label", "--out", str(tmp_path / "q.tsv"),
                  "--metrics", "-", "--quiet"]) == 0
-    assert json.loads(capfd.readouterr().out) == json.loads(scores.read_text())
+    cap = capfd.readouterr()
+    assert json.loads(cap.out) == json.loads(scores.read_text()) and "wrote the scores to standard output" in cap.err
     assert (tmp_path / "q.tsv").read_text() == rows.read_text()
     for extra in (["--metrics", "-"], ["--metrics", "-", "--out", "-"]):
         assert main(["predict", str(out), str(inp), "--label-field", "label", "--quiet"] + extra) == 2

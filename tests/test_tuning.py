@@ -1241,3 +1241,96 @@ def test_a_slow_probe_while_other_threads_run_models_keeps_the_cached_choice(sma
     assert tuning.host_changed(cached) is None
     monkeypatch.setattr(tuning, "gemm_rate", lambda budget_s=tuning.PROBE_S, **kwargs: 100.0)  # quiet, 4x slower
     assert tuning.host_changed(cached) is not None  # measured again
+
+
+def test_a_child_forked_while_other_threads_measure_and_run_models_measures_its_own(cache, small_model, monkeypatch):
+    """fork copies the locks as they are and only the forking thread: a child forked while
+    another thread measured waited for ever on the measurement lock (and on its encoder's), and
+    one forked while another thread ran a model counted that run as busy in every measurement."""
+    import select
+    import signal
+    import threading
+
+    from bertscope.core import activity
+
+    measuring, release, running = threading.Event(), threading.Event(), threading.Event()
+
+    def measure(model, *, precision="fp32", compile=False, **kwargs):
+        if os.getpid() == parent:  # the parent's measurement lasts until the test releases it
+            measuring.set()
+            assert release.wait(60)
+        key = tuning.choice_key(model.config, next(model.parameters()).dtype, precision, compile)
+        return KernelChoice(key=key, source="measured", measured_at=time.time())
+
+    parent = os.getpid()
+    monkeypatch.setattr(tuning, "measure_choice", measure)
+    enc = PackedEncoder(tune=True)
+
+    def prepare():
+        with torch.inference_mode():
+            enc.prepare(small_model)
+
+    def serve():
+        with activity.running():
+            running.set()
+            release.wait(60)
+
+    threads = [threading.Thread(target=prepare), threading.Thread(target=serve)]
+    for t in threads:
+        t.start()
+    try:
+        assert measuring.wait(60) and running.wait(60)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread; the parent's holds its locks there
+            try:
+                with torch.inference_mode():
+                    got = enc.prepare(small_model)
+                os.write(w, f"{got.source} {got.busy_threads}".encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        ready = select.select([r], [], [], 60)[0]  # a guard against the hang, not a timing
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        said = os.read(r, 100).decode() if ready else "hung"
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert said == "measured 0"
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert enc.choice is not None and enc.choice.source == "measured"
+
+
+def test_the_host_check_does_not_probe_while_another_thread_measures(cache, small_model, monkeypatch):
+    """A model loaded while another thread measured probed the GEMM rate during that measurement:
+    each timed the other's work, and neither knew. The probe now waits for the measurement."""
+    import threading
+
+    other = bertscope.BertModel(bertscope.BertConfig(**{**SMALL, "hidden_size": 32, "intermediate_size": 64})).eval()
+    key = tuning.choice_key(small_model.config, torch.float32, "fp32")
+    tuning.save_choice(KernelChoice(key=key, source="measured", measured_at=time.time(), gemm_gflops=100.0))
+    in_measurement, probed, seen = threading.Event(), threading.Event(), []
+
+    def measure(model, *, precision="fp32", compile=False, **kwargs):
+        in_measurement.set()
+        probed.wait(1.0)  # a probe that does not wait for this measurement comes within it
+        in_measurement.clear()
+        return KernelChoice(key=tuning.choice_key(model.config, torch.float32, precision, compile),
+                            source="measured", measured_at=time.time())
+
+    def probe(budget_s=tuning.PROBE_S, **kwargs):
+        seen.append(in_measurement.is_set())
+        probed.set()
+        return 100.0
+
+    monkeypatch.setattr(tuning, "measure_choice", measure)
+    monkeypatch.setattr(tuning, "gemm_rate", probe)
+    a = threading.Thread(target=choose, args=(other,))
+    a.start()
+    assert in_measurement.wait(60)
+    got = choose(small_model)
+    a.join(60)
+    assert got.source == "cache" and seen == [False]

@@ -523,4 +523,5 @@ def _report_scores(report: dict, metrics_out: str | None, label_field: str) -> N
     if metrics_out is not None:
         with writing(metrics_out):
             write_text_atomic(metrics_out, dumps_strict(report, indent=2) + "\n")
-        print(f"wrote the scores to {metrics_out}", file=sys.stderr)
+        where = "standard output" if str(metrics_out) == "/dev/stdout" else metrics_out  # --metrics -
+        print(f"wrote the scores to {where}", file=sys.stderr)

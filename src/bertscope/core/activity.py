@@ -7,12 +7,14 @@ model run (the reference forward, the packed encoder) is marked here, and a meas
 whether any other thread ran one while it timed (:func:`watching`).
 
 A run inside a run on the same thread counts once; a thread that is measuring does not count
-its own runs (the candidates it times).
+its own runs (the candidates it times), and no other thread sees them either: measurements do not
+overlap (:func:`bertscope.fast.tuning.measuring` holds one lock for them all).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
@@ -25,6 +27,19 @@ _lock = threading.Lock()
 _depth: dict[int, int] = {}  # thread ident -> how deep in model runs it is now
 _started = 0  # outermost runs started by any thread, ever
 _local = threading.local()  # .watching: this thread is measuring
+
+
+def _after_fork() -> None:
+    """In a child made by fork only the forking thread lives on: the other threads' runs are
+    gone, and a lock one of them held would be held for ever."""
+    global _lock
+    _lock = threading.Lock()
+    me = threading.get_ident()
+    for t in [t for t in _depth if t != me]:
+        del _depth[t]
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 @contextmanager

@@ -64,13 +64,21 @@ class PackedEncoder:
     heap: HeapPolicy | None = None  # glibc's thresholds, fixed at the first CPU run (see bertscope.fast.heap)
     # held while the choice is made: threads that meet a model first at once measure it once
     _choosing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _pid: int = field(default_factory=os.getpid, init=False, repr=False, compare=False)  # whose lock it is
 
     def __getstate__(self) -> dict:  # for pickle and copy.deepcopy: a lock is not copied
-        return {k: v for k, v in self.__dict__.items() if k != "_choosing"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_choosing", "_pid")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._choosing = threading.Lock()
+        self._choosing, self._pid = threading.Lock(), os.getpid()
+
+    def _choice_lock(self) -> threading.Lock:
+        """The lock held while the choice is made; a child made by fork gets a new one (the
+        thread that held the parent's may not live on in it)."""
+        if self._pid != os.getpid():
+            self._choosing, self._pid = threading.Lock(), os.getpid()
+        return self._choosing
 
     def prepare(self, model) -> KernelChoice | None:
         """Make the kernel choice for ``model`` if this encoder tunes and has none yet (CPU, fp32
@@ -94,7 +102,7 @@ class PackedEncoder:
         p = next(model.parameters())
         if not self.tune or torch.is_grad_enabled() or p.device.type != "cpu" or p.dtype != torch.float32:
             return None
-        with self._choosing:
+        with self._choice_lock():
             if self.choice is None:  # not made by a thread this one waited for
                 # the race's int8 candidates probe the 8-bit grid into this backend's own record,
                 # so the model does not probe (and warn) a second time

@@ -1078,22 +1078,18 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     busy_limit()  # a bad BERTSCOPE_BUSY_SHARE: refused now, not after a whole measurement
     if budget_s is None:
         tune_budget()  # a bad BERTSCOPE_TUNE_BUDGET too: not a week later, when the cache expires
-    fresh = not retune and not _RETUNING.get()  # a cached choice may do
-    if fresh:
-        cached = load_choice(key)
-        if cached is not None:
-            why = host_changed(cached)
-            if why is None:
-                return cached
-            log.warning("%s: measuring the kernel choice again", why)
-            fresh = False
     from ..core.activity import watching
 
-    with _MEASURING:  # one measurement at a time in this process (see measuring())
-        if fresh:  # none was cached: another thread may have measured it while this one waited
+    # one measurement at a time in this process, the host check's probe included (see measuring()):
+    # a thread that waited here finds the choice the one before it measured and cached
+    with _MEASURING:
+        if not retune and not _RETUNING.get():
             cached = load_choice(key)
-            if cached is not None and host_changed(cached) is None:
-                return cached
+            if cached is not None:
+                why = host_changed(cached)
+                if why is None:
+                    return cached
+                log.warning("%s: measuring the kernel choice again", why)
         with watching() as watch:
             before = cpu_ticks()
             choice = measure_choice(model, precision=precision, budget_s=budget_s, max_len=max_len,
@@ -1109,6 +1105,14 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
 
 # one measurement at a time in this process: two would time each other (see measuring())
 _MEASURING = threading.RLock()
+
+
+def _after_fork() -> None:  # a thread that measured at the fork lives on only in the parent
+    global _MEASURING
+    _MEASURING = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ Texts over ``max_chars`` characters get HTTP 413, and so does a request body ove
 24 x max_chars + 4096 bytes (two texts, every character JSON-escaped): the bytes actually
 received are counted (a chunked body without a Content-Length included), and reading stops at
 the limit. The model runs one computation at a time (PyTorch already uses every core for one),
-on one thread, in the order the requests came: a request waiting for it holds none of the
+on one thread, first come first served (in the order requests reach its queue, once a look in
+the cache has found them missing there): a request waiting for it holds none of the
 server's threads, so health, the page, its assets and cached answers are answered at once
 however many wait. The last few analyses are cached: at most ``CACHE_ENTRIES`` (16) of them
 and at most ``CACHE_BYTES`` (256 MiB) of attention arrays in all; an analysis larger than that
@@ -569,7 +570,7 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
         raise BertscopeError(SERVE_HINT) from None
 
     analyzer = Analyzer(bert)
-    # every computation on one thread, in the order asked: a request waiting for the model holds
+    # every computation on one thread, first come first served: a request waiting for the model holds
     # no thread of the server's pool (health, the page and cached answers need one), waits its
     # turn rather than racing the others for the lock, and the model's memory stays in one heap
     # (glibc gives each thread that allocates its own: 40 requests on 40 threads held 3.8 GB)
@@ -694,7 +695,7 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
     async def for_client(request: Request, work: Callable[[Callable[[], bool]], Any]) -> Any:
         """``work(gone)``'s answer: first from the cache alone, in a worker thread (at once, even
         while the model computes for another request); if it needs the model, on the one thread
-        that computes, in the order asked (see ``computing``). ``gone()`` turns true once the
+        that computes, first come first served (see ``computing``). ``gone()`` turns true once the
         client has gone (a page that moved on aborts its fetch), so a request still waiting for
         the model when its page no longer wants it computes nothing (an ALTI map of 512 tokens
         takes seconds, and every request queued behind it waited too). The answer is made JSON
@@ -709,8 +710,12 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
                 return answer(gone)
 
         async def watch() -> None:
-            while not await request.is_disconnected():
-                await asyncio.sleep(_GONE_POLL_S)
+            try:
+                while not await request.is_disconnected():
+                    await asyncio.sleep(_GONE_POLL_S)
+            except Exception:  # noqa: BLE001 -- cannot tell: the request is taken as still wanted
+                log.debug("%s: could not watch the client", request.url.path, exc_info=True)
+                return
             left.set()
 
         watcher = asyncio.ensure_future(watch())  # not a task group: it would wrap the route's own errors
@@ -723,7 +728,7 @@ def create_app(bert: Bert, max_chars: int = DEFAULT_MAX_CHARS, *, host: str = "1
             try:
                 done = asyncio.wrap_future(queued)
                 await asyncio.wait({done, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if not done.done() and queued.cancel():  # its client left while it waited its turn
+                if not done.done() and left.is_set() and queued.cancel():  # its client left while it waited its turn
                     raise Gone
                 return await done  # begun: it computes to its end (or says Gone itself, not begun)
             except asyncio.CancelledError:  # a stop at once: one not begun never begins

@@ -1103,16 +1103,25 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     return choice
 
 
+class _ProcessLock:
+    """A re-entrant lock of this process: a child made by fork gets a fresh one (a thread that
+    held the parent's at the fork lives on only in the parent, and would hold it for ever)."""
+
+    def __init__(self) -> None:
+        self._pid, self._lock = os.getpid(), threading.RLock()
+
+    def __enter__(self) -> "_ProcessLock":
+        if self._pid != os.getpid():
+            self._pid, self._lock = os.getpid(), threading.RLock()
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
 # one measurement at a time in this process: two would time each other (see measuring())
-_MEASURING = threading.RLock()
-
-
-def _after_fork() -> None:  # a thread that measured at the fork lives on only in the parent
-    global _MEASURING
-    _MEASURING = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+_MEASURING = _ProcessLock()
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
-__all__ = ["Watch", "marks_runs", "running", "watching"]
+__all__ = ["ProcessLock", "Watch", "marks_runs", "running", "watching"]
 
 F = TypeVar("F", bound=Callable)
 
@@ -40,6 +40,29 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+class ProcessLock:
+    """A re-entrant lock of this process: a child made by fork gets a fresh one (a thread that
+    held the parent's at the fork lives on only in the parent, and would hold it for ever)."""
+
+    def __init__(self) -> None:
+        self._pid, self._lock = os.getpid(), threading.RLock()
+
+    def __enter__(self) -> "ProcessLock":
+        if self._pid != os.getpid():
+            self._pid, self._lock = os.getpid(), threading.RLock()
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def __getstate__(self) -> dict:  # for pickle and copy.deepcopy: a copy gets a lock of its own
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 @contextmanager

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from ..core.activity import marks_runs
+from ..core.activity import ProcessLock, marks_runs
 from ..core.model import check_inputs
 from ..core.outputs import BertOutput
 from .gemm import GemmBackend, LayerLinears
@@ -63,22 +62,8 @@ class PackedEncoder:
     choice: KernelChoice | None = None  # the measured (or cached) choice, once made
     heap: HeapPolicy | None = None  # glibc's thresholds, fixed at the first CPU run (see bertscope.fast.heap)
     # held while the choice is made: threads that meet a model first at once measure it once
-    _choosing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _pid: int = field(default_factory=os.getpid, init=False, repr=False, compare=False)  # whose lock it is
-
-    def __getstate__(self) -> dict:  # for pickle and copy.deepcopy: a lock is not copied
-        return {k: v for k, v in self.__dict__.items() if k not in ("_choosing", "_pid")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._choosing, self._pid = threading.Lock(), os.getpid()
-
-    def _choice_lock(self) -> threading.Lock:
-        """The lock held while the choice is made; a child made by fork gets a new one (the
-        thread that held the parent's may not live on in it)."""
-        if self._pid != os.getpid():
-            self._choosing, self._pid = threading.Lock(), os.getpid()
-        return self._choosing
+    # (a copy, or a child made by fork, gets a lock of its own)
+    _choosing: ProcessLock = field(default_factory=ProcessLock, init=False, repr=False, compare=False)
 
     def prepare(self, model) -> KernelChoice | None:
         """Make the kernel choice for ``model`` if this encoder tunes and has none yet (CPU, fp32
@@ -102,7 +87,7 @@ class PackedEncoder:
         p = next(model.parameters())
         if not self.tune or torch.is_grad_enabled() or p.device.type != "cpu" or p.dtype != torch.float32:
             return None
-        with self._choice_lock():
+        with self._choosing:
             if self.choice is None:  # not made by a thread this one waited for
                 # the race's int8 candidates probe the 8-bit grid into this backend's own record,
                 # so the model does not probe (and warn) a second time

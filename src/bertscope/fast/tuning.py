@@ -131,7 +131,6 @@ import platform
 import random
 import re
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -140,6 +139,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..core.activity import ProcessLock
 from ..errors import BertscopeError
 from ..files import write_text_atomic
 from .gemm import GemmBackend
@@ -1103,25 +1103,8 @@ def choose(model, *, precision: str = "fp32", budget_s: float | None = None, max
     return choice
 
 
-class _ProcessLock:
-    """A re-entrant lock of this process: a child made by fork gets a fresh one (a thread that
-    held the parent's at the fork lives on only in the parent, and would hold it for ever)."""
-
-    def __init__(self) -> None:
-        self._pid, self._lock = os.getpid(), threading.RLock()
-
-    def __enter__(self) -> "_ProcessLock":
-        if self._pid != os.getpid():
-            self._pid, self._lock = os.getpid(), threading.RLock()
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
-
-
 # one measurement at a time in this process: two would time each other (see measuring())
-_MEASURING = _ProcessLock()
+_MEASURING = ProcessLock()  # a fork child gets a fresh one
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -192,7 +193,16 @@ def _shut_down(ray) -> None:
     ("The core worker has already been shutdown ... The process will exit": status 1, no
     message, so the CLI's own line and status never come). A CI run once ended a SIGTERM that
     way; this is the likeliest cause, and what is ruled out here: they are collected while Ray
-    is up, and no collection runs during the teardown."""
+    is up, and no collection runs during the teardown.
+
+    A stop also leaves Ray Data's own driver threads running for a moment: the threads that
+    feed ``iter_rows`` ("iter_threaded"), one of which may be shutting the dataset's executor
+    down (reporting its stats to Ray), and the executor's scheduling loop. A Ray call from one
+    of them after ``ray.shutdown()`` ends the process the same way; this was seen, in one
+    SIGTERM'd job in six, with a feeding thread inside the executor's shutdown as the main
+    thread reached here. They are waited for first (``RAY_DATA_THREADS_WAIT_S`` at most)."""
+    gc.collect()
+    _wait_for_ray_data_threads(RAY_DATA_THREADS_WAIT_S)
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
@@ -201,6 +211,26 @@ def _shut_down(ray) -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+RAY_DATA_THREADS_WAIT_S = 20.0
+# Ray Data's threads in the driver that end by themselves once a dataset's iteration stops, and
+# that call Ray while they end (its "Prefetcher" thread is not one: it parks until notified)
+_RAY_DATA_THREADS = ("iter_threaded", "StreamingExecutor-", "ray-data-metadata-prefetch")
+
+
+def _wait_for_ray_data_threads(timeout_s: float) -> None:
+    """Join the threads named in ``_RAY_DATA_THREADS``, for ``timeout_s`` in all at most."""
+    deadline = time.monotonic() + timeout_s
+    for t in threading.enumerate():
+        if t is threading.current_thread() or not t.name.startswith(_RAY_DATA_THREADS):
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            log.warning("Ray Data's thread %r is still running after %g s; shutting Ray down anyway",
+                        t.name, timeout_s)
+            return
+        log.debug("waited for Ray Data's thread %r", t.name)
 
 
 KILLED_BY_US = "killed by `ray.kill`"  # in Ray's note on an actor that its job's end (or a stop) killed

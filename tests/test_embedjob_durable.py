@@ -443,6 +443,13 @@ def test_resume_refusal_names_each_change_with_its_old_and_new_value(tmp_path, c
             "the input is now read as jsonl, not the text the job began with; --field is now 'body', not "
             "the none the job began with; start a new job with another --out (or restore the input and rerun "
             "with the settings the job began with)") in err
+    # the job's own text file with a --field: read so, it holds no JSON, which hid the change (a review)
+    code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--field", "body", "--resume"],
+                        capsys)
+    assert code == 2 and err.strip() == (
+        "bertscope: error: cannot resume: the input is now read as jsonl, not the text the job began with; --field "
+        "is now 'body', not the none the job began with; start a new job with another --out (or restore the "
+        "input and rerun with the settings the job began with)")
     assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--resume", "--quiet"], capsys)[0] == 0
 
 

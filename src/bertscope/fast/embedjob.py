@@ -666,7 +666,12 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
             check_json_lines(f)
     _check_out_dir(out, resume)  # early, before reading a large input
     plan = plan_input(input_path, field_name=field_name, shard_rows=shard_rows, files=files)
-    check_has_text(plan)
+    try:
+        check_has_text(plan)
+    except InputError:
+        if resume:  # read as the job began (another --field, say), it may well have texts: say that
+            _refuse_a_changed_reading(plan, out)
+        raise
     if before_model is not None:
         before_model()
     loader = not hasattr(bert, "config") and callable(bert)
@@ -851,6 +856,29 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
     return EmbedJob(plan=plan, out=out, fmt=fmt, batch_tokens=batch_tokens, job=job, run=run,
                     engine=engine, pending=pending, done=done, redone=redone, complete=complete,
                     lock=lock, repaired=repaired, new=not has_job)
+
+
+def _refuse_a_changed_reading(plan: InputPlan, out: Path) -> None:
+    """Where OUTPUT's job read its input with another field or as another kind of file, the
+    one-line refusal :func:`_why_not_resumable` gives for it (else nothing: the caller's error
+    stands). Run before the input's check for texts, which read with the new --field found none
+    ("no line is valid JSON", say) and hid the change that caused it."""
+    try:
+        before = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    old_in = before.get("input") if isinstance(before, dict) else None
+    if not isinstance(old_in, dict):
+        return
+    new_in = plan.describe()
+    if before.get("field") == plan.field and old_in.get("kind") == new_in.get("kind"):
+        return
+    reading = {"input": new_in, "field": plan.field}
+    same = {k: before.get(k) for k in ("rows", "format", "shard_rows")}  # only the reading is compared
+    raise InputError(_why_not_resumable({**same, "input": {**old_in, "files": new_in.get("files"),
+                                                             "rows": new_in.get("rows")},
+                                         "field": before.get("field"), "rows": plan.rows},
+                                        {**same, **reading, "rows": plan.rows}))
 
 
 def _why_not_resumable(before: dict, job: dict) -> str:

@@ -16,7 +16,9 @@ import contextlib
 import gc
 import io
 import logging
+import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -77,10 +79,12 @@ def check_engine_options(opts: EngineOptions) -> None:
     """Refuse impossible sizes before anything starts (one line each)."""
     if opts.workers is not None and (not isinstance(opts.workers, int) or opts.workers < 1):
         raise InputError(f"{setting('workers', '--workers')} must be at least 1, not {opts.workers}")
-    if not opts.cpus_per_worker > 0:
-        raise InputError(f"{setting('cpus_per_worker', '--cpus-per-worker')} must be above 0, not {opts.cpus_per_worker}")
-    if not opts.gpus_per_worker >= 0:
-        raise InputError(f"{setting('gpus_per_worker', '--gpus-per-worker')} must be 0 or more, not {opts.gpus_per_worker}")
+    if not (opts.cpus_per_worker > 0 and math.isfinite(opts.cpus_per_worker)):
+        raise InputError(f"{setting('cpus_per_worker', '--cpus-per-worker')} must be a number above 0, "
+                         f"not {opts.cpus_per_worker}")
+    if not (opts.gpus_per_worker >= 0 and math.isfinite(opts.gpus_per_worker)):
+        raise InputError(f"{setting('gpus_per_worker', '--gpus-per-worker')} must be a number, 0 or more, "
+                         f"not {opts.gpus_per_worker}")
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -96,8 +100,13 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
 
     "HOST:PORT" and "ray://HOST:PORT" must accept a TCP connection within ``timeout`` seconds
     (an unresolvable name or a closed port fails at once); "auto" is resolved by Ray itself,
-    which fails at once when this machine runs no cluster. Ray's own connection attempt, once
-    the port answers, is bounded by Ray (about 20 s if what answers is not a Ray cluster).
+    which fails at once when this machine runs no cluster.
+
+    What answers must then speak gRPC, as Ray's GCS and Ray Client servers do: sent HTTP/2's
+    client preface, it answers with a SETTINGS frame within :data:`GRPC_ANSWER_S` seconds.
+    Given the port of something else (a web server, a database), ``ray.init`` waited for ever,
+    retrying, with nothing said. Where Ray's connections use TLS (``RAY_USE_TLS``), the port is
+    only connected to.
     """
     if address is None or address == "auto":
         return
@@ -111,16 +120,52 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
     if hp is None:
         raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
     try:
-        with socket.create_connection(hp, timeout=timeout):
-            pass
+        with socket.create_connection(hp, timeout=timeout) as sock:
+            answer = None if _uses_tls() else _grpc_answer(sock, GRPC_ANSWER_S)
     except socket.timeout:
         raise InputError(f"cannot reach a Ray cluster at {address}: no answer within {timeout:g} s") from None
     except OSError as e:
         raise InputError(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
+    if answer is not None:
+        raise InputError(f"{address} is not a Ray cluster: what answers there {answer}")
+
+
+GRPC_ANSWER_S = 10.0
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4, then an empty SETTINGS frame:
+_H2_SETTINGS = bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])  # length 0, type 4 (SETTINGS), no flags, stream 0
+
+
+def _uses_tls() -> bool:
+    return os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes")
+
+
+def _grpc_answer(sock: socket.socket, timeout: float) -> str | None:
+    """None if the server on ``sock`` speaks HTTP/2 (gRPC's transport): its first frame, the
+    server's preface, is a SETTINGS frame on stream 0. Else what it did instead, in words."""
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(_H2_PREFACE + _H2_SETTINGS)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except socket.timeout:
+        return f"sent no answer to gRPC within {timeout:g} s"
+    except OSError as e:
+        return f"closed the connection ({e.strerror or e})"
+    if len(head) == 9 and head[3] == 0x4 and head[5:9] == b"\0\0\0\0":
+        return None
+    if not head:
+        return "closed the connection without a word of gRPC"
+    return f"does not speak gRPC (it answered {head[:9]!r})"
 
 
 def _quiet_ray(ray) -> None:
-    """Ray Data's progress bars and per-dataset log lines off (the CLI draws its own bar)."""
+    """Ray Data's progress bars and per-dataset log lines off (the CLI draws its own bar), and
+    its error reports unless debugging: the error reaches the caller as an exception (which the
+    CLI says in one line), and Ray Data logged it first as some 200 lines of stack traces."""
     import ray.data
 
     with warnings.catch_warnings():  # Ray Data's deprecation notes, raised as it builds its context
@@ -128,8 +173,10 @@ def _quiet_ray(ray) -> None:
         ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    for name in ("ray.data", "ray.data._internal.execution.streaming_executor", "ray._private.worker"):
-        logging.getLogger(name).setLevel(logging.WARNING if log.isEnabledFor(logging.DEBUG) else logging.ERROR)
+    debugging = log.isEnabledFor(logging.DEBUG)
+    for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
+        logging.getLogger(name).setLevel(logging.WARNING if debugging else logging.CRITICAL)
+    logging.getLogger("ray._private.worker").setLevel(logging.WARNING if debugging else logging.ERROR)
 
 
 @contextlib.contextmanager
@@ -172,6 +219,13 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
         where = f"at {opts.address}" if opts.address else "on this machine"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"cannot start or join Ray {where}: {first}") from None
+    except SystemExit as e:  # Ray's own SIGTERM handler, in place while it starts: sys.exit(15)
+        if e.code != signal.SIGTERM:
+            raise
+        if ray.is_initialized():
+            _shut_down(ray)
+        os.kill(os.getpid(), signal.SIGTERM)  # again, to the process's own handler
+        raise InputError("Ray was stopped by a SIGTERM as it started") from None
     with contextlib.redirect_stdout(lines):  # until Ray is shut down: its last messages too
         try:
             _quiet_ray(ray)
@@ -200,14 +254,18 @@ def _shut_down(ray) -> None:
     down (reporting its stats to Ray), and the executor's scheduling loop. A Ray call from one
     of them after ``ray.shutdown()`` ends the process the same way; this was seen, in one
     SIGTERM'd job in six, with a feeding thread inside the executor's shutdown as the main
-    thread reached here. They are waited for first (``RAY_DATA_THREADS_WAIT_S`` at most)."""
+    thread reached here. They are waited for first (``RAY_DATA_THREADS_WAIT_S`` at most).
+
+    ``ray.shutdown()`` also resets SIGTERM underneath Python (Python's record keeps the process's
+    handler; a SIGTERM after it ended the process with no word): the handler is put back."""
     gc.collect()
     _wait_for_ray_data_threads(RAY_DATA_THREADS_WAIT_S)
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
-        ray.shutdown()
+        with _keep_sigterm():
+            ray.shutdown()
     finally:
         if enabled:
             gc.enable()
@@ -295,9 +353,11 @@ def _keep_sigterm() -> Iterator[None]:
     """The process's own SIGTERM handler, put back after the block: Ray's core worker installs a
     crash handler for SIGTERM that prints a stack dump and kills the process at once, so the
     CLI's handler (stop as Ctrl-C does, keep what was written, say so) would never run. Only
-    the main thread can set a handler: started from another thread, Ray's stays."""
-    import signal
+    the main thread can set a handler: started from another thread, Ray's stays.
 
+    While Ray starts, a SIGTERM meets Ray's Python handler, ``sys.exit(15)``: the process ended
+    with status 15 (or 134, as Ray's half-made core worker was torn down) and no word.
+    :func:`ray_session` turns that exit back into a SIGTERM to the process's own handler."""
     handler = signal.getsignal(signal.SIGTERM)  # Python's record: Ray replaces it underneath
     try:
         yield
@@ -397,6 +457,9 @@ def unwrap_error(e: BaseException) -> BaseException:
 
     Ray re-raises a worker's exception as a RayTaskError subclass of the same class, whose text
     carries the remote traceback; the original, with its one-line message, is its ``cause``.
+    A worker whose constructor raised (no CUDA where --gpus-per-worker asked for it, say)
+    reaches the driver as an ActorDiedError that keeps only the text: its last line names the
+    error, which is made again from it.
     """
     seen = set()
     cur: BaseException | None = e
@@ -405,6 +468,25 @@ def unwrap_error(e: BaseException) -> BaseException:
         if isinstance(cur, BertscopeError) and type(cur).__module__.startswith("bertscope"):
             first = str(cur).split("\n", 1)[0]  # Ray Data appends its retry advice to the message
             return cur if first == str(cur) else type(cur)(first)
+        if getattr(cur, "actor_init_failed", False) is True:
+            said = _error_in_text(str(cur))
+            if said is not None:
+                return said
         inner = getattr(cur, "cause", None)
         cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
     return e
+
+
+def _error_in_text(text: str) -> BertscopeError | None:
+    """The bertscope error a remote traceback's text ends with ("bertscope.errors.InputError:
+    MESSAGE"), made again; None if it ends with anything else."""
+    from .. import errors
+
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    name, sep, message = lines[-1].partition(": ")
+    cls = getattr(errors, name.removeprefix("bertscope.errors."), None) if name.startswith("bertscope.errors.") else None
+    if not (sep and isinstance(cls, type) and issubclass(cls, BertscopeError)):
+        return None
+    return cls(message)

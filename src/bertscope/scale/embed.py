@@ -62,11 +62,14 @@ def model_ref(model) -> str | None:
 
 
 def load_worker_model(model: str | None, threads: int, device: str):
+    """The worker's model, with ``threads`` torch threads, at most this machine's CPUs (a larger
+    --cpus-per-worker reserves CPUs in Ray; as OpenMP threads, 1e9 of them ended the worker as
+    it started, out of memory for their stacks, and Ray started it again and again)."""
     import torch
 
     from ..bert import load
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
     return load(model, device=device)
 
 
@@ -193,8 +196,11 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
     embed ``batch_size`` rows per call on the packed path, sorted by length and batched by
     ``batch_tokens`` inside the call. ``status`` is ok, truncated (cut to max_seq_length),
     empty, undecodable or not_text (null or not a string): those rows get zero vectors. Rows
-    keep their order and other columns. ``workers=None``: as many as the cluster's CPUs /
-    ``cpus_per_worker`` (Ray must be initialised then). Lazy, like every Ray Data transform: it composes with
+    keep their order and other columns: Ray Data's ``execution_options.preserve_order`` is set
+    on the dataset's context (which Ray Data shares with the dataset ``ds`` and the ones made
+    from it); without it, the actors' batches came back in the order they finished.
+    ``workers=None``: as many as the cluster's CPUs / ``cpus_per_worker`` (Ray must be
+    initialised then). Lazy, like every Ray Data transform: it composes with
     ``.write_parquet(...)``, ``.iter_batches()``, ``.materialize()``.
     """
     require_ray()  # a missing Ray is one line with the pip hint
@@ -223,5 +229,7 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
 
     with warnings.catch_warnings():  # Ray Data's own deprecation notes about its context
         warnings.simplefilter("ignore", DeprecationWarning)
-        return ds.map_batches(BatchEmbedder, fn_constructor_kwargs=ctor, batch_size=batch_size,
-                              batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size), **remote)
+        out = ds.map_batches(BatchEmbedder, fn_constructor_kwargs=ctor, batch_size=batch_size,
+                             batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size), **remote)
+    out.context.execution_options.preserve_order = True
+    return out

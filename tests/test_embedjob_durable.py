@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -450,7 +451,18 @@ def test_resume_refusal_names_each_change_with_its_old_and_new_value(tmp_path, c
         "bertscope: error: cannot resume: the input is now read as jsonl, not the text the job began with; --field "
         "is now 'body', not the none the job began with; start a new job with another --out (or restore the "
         "input and rerun with the settings the job began with)")
+    code, _, err = _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "5", "--field", "body", "--resume"],
+                        capsys)  # every change named, not only the reading's
+    assert code == 2 and "--field is now 'body', not the none" in err and "--shard-rows is now 5, not the 8" in err
     assert _cli(["embed", str(inp), "--out", str(out), "--shard-rows", "8", "--resume", "--quiet"], capsys)[0] == 0
+    table = tmp_path / "in.parquet"  # Parquet: a column that is not there fails before the input's check
+    pq.write_table(pa.table({"text": TEXTS}), table)
+    pout = tmp_path / "pout"
+    assert _cli(["embed", str(table), "--out", str(pout), "--quiet"], capsys)[0] == 0
+    code, _, err = _cli(["embed", str(table), "--out", str(pout), "--field", "body", "--resume"], capsys)
+    assert code == 2 and err.strip() == (
+        "bertscope: error: cannot resume: --field is now 'body', not the 'text' the job began with; start a new "
+        "job with another --out (or rerun with the settings the job began with)")
 
 
 @pytest.mark.parametrize("where", ["stat", "sha256", "shape"])

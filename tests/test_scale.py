@@ -236,8 +236,9 @@ def test_embed_dataset_equals_bert_embed_and_writes_parquet(cluster, tmp_path, b
 
     texts = _sentences(60, seed=9) + ["", "   ", "word " * 400]
     items = [{"text": t, "id": i} for i, t in enumerate(texts)] + [{"text": None, "id": len(texts)}]
-    ds = embed_dataset(ray.data.from_items(items, override_num_blocks=8), text_column="text", workers=2,
-                       batch_size=8)
+    source = ray.data.from_items(items, override_num_blocks=8)
+    ds = embed_dataset(source, text_column="text", workers=2, batch_size=8)
+    assert not source.context.execution_options.preserve_order  # the caller's dataset keeps its own
     rows = ds.take_all()
     # in order, as the docstring says (two actors' batches came back in the order they finished)
     assert [r["id"] for r in rows] == list(range(len(items)))
@@ -584,6 +585,52 @@ print("went on")
 """
 
 
+_SIGTERM_AS_RAY_STARTS_LET_GO = """
+import os, signal, sys
+import ray._private.worker as worker
+real, sent = worker.connect, []
+def connect(*args, **kwargs):  # a SIGTERM while ray.init runs, the first time only
+    done = real(*args, **kwargs)
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return done
+worker.connect = connect
+from bertscope.scale import EngineOptions
+from bertscope.scale.cluster import ray_session
+
+if sys.argv[1] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda signum, frame: print("the process's handler", flush=True))
+with ray_session(EngineOptions(address=sys.argv[2])) as ray:
+    up = ray.is_initialized()
+print("started", up, flush=True)  # (what the session's block prints goes to stderr)
+"""
+
+
+@pytest.mark.parametrize("how", ["ignore", "handle"])
+def test_a_sigterm_as_ray_starts_that_the_process_lets_go_starts_ray_again(cluster, how):
+    """A process that ignores SIGTERM, or handles it and goes on, gets its session: Ray's
+    sys.exit(15) is undone and Ray started again (a review: it was refused)."""
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_AS_RAY_STARTS_LET_GO, how, cluster], env=env,
+                          capture_output=True, text=True, timeout=180)
+    said = "started True\n" if how == "ignore" else "the process's handler\nstarted True\n"
+    assert done.returncode == 0 and done.stdout == said, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_session_gives_ray_datas_loggers_their_levels_back(cluster):
+    import logging
+
+    from bertscope.scale.cluster import ray_session
+
+    before = {name: logging.getLogger(name).level for name in ("ray.data", "ray._private.worker")}
+    with ray_session(EngineOptions(address=cluster)):
+        assert logging.getLogger("ray.data").level == logging.CRITICAL  # its stack traces: the error says it
+    assert {name: logging.getLogger(name).level for name in before} == before
+
+
 def test_the_processs_sigterm_handler_still_answers_after_a_ray_session():
     """ray.shutdown() resets SIGTERM underneath Python, whose record still names the process's
     handler: a SIGTERM after a session ended the process at once, with no word (here: no output,
@@ -608,16 +655,24 @@ def test_an_address_where_something_else_answers_is_one_line_not_a_wait(tmp_path
         def log_message(self, *args):
             pass
 
+    class Tls(socketserver.BaseRequestHandler):  # what a TLS server answers a plaintext preface with
+        def handle(self):
+            self.request.recv(64)
+            self.request.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]))  # an alert record
+
     web = socketserver.TCPServer(("127.0.0.1", 0), Quiet)
+    tls = socketserver.TCPServer(("127.0.0.1", 0), Tls)
     silent = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), says nothing
-    threading.Thread(target=web.serve_forever, daemon=True).start()
+    for server in (web, tls):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setattr(cl, "GRPC_ANSWER_S", 0.5)
     inp = tmp_path / "in.txt"
     inp.write_text("one text\nanother\n")
     try:
         for server, said in ((web, "does not speak gRPC (it answered b'"),
+                             (tls, "answered with TLS (for a cluster that uses it, set RAY_USE_TLS=1"),
                              (silent, "sent no answer to gRPC within 0.5 s")):
-            address = f"127.0.0.1:{server.socket.getsockname()[1] if server is web else server.getsockname()[1]}"
+            address = f"127.0.0.1:{(server if server is silent else server.socket).getsockname()[1]}"
             for command, extra in (("embed", ["--out", str(tmp_path / "o")]), ("heads", [])):
                 with hang_guard(120):
                     code, stdout, err = _cli([command, str(inp), *extra, "--engine", "ray", "--address", address],
@@ -626,9 +681,14 @@ def test_an_address_where_something_else_answers_is_one_line_not_a_wait(tmp_path
                 said_whole = f"bertscope: error: {address} is not a Ray cluster: what answers there {said}"
                 assert code == 2 and len(lines) == 1 and lines[0].startswith(said_whole), err
                 assert not (tmp_path / "o").exists()
+        # no --address: ray.init joins RAY_ADDRESS where it is set, so that is what is checked
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{web.socket.getsockname()[1]}")
+        code, _, err = _cli(["embed", str(inp), "--out", str(tmp_path / "o"), "--engine", "ray"], capsys)
+        assert code == 2 and "is not a Ray cluster: what answers there does not speak gRPC" in err
     finally:
-        web.shutdown()
-        web.server_close()
+        for server in (web, tls):
+            server.shutdown()
+            server.server_close()
         silent.close()
 
 

@@ -665,12 +665,17 @@ def prepare_embed_job(bert, input_path: str | os.PathLike, out_dir: str | os.Pat
         if f.kind == "jsonl" and f.name.lower().endswith(".json"):
             check_json_lines(f)
     _check_out_dir(out, resume)  # early, before reading a large input
-    plan = plan_input(input_path, field_name=field_name, shard_rows=shard_rows, files=files)
+    try:
+        plan = plan_input(input_path, field_name=field_name, shard_rows=shard_rows, files=files)
+    except InputError:
+        if resume:  # a Parquet column that is not there, say: a --field the job did not begin with?
+            _refuse_a_changed_reading(None, out, fmt, field_name)
+        raise
     try:
         check_has_text(plan)
     except InputError:
         if resume:  # read as the job began (another --field, say), it may well have texts: say that
-            _refuse_a_changed_reading(plan, out)
+            _refuse_a_changed_reading(plan, out, fmt, field_name)
         raise
     if before_model is not None:
         before_model()
@@ -858,11 +863,12 @@ def _open_job(bert, plan: InputPlan, out: Path, fmt: str, batch_tokens: int | No
                     lock=lock, repaired=repaired, new=not has_job)
 
 
-def _refuse_a_changed_reading(plan: InputPlan, out: Path) -> None:
+def _refuse_a_changed_reading(plan: InputPlan | None, out: Path, fmt: str, field_name: str | None) -> None:
     """Where OUTPUT's job read its input with another field or as another kind of file, the
-    one-line refusal :func:`_why_not_resumable` gives for it (else nothing: the caller's error
-    stands). Run before the input's check for texts, which read with the new --field found none
-    ("no line is valid JSON", say) and hid the change that caused it."""
+    refusal of :func:`_why_not_resumable`, naming every change to the input and the job's
+    options (``plan``: None where the input could not be planned; then only --field is
+    compared). Else nothing: the caller's error stands. Run where the input's own checks failed
+    ("no line is valid JSON", say), which hid the change that caused them."""
     try:
         before = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -870,15 +876,18 @@ def _refuse_a_changed_reading(plan: InputPlan, out: Path) -> None:
     old_in = before.get("input") if isinstance(before, dict) else None
     if not isinstance(old_in, dict):
         return
+    if plan is None:
+        if field_name is not None and field_name != before.get("field"):
+            old = "none" if before.get("field") is None else repr(before.get("field"))
+            raise InputError(f"cannot resume: --field is now {field_name!r}, not the {old} the job began with; "
+                             "start a new job with another --out (or rerun with the settings the job began with)")
+        return
     new_in = plan.describe()
     if before.get("field") == plan.field and old_in.get("kind") == new_in.get("kind"):
         return
-    reading = {"input": new_in, "field": plan.field}
-    same = {k: before.get(k) for k in ("rows", "format", "shard_rows")}  # only the reading is compared
-    raise InputError(_why_not_resumable({**same, "input": {**old_in, "files": new_in.get("files"),
-                                                             "rows": new_in.get("rows")},
-                                         "field": before.get("field"), "rows": plan.rows},
-                                        {**same, **reading, "rows": plan.rows}))
+    job = {**before, "input": new_in, "field": plan.field, "rows": plan.rows, "format": fmt,
+           "shard_rows": plan.shard_rows}  # the model's entries as the job's: not known before loading it
+    raise InputError(_why_not_resumable(before, job))
 
 
 def _why_not_resumable(before: dict, job: dict) -> str:

@@ -109,7 +109,9 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
     only connected to.
     """
     if address is None or address == "auto":
-        return
+        address = os.environ.get("RAY_ADDRESS", "").strip()  # what ray.init joins then, if set
+        if _host_port(address) is None:  # unset, "auto", "local": Ray's own
+            return
     if address.startswith("ray://"):
         try:
             import grpc  # noqa: F401  (Ray Client's transport)
@@ -136,7 +138,7 @@ _H2_SETTINGS = bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])  # length 0, type 4 (SETTING
 
 
 def _uses_tls() -> bool:
-    return os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes")
+    return os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true")  # as Ray reads it
 
 
 def _grpc_answer(sock: socket.socket, timeout: float) -> str | None:
@@ -159,13 +161,18 @@ def _grpc_answer(sock: socket.socket, timeout: float) -> str | None:
         return None
     if not head:
         return "closed the connection without a word of gRPC"
+    if head[0] in (0x15, 0x16):  # a TLS record (an alert, a handshake)
+        return "answered with TLS (for a cluster that uses it, set RAY_USE_TLS=1 and its certificates)"
     return f"does not speak gRPC (it answered {head[:9]!r})"
 
 
-def _quiet_ray(ray) -> None:
+@contextlib.contextmanager
+def _quiet_ray(ray) -> Iterator[None]:
     """Ray Data's progress bars and per-dataset log lines off (the CLI draws its own bar), and
     its error reports unless debugging: the error reaches the caller as an exception (which the
-    CLI says in one line), and Ray Data logged it first as some 200 lines of stack traces."""
+    CLI says in one line), and Ray Data logged it first as some 200 lines of stack traces. The
+    loggers' levels are given back as the block ends (a library caller's own pipelines keep
+    their reports)."""
     import ray.data
 
     with warnings.catch_warnings():  # Ray Data's deprecation notes, raised as it builds its context
@@ -174,9 +181,17 @@ def _quiet_ray(ray) -> None:
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     debugging = log.isEnabledFor(logging.DEBUG)
-    for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
-        logging.getLogger(name).setLevel(logging.WARNING if debugging else logging.CRITICAL)
-    logging.getLogger("ray._private.worker").setLevel(logging.WARNING if debugging else logging.ERROR)
+    levels = {"ray.data": logging.WARNING if debugging else logging.CRITICAL,
+              "ray.data._internal.execution.streaming_executor": logging.WARNING if debugging else logging.CRITICAL,
+              "ray._private.worker": logging.WARNING if debugging else logging.ERROR}
+    before = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
 
 
 @contextlib.contextmanager
@@ -193,14 +208,17 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     prints nothing inside the block. Once the block is stopped (Ctrl-C, SIGTERM) they go only
     to the debug log: Ray prints one per actor it stops. SIGTERM keeps the process's own handler
     (Ray's replaces it with a crash dump).
+
+    Close the iterators over datasets inside the block (``contextlib.closing``, as
+    :func:`map_shards` asks): the shutdown waits for Ray Data's threads that an open one keeps
+    (:data:`RAY_DATA_THREADS_WAIT_S` at most).
     """
     ray = require_ray()
     check_address(opts.address)
     lines = _RayLines()
     if ray.is_initialized():
-        _quiet_ray(ray)
         try:
-            with contextlib.redirect_stdout(lines), lines.quiet_when_stopped():
+            with _quiet_ray(ray), contextlib.redirect_stdout(lines), lines.quiet_when_stopped():
                 yield ray
         finally:
             lines.finish()
@@ -212,29 +230,39 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     if opts.address is None:
         need = (opts.workers or 1) * opts.cpus_per_worker
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(need + 0.999))
-    try:
-        with _quiet_fd2(not log.isEnabledFor(logging.DEBUG)), _keep_sigterm():
-            ray.init(address=opts.address, **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        where = f"at {opts.address}" if opts.address else "on this machine"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"cannot start or join Ray {where}: {first}") from None
-    except SystemExit as e:  # Ray's own SIGTERM handler, in place while it starts: sys.exit(15)
-        if e.code != signal.SIGTERM:
-            raise
-        if ray.is_initialized():
-            _shut_down(ray)
-        os.kill(os.getpid(), signal.SIGTERM)  # again, to the process's own handler
-        raise InputError("Ray was stopped by a SIGTERM as it started") from None
+    _start(ray, opts.address, kwargs)
     with contextlib.redirect_stdout(lines):  # until Ray is shut down: its last messages too
         try:
-            _quiet_ray(ray)
-            _check_resources(ray, opts)
-            with lines.quiet_when_stopped():
-                yield ray
+            with _quiet_ray(ray):
+                _check_resources(ray, opts)
+                with lines.quiet_when_stopped():
+                    yield ray
         finally:
             _shut_down(ray)
             lines.finish()
+
+
+def _start(ray, address: str | None, kwargs: dict) -> None:
+    """``ray.init``, its failures one line each. A SIGTERM while it runs meets Ray's own handler,
+    ``sys.exit(15)`` (the process ended with status 15, or 134, and no word): it goes again to
+    the process's own handler, and where that one lets the process go on (SIG_IGN, or a handler
+    that returns), Ray is started again, once."""
+    for attempt in (1, 2):
+        try:
+            with _quiet_fd2(not log.isEnabledFor(logging.DEBUG)), _keep_sigterm():
+                ray.init(address=address, **kwargs)
+            return
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            where = f"at {address}" if address else "on this machine"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"cannot start or join Ray {where}: {first}") from None
+        except SystemExit as e:
+            if e.code != signal.SIGTERM:
+                raise
+            if ray.is_initialized():
+                _shut_down(ray)
+            os.kill(os.getpid(), signal.SIGTERM)  # again, to the process's own handler (which may raise)
+    raise InputError("Ray was stopped by a SIGTERM each time it started")
 
 
 def _shut_down(ray) -> None:
@@ -271,9 +299,11 @@ def _shut_down(ray) -> None:
             gc.enable()
 
 
-RAY_DATA_THREADS_WAIT_S = 20.0
-# Ray Data's threads in the driver that end by themselves once a dataset's iteration stops, and
-# that call Ray while they end (its "Prefetcher" thread is not one: it parks until notified)
+RAY_DATA_THREADS_WAIT_S = 5.0
+# Ray Data's threads in the driver that end by themselves once a dataset's iteration is closed
+# (or its iterator collected), and that call Ray while they end (its "Prefetcher" thread is not
+# one: it parks until notified). An iterator left open past the session keeps them: the wait
+# then ends at its bound, with a warning.
 _RAY_DATA_THREADS = ("iter_threaded", "StreamingExecutor-", "ray-data-metadata-prefetch")
 
 

@@ -196,9 +196,10 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
     embed ``batch_size`` rows per call on the packed path, sorted by length and batched by
     ``batch_tokens`` inside the call. ``status`` is ok, truncated (cut to max_seq_length),
     empty, undecodable or not_text (null or not a string): those rows get zero vectors. Rows
-    keep their order and other columns: Ray Data's ``execution_options.preserve_order`` is set
-    on the dataset's context (which Ray Data shares with the dataset ``ds`` and the ones made
-    from it); without it, the actors' batches came back in the order they finished.
+    keep their order and other columns: the returned dataset has its own copy of ``ds``'s
+    context, with Ray Data's ``execution_options.preserve_order`` set (``ds`` and the datasets
+    made from it keep theirs); without it, the actors' batches came back in the order they
+    finished.
     ``workers=None``: as many as the cluster's CPUs / ``cpus_per_worker`` (Ray must be
     initialised then). Lazy, like every Ray Data transform: it composes with
     ``.write_parquet(...)``, ``.iter_batches()``, ``.materialize()``.
@@ -231,5 +232,6 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
         warnings.simplefilter("ignore", DeprecationWarning)
         out = ds.map_batches(BatchEmbedder, fn_constructor_kwargs=ctor, batch_size=batch_size,
                              batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size), **remote)
+    out = type(out).copy(out, _deep_copy=True)  # a context of its own: Ray Data shares the parent's
     out.context.execution_options.preserve_order = True
     return out

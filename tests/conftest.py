@@ -117,10 +117,13 @@ def declared_test_requirements(pyproject: Path = ROOT / "pyproject.toml") -> lis
     """The ``[test]`` extra's requirements, read from pyproject.toml (the source of truth)."""
     try:
         import tomllib
-    except ImportError:  # Python 3.10: the installed package's metadata says the same
-        import importlib.metadata as md
+    except ImportError:  # Python 3.10: tomli (in the [test] extra there), the same parser
+        try:
+            import tomli as tomllib
+        except ImportError:  # not installed yet: the installed package's metadata, as last installed
+            import importlib.metadata as md
 
-        return [r.split(";")[0].strip() for r in md.requires("bertscope") or [] if 'extra == "test"' in r]
+            return [r for r in md.requires("bertscope") or [] if 'extra == "test"' in r]  # markers kept
     with open(pyproject, "rb") as f:
         return list(tomllib.load(f)["project"]["optional-dependencies"]["test"])
 
@@ -134,6 +137,8 @@ def missing_test_dependencies(requirements: list[str] | None = None) -> list[str
     missing = []
     for line in declared_test_requirements() if requirements is None else requirements:
         req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": "test"}):
+            continue  # for another Python (tomli, say)
         try:
             have = md.version(req.name)
         except md.PackageNotFoundError:

@@ -43,6 +43,11 @@ def cluster():
     ray.shutdown()
 
 
+def _env(**extra: str) -> dict:
+    """This process's environment for a subprocess that imports bertscope from this tree."""
+    return dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+
+
 def _sentences(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) for _ in range(n)]
@@ -126,7 +131,7 @@ def test_ray_driver_killed_then_resumed_equals_an_uninterrupted_run(cluster, tmp
     assert whole.shards == 20  # many: the killed driver leaves some to resume, however far the workers got
 
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **{KILL_HOOK_ENV: "3"})
+    env = _env(**{KILL_HOOK_ENV: "3"})
     killed = subprocess.run([sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(out), "--shard-rows",
                              "20", "--format", "parquet", "--quiet", "--engine", "ray", "--address", cluster,
                              "--workers", "2"], env=env, capture_output=True, text=True, timeout=300)
@@ -173,8 +178,7 @@ def test_sigterm_stops_a_ray_job_with_one_line_and_it_resumes(cluster, tmp_path,
     out = tmp_path / "out"
     # Ray's own log at "info" (the CLI sets "fatal"): it goes to the driver's log file, not to stderr,
     # and says why if Ray ends the process itself (a CI run once saw status 1 and nothing on stderr)
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               RAY_BACKEND_LOG_LEVEL="info", **{KILL_HOOK_ENV: "2:TERM"})
+    env = _env(RAY_BACKEND_LOG_LEVEL="info", **{KILL_HOOK_ENV: "2:TERM"})
     with subprocess.Popen([sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(out), "--shard-rows",
                            "40", "--quiet", "--engine", "ray", "--address", cluster, "--workers", "2"],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
@@ -490,7 +494,7 @@ def test_a_session_leaves_no_object_reference_to_be_collected_during_rays_teardo
     stopped) are collected as the teardown starts: the session collects them first, and the
     process goes on.
     With a bare ray.shutdown() in the session, this test failed in 2 runs of 3 here."""
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env()
     done = subprocess.run([sys.executable, "-c", _COLLECTED_DURING_TEARDOWN], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0 and done.stdout == "the session ended\n", (done.returncode, done.stderr[-2000:])
@@ -521,7 +525,7 @@ def test_a_session_waits_for_ray_datas_threads_before_rays_teardown():
     ``iter_rows`` was still shutting the dataset's executor down (seen in 1 stopped job of 6 here)
     when the main thread shut Ray down. The session now waits for those threads. With the code
     before, this script ended with status 1 and no message in 2 runs of 2."""
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env()
     done = subprocess.run([sys.executable, "-c", _RAY_DATA_THREAD_AT_TEARDOWN], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0 and done.stdout == "the session ended\n", (done.returncode, done.stderr[-2000:])
@@ -564,7 +568,7 @@ def test_a_sigterm_as_ray_starts_is_the_clis_one_line_and_exit_143(cluster, tmp_
     this script ended with status 15 and an empty stderr."""
     inp = tmp_path / "in.txt"
     inp.write_text("one text\nanother\n")
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env()
     done = subprocess.run([sys.executable, "-c", _SIGTERM_AS_RAY_STARTS, "embed", str(inp), "--out", str(tmp_path / "o"),
                            "--quiet", "--engine", "ray", "--address", cluster, "--workers", "1"],
                           env=env, capture_output=True, text=True, timeout=300)
@@ -615,7 +619,7 @@ print("started", up, flush=True)  # (what the session's block prints goes to std
 def test_a_sigterm_as_ray_starts_that_the_process_lets_go_starts_ray_again(cluster, how):
     """A process that ignores SIGTERM, or handles it and goes on, gets its session: Ray's
     sys.exit(15) is undone and Ray started again (a review: it was refused)."""
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env()
     done = subprocess.run([sys.executable, "-c", _SIGTERM_AS_RAY_STARTS_LET_GO, how, cluster], env=env,
                           capture_output=True, text=True, timeout=180)
     said = "started True\n" if how == "ignore" else "the process's handler\nstarted True\n"
@@ -637,7 +641,7 @@ def test_the_processs_sigterm_handler_still_answers_after_a_ray_session():
     """ray.shutdown() resets SIGTERM underneath Python, whose record still names the process's
     handler: a SIGTERM after a session ended the process at once, with no word (here: no output,
     status -15, before this change)."""
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env()
     done = subprocess.run([sys.executable, "-c", _SIGTERM_AFTER_A_SESSION], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0 and done.stdout == "the process's handler\nwent on\n", (done.returncode,

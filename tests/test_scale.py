@@ -691,7 +691,8 @@ def test_an_address_where_something_else_answers_is_one_line_not_a_wait(tmp_path
         # no --address: ray.init joins RAY_ADDRESS where it is set, so that is what is checked
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{web.socket.getsockname()[1]}")
         code, _, err = _cli(["embed", str(inp), "--out", str(tmp_path / "o"), "--engine", "ray"], capsys)
-        assert code == 2 and "is not a Ray cluster: what answers there does not speak gRPC" in err
+        assert code == 2 and err.startswith(f"bertscope: error: RAY_ADDRESS: {os.environ['RAY_ADDRESS']} is not a "
+                                            "Ray cluster: what answers there does not speak gRPC"), err
     finally:
         for server in (web, tls):
             server.shutdown()

@@ -112,6 +112,11 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
         address = os.environ.get("RAY_ADDRESS", "").strip()  # what ray.init joins then, if set
         if _host_port(address) is None:  # unset, "auto", "local": Ray's own
             return
+        try:
+            check_address(address, timeout)
+        except InputError as e:
+            raise InputError(f"RAY_ADDRESS: {e}") from None  # the user set no --address: say where it came from
+        return
     if address.startswith("ray://"):
         try:
             import grpc  # noqa: F401  (Ray Client's transport)
@@ -247,7 +252,7 @@ def _start(ray, address: str | None, kwargs: dict) -> None:
     ``sys.exit(15)`` (the process ended with status 15, or 134, and no word): it goes again to
     the process's own handler, and where that one lets the process go on (SIG_IGN, or a handler
     that returns), Ray is started again, once."""
-    for attempt in (1, 2):
+    for _ in range(2):
         try:
             with _quiet_fd2(not log.isEnabledFor(logging.DEBUG)), _keep_sigterm():
                 ray.init(address=address, **kwargs)

@@ -189,8 +189,16 @@ def test_predict_resumes_after_a_kill_and_writes_what_an_unstopped_run_writes(tr
         assert main(["predict", str(out), str(inp), "--json", "--out", str(cut), "--quiet", "--resume"]) == 0
     assert "computing with the kernel choice the job began with" in caplog.text
     assert capsys.readouterr().err.startswith(f"bertscope: resuming at record 49 of 60 (48 done in {partial})")
-    assert cut.read_bytes() == whole.read_bytes() and not partial.exists()
+    assert not partial.exists()
     rows = [json.loads(x) for x in cut.read_text().splitlines()]
+    # what the unstopped run wrote, row for row: the same lines, labels and statuses, and the same
+    # probabilities to within float32 noise (two runs of one command can differ in the last bits: a
+    # fresh-clone run here saw 0.9...4 against 0.9...8 in line 1's, which no resume had touched)
+    unstopped_rows = [json.loads(x) for x in whole.read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "probs"} for r in rows] == \
+        [{k: v for k, v in r.items() if k != "probs"} for r in unstopped_rows]
+    assert all(r["probs"].keys() == u["probs"].keys() for r, u in zip(rows, unstopped_rows))
+    assert max(abs(r["probs"][k] - u["probs"][k]) for r, u in zip(rows, unstopped_rows) for k in r["probs"]) <= 1e-6
     probs = bertscope.load(out).classify([json.loads(x)["text"] for x in inp.read_text().splitlines()])
     assert [r["line"] for r in rows] == list(range(1, 61))
     assert max(abs(r["probs"]["pos"] - float(p[1])) for r, p in zip(rows, probs)) <= TOL

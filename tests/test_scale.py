@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import ray
 import torch
 
 from bertscope.cli.app import main
+from bertscope.errors import InputError
 from bertscope.fast.embedjob import KILL_HOOK_ENV, JobOptions, read_embeddings, run_embed_job
 from bertscope.scale import EngineOptions, embed_dataset, ray_head_stats, run_ray_embed_job
 from bertscope.scale.embed import WORKER_KILL_HOOK_ENV
@@ -558,6 +560,7 @@ def connect(*args, **kwargs):  # a SIGTERM while ray.init runs, once Ray's handl
     return done
 worker.connect = connect
 from bertscope.cli.app import main
+from bertscope.errors import InputError
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -738,3 +741,19 @@ def test_gpus_per_worker_on_a_machine_without_them_is_refused_with_or_without_wo
         with pytest.raises(InputError, match="--gpus-per-worker 1: this machine has 0 GPU"):
             _check_resources(NoGPU, EngineOptions(workers=workers, gpus_per_worker=1.0))
     _check_resources(NoGPU, EngineOptions(workers=None))  # CPU workers: fine
+
+
+def test_an_address_of_another_cluster_is_refused_while_ray_runs_in_the_process(cluster):
+    """A caller's own ``ray.init`` is used as it is; an --address naming some other cluster was
+    ignored without a word, and the work ran on the running cluster. It is refused in one line;
+    the running cluster's own address, by IP or as localhost, is accepted."""
+    from bertscope.scale.cluster import ray_session
+
+    port = int(cluster.rpartition(":")[2])
+    for other in (f"127.0.0.1:{port + 1}", f"198.51.100.1:{port}"):  # another port; another host (TEST-NET-2)
+        with pytest.raises(InputError, match=re.escape(f"already running in this process, joined to the cluster at {cluster}")):
+            with ray_session(EngineOptions(address=other)):
+                pass
+    for same in (cluster, f"localhost:{port}", "auto", None):
+        with ray_session(EngineOptions(address=same)) as ray:
+            assert ray.get_runtime_context().gcs_address == cluster

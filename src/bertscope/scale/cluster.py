@@ -137,6 +137,50 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
         raise InputError(f"{address} is not a Ray cluster: what answers there {answer}")
 
 
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` resolves to (none where it does not resolve)."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def _this_machine(ips: set[str], own: set[str]) -> bool:
+    """Whether every address in ``ips`` is this machine's: loopback, or one of ``own``."""
+    return bool(ips) and all(ip.startswith("127.") or ip == "::1" or ip in own for ip in ips)
+
+
+def _refuse_another_cluster(ray, address: str | None) -> None:
+    """With Ray already running in this process, refuse a HOST:PORT address of another cluster.
+
+    The process's own session is used as it is (a caller's ``ray.init``); an address naming some
+    other cluster would otherwise be ignored without a word, and the work run where the caller
+    did not ask. None, "auto" and ray:// addresses are taken to mean the running session.
+    """
+    if address is None or address == "auto" or address.startswith("ray://"):
+        return
+    wanted = _host_port(address)
+    if wanted is None:
+        raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+    try:
+        running = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001  (a Ray without it: nothing to compare with)
+        return
+    have = _host_port(running or "")
+    if have is None:
+        return
+    own = _addresses(socket.gethostname())
+    with contextlib.suppress(Exception):
+        own.add(ray.util.get_node_ip_address())  # the address Ray's nodes here go by
+    ips_wanted, ips_have = _addresses(wanted[0]), _addresses(have[0])
+    same_host = (wanted[0] == have[0] or bool(ips_wanted & ips_have)
+                 or (_this_machine(ips_wanted, own) and _this_machine(ips_have, own)))
+    if wanted[1] != have[1] or not same_host:
+        raise InputError(f"Ray is already running in this process, joined to the cluster at {running}; "
+                         f"{setting('address', '--address')} {address} names another (call ray.shutdown() "
+                         "first, or leave the address out to use the running one)")
+
+
 GRPC_ANSWER_S = 10.0
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4, then an empty SETTINGS frame:
 _H2_SETTINGS = bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])  # length 0, type 4 (SETTINGS), no flags, stream 0
@@ -219,15 +263,16 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     (:data:`RAY_DATA_THREADS_WAIT_S` at most).
     """
     ray = require_ray()
-    check_address(opts.address)
     lines = _RayLines()
     if ray.is_initialized():
+        _refuse_another_cluster(ray, opts.address)
         try:
             with _quiet_ray(ray), contextlib.redirect_stdout(lines), lines.quiet_when_stopped():
                 yield ray
         finally:
             lines.finish()
         return
+    check_address(opts.address)
     if not log.isEnabledFor(logging.DEBUG):
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ log lines off the terminal
     kwargs: dict = {"include_dashboard": False, "logging_level": logging.ERROR,

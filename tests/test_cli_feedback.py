@@ -163,6 +163,16 @@ def test_ablate_says_what_its_own_layer_shows(capsys):
     assert all("most moved" in l for l in lines[1:])
 
 
+def test_ablate_counts_layers_after_a_head_named_from_the_end(capsys):
+    """--layer -1 is the last layer: no layer comes after it (the layers were listed from L0,
+    as if they followed the silenced head, each with a move of 0.000)."""
+    assert main(["ablate", IT_ANIMAL, "--layer", "-1", "--head", "0", "--token", "it"]) == 0
+    out = capsys.readouterr().out
+    lines = [l.strip() for l in out.splitlines() if l.strip().startswith("L")]
+    assert len(lines) == 1 and lines[0].startswith("L5: the silenced heads' own layer")
+    assert "(no layer comes after it)" in out
+
+
 def test_benchmark_scripts_end_a_bertscope_error_with_one_line_and_status_2(capsys):
     """cli.common.run_script, the end of the benchmark scripts: a BertscopeError becomes one
     line on stderr and exit status 2, like the bertscope command; any other status passes through."""

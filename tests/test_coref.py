@@ -208,6 +208,28 @@ def test_coref_cli(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "no <schema>" in err
 
 
+def test_limit_counts_only_the_schemas_it_keeps(tmp_path, capsys):
+    """--limit 1 on a file whose schemas 2-4 are unusable said "1 schema scored, 3 skipped" and
+    warned about schemas the limit had left out: a bad schema past 273 would have made WSC273
+    read as "273 scored, 1 skipped". Schemas past the limit are neither scored nor skipped."""
+    wsc = tmp_path / "w.xml"
+    wsc.write_text("<collection>\n"
+                   + _schema_xml("The cat chased the dog because", "it", "was hungry.", "The cat", "the dog", "A")
+                   + "<schema><text><txt1>broken</txt2></text></schema>\n"
+                   + _schema_xml("The cat chased the dog because", "it", "was fast.", "The cow", "the dog", "B")
+                   + _schema_xml("The cat chased the dog because", "it", "was slow.", "The cat", "the dog", "Q")
+                   + "</collection>")
+    assert main(["coref", str(wsc), "--limit", "1", "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert "1 schema scored\n" in cap.out and "skipped" not in cap.out and "warning" not in cap.err
+    assert main(["coref", str(wsc), "--limit", "3", "--quiet", "--json"]) == 0
+    cap = capsys.readouterr()
+    warns = _strict_loads(cap.out)["warnings"]
+    assert [w.split(" (line")[0] for w in warns] == ["schema 2", "schema 3"], warns
+    assert main(["coref", str(wsc), "--quiet"]) == 0
+    assert "1 schema scored, 3 skipped" in capsys.readouterr().out
+
+
 def test_coref_says_when_its_noise_band_is_too_wide_to_tell_a_score_from_chance(tmp_path, capsys):
     """--limit 1 printed 100% next to "+/- 98.0 points" and nothing more. Under a band wider
     than 10 points a note says so, and how many schemas narrow it to 10: the n where

@@ -87,6 +87,15 @@ def test_compare_on_a_text_over_value_zeroings_limit_leaves_it_out_with_a_note(c
                        "once per token); this text has 143\n")
 
 
+def test_compare_on_a_text_over_the_models_positions_says_it_was_cut_once(capsys):
+    """The warning came twice: once from counting the tokens, once from the first method."""
+    long_text = "cat " + "word " * 600
+    assert main(["explain", long_text, "--compare", "--token", "cat", "--top", "2"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("was truncated") == 1, err
+    assert err.count("\n") == 2 and "value-zeroing left out" in err  # the note, and the warning
+
+
 def test_text_outputs(capsys):
     assert main(["explain", IT_ANIMAL, "--method", "alti", "--token", "it", "--top", "3"]) == 0
     out = capsys.readouterr().out
@@ -207,3 +216,23 @@ def test_compare_shows_small_values_with_two_significant_digits():
 
     assert [_value(v) for v in (0.0, 0.1234, -0.0312, 3.1e-4, -2e-6)] == ["0.00", "0.12", "-0.03", "3.1e-04",
                                                                          "-2.0e-06"]
+
+
+@pytest.mark.parametrize("follows", [True, False])
+def test_the_every_layer_table_explains_its_mark_only_when_it_shows_one(follows):
+    """The note under the table explained a ✓ that no cell carried (no layer follows the
+    referent on the bundled model); it now says that none does."""
+    from bertscope.explain.reread import Reread, render_reread
+
+    L = 2
+    tired = np.array([[0.5, 0.2, 0.3], [0.2, 0.5, 0.3]])  # layer 0: more from animal
+    wide = np.array([[0.2, 0.5, 0.3] if follows else [0.5, 0.2, 0.3], [0.5, 0.2, 0.3]])  # layer 0: more from street?
+    pair = np.array([[0.4, 0.1]])
+    methods = [m for m in METHODS if method_kind(m) != "input"]
+    r = Reread(model="m", methods=methods, shares={m: {"tired": tired, "wide": wide} for m in methods},
+               heads=[(0, 0)], head_shares={(m, s): pair for m in ("attention", "norm") for s in ("tired", "wide")})
+    text = render_reread(r, "cmd")
+    table = text[text.index("### Every layer"):text.index("### The seed's heads")]
+    assert table.count(" ✓ |") == (len(methods) if follows else 0) and tired.shape[0] == L
+    assert ("✓: the layer follows the referent" in text) == follows
+    assert ("No layer follows the referent under any method" in text) == (not follows)

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  mean token cosine: {float(res.token_cosine.mean()):.4f}; per token:")
     print("    " + "  ".join(f"{t} {float(c):.3f}" for t, c in zip(res.tokens, res.token_cosine)))
     if res.word_shift is not None and res.before is not None and res.after is not None:
-        first = min(l for l, _ in heads)
+        first = min(l for l, _ in res.heads)  # normalised: --layer -1 is the last layer
         print(f'  how "{res.word}" (word {res.word_index})\'s attention moves (total variation distance, '
               "0 = unchanged, 1 = disjoint):")
         N, H = res.word_shift.shape

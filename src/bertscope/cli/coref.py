@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  best head, held out                 {pct(res.held_out_accuracy)}")
     for f in res.held_out:
         print(f"      L{f.layer} H{f.head}: chosen on {len(f.chosen_on)} schema{'s' * (len(f.chosen_on) != 1)} "
-              f"({pct(f.choice_accuracy)}), "
-              f"scored on the other {len(f.scored_on)}: {pct(f.test_accuracy)}")
+              f"({100 * f.choice_accuracy:.1f}%), "
+              f"scored on the other {len(f.scored_on)}: {100 * f.test_accuracy:.1f}%")
     l, h, a = res.best_in_sample
     print(f"  best head in sample (optimistic)    {pct(a)}   L{l} H{h}, chosen and scored on the same schemas")
     if res.noise_95 > NOISE_NOTE:  # a band this wide: no score above can be told from chance

@@ -232,7 +232,11 @@ def _value(v: float) -> str:
 
 
 def _compare(bert, args) -> int:
+    import warnings
+
     import numpy as np
+
+    from ..core.tokenizer import TruncationWarning
 
     from ..explain import METHOD_INFO, METHODS, VALUE_ZEROING_MAX_TOKENS, explain, method_kind, method_tokens
 
@@ -240,7 +244,9 @@ def _compare(bert, args) -> int:
     explains_output = args.similar_to is not None or bert.is_classifier
     methods = [m for m in METHODS if method_kind(m) != "input" or explains_output]
     left_out: dict[str, str] = {}
-    T = method_tokens(bert, args.text, "value-zeroing")  # as explain() will cut it
+    with warnings.catch_warnings():  # the first explain() below says that the text was cut, once
+        warnings.simplefilter("ignore", TruncationWarning)
+        T = method_tokens(bert, args.text, "value-zeroing")  # as explain() will cut it
     if T > VALUE_ZEROING_MAX_TOKENS:  # it would be refused after the other columns' work
         methods.remove("value-zeroing")
         left_out["value-zeroing"] = (f"limited to {VALUE_ZEROING_MAX_TOKENS} tokens (it reruns every layer once "
@@ -255,7 +261,9 @@ def _compare(bert, args) -> int:
             exp, index = _explain_and_locate(bert, args, m)
             first = exp
         else:
-            exp = explain(bert, args.text, m, **_target_kwargs(args, m))
+            with warnings.catch_warnings():  # the first method's run said it already
+                warnings.simplefilter("ignore", TruncationWarning)
+                exp = explain(bert, args.text, m, **_target_kwargs(args, m))
         if exp.kind == "input":
             target = exp.target
             columns[m] = exp.ranked(k=args.top)

@@ -15,7 +15,8 @@ text: write its texts one per line first): mean attention to [CLS], to [SEP], to
 previous and to the next token (after Clark et al. 2019); entropy in nats and its gap to
 uniform (ln T - entropy); mean attention distance in tokens; and a pattern class after
 Kovaleva et al. 2019 (vertical, diagonal, vertical+diagonal, block, heterogeneous) by stated
-rules: see docs/EXPERIMENTS.md, or
+rules ("block" is broad, even attention over one text, not the paper's attention within each
+sentence of a pair): see docs/EXPERIMENTS.md, or
   python -c "import bertscope.understand.headstats as h; print(h.__doc__)"
 
 With --out DIR it also writes one layer x head heatmap per statistic (PNG; needs matplotlib:
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         print_json_strict(res)
         return 0
     N, H = hs.shape
-    print(f"{hs.model}: {N} layers x {H} heads over {hs.num_texts} texts ({hs.num_tokens} tokens)")
+    print(f"{hs.model}: {N} layers x {H} heads over {hs.num_texts} text{'s' * (hs.num_texts != 1)} ({hs.num_tokens} tokens)")
     for k in STATS:
         print()
         print("\n".join(_table(STAT_LABELS[k], hs.stats[k])))

@@ -111,7 +111,10 @@ def render_reread(r: Reread, command: str) -> str:
             mark = " ✓" if _follows(r, m, l) else ""
             cells.append(f"{t[0] - t[1]:+.2f} / {w[0] - w[1]:+.2f}{mark}")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "✓: the layer follows the referent (positive for \"…tired\", negative for \"…wide\").", "",
+    follows_any = any(_follows(r, m, l) for m in r.methods for l in range(L))
+    lines += ["", "✓: the layer follows the referent (positive for \"…tired\", negative for \"…wide\")." if follows_any
+              else "No layer follows the referent under any method (a ✓ would mark one: positive for \"…tired\", "
+              "negative for \"…wide\").", "",
               "### The seed's heads: weight against norm", "",
               "The heads with the most attention from \"it\" to \"animal\" in \"…tired\"; norm is "
               "‖α·f(x)‖ as a share of the head's row (Kobayashi et al. 2020).", "",

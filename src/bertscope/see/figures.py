@@ -330,7 +330,7 @@ def save_class_map(path: str | Path, classes: list[list[str]], order: Sequence[s
     """A map of the pattern class of every head (colour = class, label = short name)."""
     idx = torch.tensor([[order.index(c) for c in row] for row in classes], dtype=torch.float32)
     labels = [[_SHORT.get(c, c) for c in row] for row in classes]
-    return save_heatmap(path, idx, title + "  (V vertical, D diagonal, B block, Het heterogeneous)",
+    return save_heatmap(path, idx, title + "  (V vertical, D diagonal, V+D both, B block, Het heterogeneous)",
                         labels=labels, cmap="Set3", colorbar=False, vmin=0, vmax=len(order) - 1)
 
 

@@ -21,10 +21,15 @@ Three ways to pick a candidate from one forward pass of the plain pretrained mod
   (SAP-samples/acl2019-commonsense, ``commonsense.py``) A is read as ``attention[candidate
   token, pronoun token]``: the attention *from the candidate's token to the pronoun*
   (row = query = candidate, column = key = pronoun), and for a candidate of several sub-tokens
-  the largest of them. bertscope implements exactly that as ``mas`` ("candidate -> pronoun":
-  A = max over the candidate's non-determiner sub-tokens t of Σ over the pronoun's sub-tokens p
-  of probs[l, h, t, p]), and, as a variant, ``mas_pronoun`` with A = the per-head word-level
-  attention from the pronoun to the candidate described above. Their reported figure for
+  the largest of them, one-character tokens (such as "a") left out. bertscope implements that
+  as ``mas`` ("candidate -> pronoun": A = max over the candidate's sub-tokens t other than
+  "the"/"a"/"an" of Σ over the pronoun's sub-tokens p of probs[l, h, t, p]); it leaves out "the"
+  and "an" too, which the released script keeps. As a variant, ``mas_pronoun`` takes A = the
+  per-head word-level attention from the pronoun to the candidate described above. The same
+  repository's later stand-alone ``MAS.py`` (its version 0.2) computes another score: A is the
+  mean over the candidate's whole span, and a candidate's score is the share of heads where its
+  A is at least the other's. bertscope follows ``commonsense.py``, the script the repository
+  gives for replicating the paper's results. Their reported figure for
   bert-base-uncased on WSC273 is 60.3% (published, not reproduced here: the bundled model is a
   different, sentence-embedding model).
 
@@ -235,14 +240,15 @@ class CorefResult:
 
     def to_json(self) -> dict:
         l, h, a = self.best_in_sample
-        held: dict = {"accuracy": self.held_out_accuracy}
+        r6 = lambda x: None if x is None else round(float(x), 6)  # noqa: E731  (as every number below)
+        held: dict = {"accuracy": r6(self.held_out_accuracy)}
         if self.held_out_accuracy is None:
             held["note"] = self.HELD_OUT_NOTE
         return {
-            "model": self.model, "schemas_scored": len(self.numbers), "warnings": self.warnings,
-            "baselines": {"first": self.first_accuracy, "nearest": self.nearest_accuracy, "chance": self.chance,
-                          "noise_95": self.noise_95},
-            "mas": {"candidate_to_pronoun": self.mas_accuracy, "pronoun_to_candidate": self.mas_pronoun_accuracy},
+            "model": self.model, "schemas_scored": len(self.numbers), "warnings": [str(w) for w in self.warnings],
+            "baselines": {"first": r6(self.first_accuracy), "nearest": r6(self.nearest_accuracy),
+                          "chance": r6(self.chance), "noise_95": r6(self.noise_95)},
+            "mas": {"candidate_to_pronoun": r6(self.mas_accuracy), "pronoun_to_candidate": r6(self.mas_pronoun_accuracy)},
             "held_out": {**held, "folds": [
                 {"layer": f.layer, "head": f.head, "chosen_on": list(f.chosen_on), "scored_on": list(f.scored_on),
                  "choice_accuracy": round(f.choice_accuracy, 6), "test_accuracy": round(f.test_accuracy, 6)}
@@ -259,7 +265,8 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
     """Score every schema; schemas that fail are warned about and skipped.
 
     ``limit``: only the schemas numbered 1..``limit`` in their file (``Schema.number``; WSC273 is
-    ``limit=273`` of the 285), whatever slice of them is given.
+    ``limit=273`` of the 285), whatever slice of them is given; ``warnings`` about schemas past
+    it (:class:`~bertscope.understand.wsc.SchemaWarning`) are dropped.
     ``progress(done, total)`` is called after each schema (one forward pass each).
     """
     check_bert(bert, "evaluate()")
@@ -274,6 +281,8 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
     warns = list(warnings or [])
     if limit is not None:
         schemas = [s for s in schemas if s.number <= limit]
+        # the reader's warnings about schemas past the limit are not this count's
+        warns = [w for w in warns if getattr(w, "number", 0) <= limit]
         if not schemas:  # the reader's reason first: schemas 1..limit may have been unreadable
             raise InputError("no schema could be scored (" + (warns[0] if warns else
                              f"none given is numbered 1..{limit} in its file; limit counts by Schema.number") + ")")

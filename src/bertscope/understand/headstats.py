@@ -35,6 +35,10 @@ over the rows of ordinary tokens (not [CLS]/[SEP] queries), three masses that su
         spread >= BLOCK_SPREAD (0.7)      ->  "block"          (broad, even attention over the text)
         otherwise                         ->  "heterogeneous"  (a few specific distant tokens)
 
+Kovaleva et al.'s "block" is attention within each sentence of a sentence pair. Texts are read
+one at a time here, so "block" is its single-text counterpart, broad even attention over the
+text: class counts are not comparable with the paper's.
+
 The bar is 1.5 times uniform attention's v + d; where that leaves too little room (u > 0.5, texts
 of a handful of tokens, where 1.5 u would pass 0.75 and, below about 7 tokens, 1) it is halfway
 from uniform to 1. A text with no ordinary token (only [CLS] and [SEP]) has no rows to classify:

@@ -28,7 +28,7 @@ from ..errors import InputError, InputTypeError
 from ..core.words import as_word
 from ..files import read_input_bytes
 
-__all__ = ["BUNDLED_SCHEMAS", "Schema", "parse_wsc", "read_wsc", "schema_spans", "twin_groups"]
+__all__ = ["BUNDLED_SCHEMAS", "Schema", "SchemaWarning", "parse_wsc", "read_wsc", "schema_spans", "twin_groups"]
 
 # bertscope's own 12 schemas in the WSC format, shipped with the package (`coref --bundled`)
 BUNDLED_SCHEMAS = Path(__file__).resolve().parent / "data" / "pronouns.xml"
@@ -125,8 +125,24 @@ def _schema(elem: ET.Element, number: int, line: int) -> Schema:
                   source=_norm(elem.findtext("source")))
 
 
+class SchemaWarning(str):
+    """A warning about one schema that could not be used: the text, with the schema's number in
+    its file (``number``), so that a count of schemas 1..K (WSC273) can leave out the others'."""
+
+    number: int
+
+    def __new__(cls, text: str, number: int) -> "SchemaWarning":
+        w = super().__new__(cls, text)
+        w.number = number
+        return w
+
+    def __reduce__(self):  # pickles and copies as itself, number included
+        return (SchemaWarning, (str(self), self.number))
+
+
 def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[str]]:
-    """Schemas from WSC XML bytes, and one warning per schema that could not be used. The
+    """Schemas from WSC XML bytes, and one warning per schema that could not be used (a
+    :class:`SchemaWarning`: a str that knows the schema's number). The
     encoding is the byte-order mark's (UTF-8, UTF-16 or UTF-32, as XML reads one), else the
     declaration's, else UTF-8."""
     if not isinstance(data, (bytes, bytearray)):
@@ -156,12 +172,12 @@ def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[s
         try:
             elem = ET.fromstring(text[start:end])
         except ET.ParseError as e:
-            warnings.append(f"schema {number} (line {line}): malformed XML ({e}); skipped")
+            warnings.append(SchemaWarning(f"schema {number} (line {line}): malformed XML ({e}); skipped", number))
             continue
         try:
             schemas.append(_schema(elem, number, line))
         except ValueError as e:
-            warnings.append(f"schema {number} (line {line}): {e}; skipped")
+            warnings.append(SchemaWarning(f"schema {number} (line {line}): {e}; skipped", number))
     return schemas, warnings
 
 

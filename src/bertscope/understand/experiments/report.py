@@ -115,6 +115,7 @@ def run_all(bert: Bert, wsc: str | Path | None = None, wsc_limit: int = 273, *,
 def save_plots(r: Report, img: Path) -> dict[str, Path]:
     from ...see.figures import line_plot, save_class_map, save_heatmap
 
+    s12_top = float(max(r.s12.tired[:, :, 0].max(), r.s12.wide[:, :, 1].max()))  # one scale: they sit side by side
     out = {
         "s1": line_plot(img / "s1_self_match.png", {"Q = K = x": r.s1.identity, "learned W_Q, W_K (mean over heads)": r.s1.learned},
                          "S1: share of tokens whose best match is themselves", "share of tokens"),
@@ -126,9 +127,9 @@ def save_plots(r: Report, img: Path) -> dict[str, Path]:
                                                         "without ÷√d": r.s3.max_unscaled},
                             "S3: mean largest attention weight per layer", "largest weight"),
         "s12_tired": save_heatmap(img / "s12_it_animal_tired.png", r.s12.tired[:, :, 0],
-                                  'S12: "it" -> "animal", "... too tired"'),
+                                  'S12: "it" -> "animal", "... too tired"', vmin=0.0, vmax=s12_top),
         "s12_wide": save_heatmap(img / "s12_it_street_wide.png", r.s12.wide[:, :, 1],
-                                 'S12: "it" -> "street", "... too wide"'),
+                                 'S12: "it" -> "street", "... too wide"', vmin=0.0, vmax=s12_top),
         "classes": save_class_map(img / "heads_class.png", r.heads.classes, CLASSES,
                                   f"{r.model}: pattern class over {r.heads.num_texts} sentences"),
         "entropy": save_heatmap(img / "heads_entropy.png", r.heads.stats["entropy"], f"{r.model}: entropy (nats)"),
@@ -339,7 +340,10 @@ def _section_heads(r: Report, a: Callable[[str], None], ctx: dict) -> None:
     a(f"`bertscope heads` over the {hs.num_texts} sentences ({hs.num_tokens} tokens). Classes by the rules "
       "in `src/bertscope/understand/headstats.py` (v = attention to [CLS]/[SEP]/punctuation, d = to itself and its neighbours; "
       "vertical / diagonal / vertical+diagonal when v + d ≥ max(0.5, min(1.5 u, (1 + u) / 2)), u its uniform value, split by the "
-      "share of each; otherwise block if the rest is spread evenly (normalised entropy ≥ 0.7), else heterogeneous).")
+      "share of each; otherwise block if the rest is spread evenly (normalised entropy ≥ 0.7), else heterogeneous). "
+      "Kovaleva et al.'s *block* is attention within each sentence of a sentence pair; with one text at a time, "
+      "*block* here is its single-text counterpart, broad even attention over the text, so these counts are not "
+      "comparable with the paper's.")
     a("")
     a("| class | heads |")
     a("|---|---|")
@@ -373,7 +377,8 @@ def _section_wsc(r: Report, a: Callable[[str], None], ctx: dict) -> None:
         lh, hh, acc = w.best_in_sample
         coref_cmd = shlex.join(["bertscope", "coref", str(r.wsc_path)]
                                + (["--limit", str(r.wsc_limit)] if r.wsc_limit is not None else []))
-        a(f"`{coref_cmd}`: {len(w.numbers)} schemas scored"
+        n = len(w.numbers)
+        a(f"`{coref_cmd}`: {n} schema{'s' * (n != 1)} scored"
           + (f", {len(w.warnings)} skipped" if w.warnings else ", none skipped")
           + ("" if is_wsc273(r) else " (not the full WSC273, so not comparable with published WSC273 figures)")
           + ".")
@@ -393,8 +398,9 @@ def _section_wsc(r: Report, a: Callable[[str], None], ctx: dict) -> None:
         a("How each is computed (details in `src/bertscope/understand/coref.py`): *per head*, the word-level attention "
           "from the pronoun (mean over its sub-tokens) to each candidate (sum over a word's sub-tokens; a "
           "candidate scores its best word other than the/a/an), ties counted one half. *MAS*: per layer and "
-          "head, A = attention from the candidate's sub-tokens (the largest of them, determiners left out) to "
-          "the pronoun, i.e. row = candidate, column = pronoun, the direction of Klein & Nabi's released code; "
+          "head, A = attention from the candidate's sub-tokens (the largest of them, the/a/an left out; Klein & "
+          "Nabi's `commonsense.py` leaves out one-character tokens only) to the pronoun, i.e. row = candidate, "
+          "column = pronoun, the direction of that released code; "
           "per (layer, head) only the candidate with the larger A keeps it; the kept values are summed per "
           "candidate and normalised; the larger sum wins. *Held out*: schemas are grouped into twin groups "
           "(consecutive schemas with the same candidates or at least half their words in common), groups "
@@ -412,13 +418,14 @@ def _section_wsc(r: Report, a: Callable[[str], None], ctx: dict) -> None:
         if max(abs(x - w.chance) for x in honest) > w.noise_95:
             a("Some method is further from chance than the noise band; see the table.")
         elif w.noise_95 >= published - w.chance:  # the band cannot tell chance from what bert-base reached
-            a(f"With {len(w.numbers)} schemas the noise band (±{100 * w.noise_95:.1f} points) is as wide as the "
-              f"distance from chance to bert-base's published {published:.1%}, so these figures cannot say "
-              "whether this model's attention resolves Winograd pronouns: run more schemas (the whole "
-              "collection has 273).")
+            a(f"With {n} schema{'s' * (n != 1)} the noise band (±{100 * w.noise_95:.1f} points) is at least as "
+              f"wide as the distance from chance to bert-base's published {published:.1%}, so these figures cannot "
+              "say whether this model's attention resolves Winograd pronouns: run more schemas (WSC273 is the "
+              "first 273 of the collection's 285).")
         else:
             a("On this model no method (held-out heads and MAS included) is further from chance than the noise "
-              "band: its attention does not resolve Winograd pronouns. WSC twins flip the answer with one word, "
+              "band: these figures give no evidence that its attention resolves Winograd pronouns. WSC twins "
+              "flip the answer with one word, "
               "so any fixed preference (first, nearest, subject) scores about 50%, and so does a head that only "
               "has such a preference. Only the in-sample best head looks better, which is why it is not the figure "
               "to quote.")

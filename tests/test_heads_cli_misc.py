@@ -82,6 +82,14 @@ def test_heads_refuses_a_file_of_records_whose_syntax_it_would_read_as_text(tmp_
                    + (f" (for JSON Lines: jq -r .text {corpus} > texts.txt)" if kind == "JSON Lines" else "")), err
 
 
+def test_heads_counts_one_text_in_the_singular(tmp_path, capsys):
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("The cat sat.\n")
+    assert main(["heads", str(corpus), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "heads over 1 text (" in out, out
+
+
 def test_heads_out_must_be_a_folder(tmp_path, capsys):
     corpus = tmp_path / "in.txt"
     corpus.write_text("The cat sat.\n")

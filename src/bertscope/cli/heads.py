@@ -64,7 +64,7 @@ def _write_maps(out, hs) -> list:
     written = []
     for k in STATS:
         written.append(save_heatmap(out / f"heads_{k}.png", hs.stats[k],
-                                    f"{hs.model}: {STAT_LABELS[k]} ({hs.num_texts} texts)"))
+                                    f"{hs.model}: {STAT_LABELS[k]} ({hs.num_texts} text{'s' * (hs.num_texts != 1)})"))
     written.append(save_class_map(out / "heads_class.png", hs.classes, CLASSES, f"{hs.model}: pattern class"))
     written.append(write_text_atomic(out / "heads.json", dumps_strict(hs.to_json())))
     return written

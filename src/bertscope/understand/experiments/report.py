@@ -407,7 +407,8 @@ def _section_wsc(r: Report, a: Callable[[str], None], ctx: dict) -> None:
           "alternate between two halves, the head is chosen on one half and scored on the other, both ways.")
         a("")
         for f in w.held_out:
-            a(f"- L{f.layer} H{f.head} chosen on {len(f.chosen_on)} schemas ({f.choice_accuracy:.1%} there), "
+            c = len(f.chosen_on)
+            a(f"- L{f.layer} H{f.head} chosen on {c} schema{'s' * (c != 1)} ({f.choice_accuracy:.1%} there), "
               f"scored on the other {len(f.scored_on)}: {f.test_accuracy:.1%}.")
         a("")
         a("Published reference (not reproduced here, a different model): "

@@ -136,3 +136,15 @@ def test_sweep_json_ranking_follows_top(capsys):
     assert main(["ablate", "The cat sat.", "--sweep", "--top", "2", "--json", "--quiet"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["ranking"]) == 2 and len(data["token_effect"][0]) == 12  # the matrices stay whole
+
+
+def test_sweep_ranks_equal_effects_in_layer_then_head_order():
+    """argsort without stable=True left the order of equal effects to the sort's internals."""
+    from bertscope.understand.ablate import HeadEffects
+
+    effect = torch.zeros(3, 40)  # more than the few elements an unstable sort keeps in order
+    effect[2, 5] = effect[0, 7] = 0.5
+    eff = HeadEffects(text="t", token_effect=effect, embedding_effect=effect.clone())
+    ranked = [(l, h) for l, h, _, _ in eff.ranking()]
+    assert ranked[:2] == [(0, 7), (2, 5)]
+    assert ranked[2:] == [(l, h) for l in range(3) for h in range(40) if (l, h) not in ((0, 7), (2, 5))]

@@ -84,9 +84,9 @@ class HeadEffects:
 
     def ranking(self, k: int | None = None) -> list[tuple[int, int, float, float]]:
         """(layer, head, token effect, embedding effect) of every head, or the top ``k`` (>= 1),
-        the largest token effect first."""
+        the largest token effect first; equal effects in layer, then head order."""
         H = self.token_effect.shape[1]
-        order = self.token_effect.flatten().argsort(descending=True).tolist()
+        order = self.token_effect.flatten().argsort(descending=True, stable=True).tolist()
         if k is not None:  # -1 silently dropped the last head, "2" raised TypeError
             order = order[:as_count(k)]
         return [(i // H, i % H, float(self.token_effect.flatten()[i]), float(self.embedding_effect.flatten()[i]))

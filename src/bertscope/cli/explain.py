@@ -135,9 +135,10 @@ def _locate(bert, exp, args) -> int | None:
                      positions=len(exp.tokens))
 
 
-def _explain_and_locate(bert, args, method: str):
+def _explain_and_locate(bert, args, method: str, shown: set[str] | None = None):
     """The explanation and --token's index in it; a warning the explanation gave (a text cut to
-    the model's positions) is shown only if the word is found: else the error says it all."""
+    the model's positions) is shown only if the word is found: else the error says it all.
+    ``shown``: the warnings' texts already shown, each shown once (and added to it)."""
     import warnings
 
     from ..explain import explain
@@ -146,9 +147,18 @@ def _explain_and_locate(bert, args, method: str):
         warnings.simplefilter("always")
         exp = explain(bert, args.text, method, **_target_kwargs(args, method))
         index = _locate(bert, exp, args)
-    for w in caught:
-        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    _show_once(caught, set() if shown is None else shown)
     return exp, index
+
+
+def _show_once(caught, shown: set[str]) -> None:
+    """Show each caught warning whose text is not in ``shown`` yet (and add it)."""
+    import warnings
+
+    for w in caught:
+        if str(w.message) not in shown:
+            shown.add(str(w.message))
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _check_ranges(bert, args) -> None:
@@ -244,7 +254,7 @@ def _compare(bert, args) -> int:
     explains_output = args.similar_to is not None or bert.is_classifier
     methods = [m for m in METHODS if method_kind(m) != "input" or explains_output]
     left_out: dict[str, str] = {}
-    with warnings.catch_warnings():  # the first explain() below says that the text was cut, once
+    with warnings.catch_warnings():  # a count: the explain() calls below say where the text was cut
         warnings.simplefilter("ignore", TruncationWarning)
         T = method_tokens(bert, args.text, "value-zeroing")  # as explain() will cut it
     if T > VALUE_ZEROING_MAX_TOKENS:  # it would be refused after the other columns' work
@@ -256,14 +266,17 @@ def _compare(bert, args) -> int:
     index = None
     first = None
     target = None
+    shown: set[str] = set()  # a text cut alike for several methods is said once; a gradient
+    # method's cut at max_seq_length, shorter than the maps', is said too
     for m in methods:
         if first is None:
-            exp, index = _explain_and_locate(bert, args, m)
+            exp, index = _explain_and_locate(bert, args, m, shown)
             first = exp
         else:
-            with warnings.catch_warnings():  # the first method's run said it already
-                warnings.simplefilter("ignore", TruncationWarning)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 exp = explain(bert, args.text, m, **_target_kwargs(args, m))
+            _show_once(caught, shown)
         if exp.kind == "input":
             target = exp.target
             columns[m] = exp.ranked(k=args.top)

@@ -412,7 +412,9 @@ def test_wsc_parse_is_linear_in_unclosed_tags(junk):
     schemas, warnings = parse_wsc(data)
     assert len(schemas) == 1 and schemas[0].pronoun == "it"
     if junk != "<schema ":
-        assert warnings == ["the file: 200000 <schema> element(s) are not closed and were skipped"]
+        assert warnings == ["the file: 200000 <schema> element(s) are not closed and were skipped "
+                            "(the first: schema 1, line 1)"]
+        assert schemas[0].number == 200_001  # its position in the file, the unclosed ones counted
 
 
 def test_wsc_line_numbers_still_right():

@@ -230,6 +230,32 @@ def test_limit_counts_only_the_schemas_it_keeps(tmp_path, capsys):
     assert "1 schema scored, 3 skipped" in capsys.readouterr().out
 
 
+def test_an_unclosed_schema_keeps_its_place_in_the_numbering_and_the_limit(tmp_path, capsys):
+    """An unclosed <schema> was not numbered, so every later schema's number moved down by one
+    (--limit 273 took in the file's 274th), and its warning counted under any --limit."""
+    good = _schema_xml("The cat chased the dog because", "it", "was hungry.", "The cat", "the dog", "A")
+    wsc = tmp_path / "w.xml"
+    wsc.write_text("<collection>\n" + good + good + "<schema><text>cut off\n" + good + "</collection>")
+    schemas, warns = read_wsc(wsc)
+    assert [s.number for s in schemas] == [1, 2, 4]
+    assert len(warns) == 1 and warns[0].number == 3 and "(the first: schema 3, line 22)" in warns[0]  # after two 10-line schemas
+    assert main(["coref", str(wsc), "--limit", "2", "--quiet"]) == 0
+    assert "2 schemas scored\n" in capsys.readouterr().out
+    assert main(["coref", str(wsc), "--limit", "3", "--quiet"]) == 0
+    assert "2 schemas scored, 1 skipped" in capsys.readouterr().out
+
+
+def test_a_file_with_no_usable_schema_counts_only_those_within_the_limit(tmp_path, capsys):
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<collection>" + "".join(
+        _schema_xml("Ann met Bea because", "she", "was kind.", "Ann", f"Cy{i}", "A") for i in range(3))
+        + "</collection>")
+    assert main(["coref", str(bad), "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "schema 2" not in err and "schema 3" not in err
+    assert err.strip().splitlines()[-1].endswith("no usable schema (1 skipped)"), err
+
+
 def test_coref_says_when_its_noise_band_is_too_wide_to_tell_a_score_from_chance(tmp_path, capsys):
     """--limit 1 printed 100% next to "+/- 98.0 points" and nothing more. Under a band wider
     than 10 points a note says so, and how many schemas narrow it to 10: the n where

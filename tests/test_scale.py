@@ -750,10 +750,11 @@ def test_an_address_of_another_cluster_is_refused_while_ray_runs_in_the_process(
     from bertscope.scale.cluster import ray_session
 
     port = int(cluster.rpartition(":")[2])
-    for other in (f"127.0.0.1:{port + 1}", f"198.51.100.1:{port}"):  # another port; another host (TEST-NET-2)
+    # another port; another host (TEST-NET-2); another host through Ray Client (its own port)
+    for other in (f"127.0.0.1:{port + 1}", f"198.51.100.1:{port}", "ray://198.51.100.1:10001"):
         with pytest.raises(InputError, match=re.escape(f"already running in this process, joined to the cluster at {cluster}")):
             with ray_session(EngineOptions(address=other)):
                 pass
-    for same in (cluster, f"localhost:{port}", "auto", None):
+    for same in (cluster, f"localhost:{port}", f"0.0.0.0:{port}", f"[::ffff:127.0.0.1]:{port}", "auto", None):
         with ray_session(EngineOptions(address=same)) as ray:
             assert ray.get_runtime_context().gcs_address == cluster

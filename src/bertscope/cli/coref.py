@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give a WSC XML FILE or --bundled (bertscope's own 12 schemas), one of the two")
     path = BUNDLED_SCHEMAS if args.bundled else args.file
     schemas, warns = read_wsc(path)
+    if args.limit is not None:  # schemas past the limit are not this run's, nor are their warnings
+        warns = [w for w in warns if getattr(w, "number", 0) <= args.limit]
     if not schemas:
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)

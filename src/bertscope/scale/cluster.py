@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import ipaddress
 import logging
 import math
 import os
@@ -145,40 +146,61 @@ def _addresses(host: str) -> set[str]:
         return set()
 
 
+def _is_loopback(ip: str) -> bool:
+    try:
+        a = ipaddress.ip_address(ip.split("%", 1)[0])  # an IPv6 zone ("fe80::1%eth0") is not part of it
+    except ValueError:
+        return False
+    mapped = getattr(a, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return a.is_loopback or a.is_unspecified or bool(mapped and (mapped.is_loopback or mapped.is_unspecified))
+
+
 def _this_machine(ips: set[str], own: set[str]) -> bool:
-    """Whether every address in ``ips`` is this machine's: loopback, or one of ``own``."""
-    return bool(ips) and all(ip.startswith("127.") or ip == "::1" or ip in own for ip in ips)
+    """Whether every address in ``ips`` is this machine's: loopback (or 0.0.0.0, any of this
+    machine's), or one of ``own``."""
+    return bool(ips) and all(_is_loopback(ip) or ip in own for ip in ips)
 
 
 def _refuse_another_cluster(ray, address: str | None) -> None:
-    """With Ray already running in this process, refuse a HOST:PORT address of another cluster.
+    """With Ray already running in this process, refuse an address of another cluster.
 
     The process's own session is used as it is (a caller's ``ray.init``); an address naming some
     other cluster would otherwise be ignored without a word, and the work run where the caller
-    did not ask. None, "auto" and ray:// addresses are taken to mean the running session.
+    did not ask. None and "auto" mean the running session. HOST:PORT must name the running
+    cluster's GCS (its host by name or address, or this machine as localhost); ray://HOST:PORT
+    is Ray Client's own port, so only its host is compared.
     """
-    if address is None or address == "auto" or address.startswith("ray://"):
+    if address is None or address == "auto":
         return
     wanted = _host_port(address)
     if wanted is None:
         raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
     try:
         running = ray.get_runtime_context().gcs_address
-    except Exception:  # noqa: BLE001  (a Ray without it: nothing to compare with)
+    except Exception:  # noqa: BLE001  (a Ray without it, or a Ray Client session: nothing to compare with)
         return
     have = _host_port(running or "")
     if have is None:
         return
+    refused = InputError(f"Ray is already running in this process, joined to the cluster at {running}; "
+                         f"{setting('address', '--address')} {address} names another (call ray.shutdown() "
+                         "first, or leave the address out to use the running one)")
+    client = address.startswith("ray://")
+    if not client and wanted[1] != have[1]:
+        raise refused
+    if wanted[0] == have[0]:
+        return
+    ips_wanted = _addresses(wanted[0])
+    if not ips_wanted:
+        raise InputError(f"cannot reach a Ray cluster at {address}: {wanted[0]} does not resolve to an address")
+    ips_have = _addresses(have[0])
+    if ips_wanted & ips_have:
+        return
     own = _addresses(socket.gethostname())
     with contextlib.suppress(Exception):
         own.add(ray.util.get_node_ip_address())  # the address Ray's nodes here go by
-    ips_wanted, ips_have = _addresses(wanted[0]), _addresses(have[0])
-    same_host = (wanted[0] == have[0] or bool(ips_wanted & ips_have)
-                 or (_this_machine(ips_wanted, own) and _this_machine(ips_have, own)))
-    if wanted[1] != have[1] or not same_host:
-        raise InputError(f"Ray is already running in this process, joined to the cluster at {running}; "
-                         f"{setting('address', '--address')} {address} names another (call ray.shutdown() "
-                         "first, or leave the address out to use the running one)")
+    if not (_this_machine(ips_wanted, own) and _this_machine(ips_have, own)):
+        raise refused
 
 
 GRPC_ANSWER_S = 10.0

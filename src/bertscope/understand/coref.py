@@ -266,7 +266,9 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
 
     ``limit``: only the schemas numbered 1..``limit`` in their file (``Schema.number``; WSC273 is
     ``limit=273`` of the 285), whatever slice of them is given; ``warnings`` about schemas past
-    it (:class:`~bertscope.understand.wsc.SchemaWarning`) are dropped.
+    it (:class:`~bertscope.understand.wsc.SchemaWarning`, as the reader gives them) are dropped.
+    A warning given as a plain str (or one made from a SchemaWarning by a str operation, which
+    returns a plain str) has no number and is always kept.
     ``progress(done, total)`` is called after each schema (one forward pass each).
     """
     check_bert(bert, "evaluate()")

@@ -158,15 +158,18 @@ def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[s
     text = text.removeprefix("\ufeff")
     if re.search(r"<!(DOCTYPE|ENTITY)", text, re.I):  # in the text: a UTF-16 file hid it from a byte search
         raise InputError(f"{name} declares a DTD or entities; bertscope refuses those (remove the <!DOCTYPE>)")
-    spans, opened = schema_spans(text)
+    spans, unclosed = _numbered_spans(text)
     if not spans:
         raise InputError(f"{name} has no <schema>...</schema> elements: is it in the WSC XML format?")
     schemas: list[Schema] = []
     warnings: list[str] = []
-    if opened > len(spans):
-        warnings.append(f"{name}: {opened - len(spans)} <schema> element(s) are not closed and were skipped")
+    if unclosed:  # one warning for them all (a broken file may hold thousands), numbered by the first
+        first, at = unclosed[0]
+        warnings.append(SchemaWarning(
+            f"{name}: {len(unclosed)} <schema> element(s) are not closed and were skipped (the first: schema "
+            f"{first}, line {text.count(chr(10), 0, at) + 1})", first))
     line, counted = 1, 0
-    for number, (start, end) in enumerate(spans, start=1):
+    for number, start, end in spans:
         line += text.count("\n", counted, start)  # counted once across the file, not from 0 each time
         counted = start
         try:
@@ -185,17 +188,30 @@ def schema_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     """(start, end) of each closed <schema>...</schema> element, in one linear pass over the
     tags, and how many <schema> tags were opened. An opening tag followed by another opening
     tag before any closing one was never closed; it is counted, not matched."""
-    spans: list[tuple[int, int]] = []
+    spans, unclosed = _numbered_spans(text)
+    return [(start, end) for _, start, end in spans], len(spans) + len(unclosed)
+
+
+def _numbered_spans(text: str) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """(number, start, end) of each closed <schema> element and (number, start) of each unclosed
+    one, numbered by their opening tags' order in the file from 1: a schema's number is its
+    position, whatever came before it (WSC273 is the first 273)."""
+    spans: list[tuple[int, int, int]] = []
+    unclosed: list[tuple[int, int]] = []
     opened = 0
     start: int | None = None
     for m in _TAG.finditer(text):
         if not m.group(1):  # <schema ...>
+            if start is not None:  # the one opened before it was never closed
+                unclosed.append((opened, start))
             opened += 1
             start = m.start()
         elif start is not None:  # </schema> closing the last one opened
-            spans.append((start, m.end()))
+            spans.append((opened, start, m.end()))
             start = None
-    return spans, opened
+    if start is not None:
+        unclosed.append((opened, start))
+    return spans, unclosed
 
 
 def read_wsc(path: str | Path) -> tuple[list[Schema], list[str]]:

@@ -154,3 +154,18 @@ def test_params_columns_stay_apart_for_a_huge_config(tmp_path, capsys):
     assert main(["params", "--model", str(tmp_path)]) == 0
     row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("per layer"))
     assert row.split() == ["per", "layer", "17,179,869,184", "262,144", "17,180,131,328"], row
+
+
+def test_heads_json_written_by_out_is_what_json_prints(tmp_path, capsys):
+    """heads.json left out the reader's warnings (a line that is not UTF-8) that --json printed."""
+    import json
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"The cat sat.\n\xff\xfe broken\nA dog ran.\n")
+    assert main(["heads", str(corpus), "--json", "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert main(["heads", str(corpus), "--out", str(tmp_path / "h"), "--quiet"]) == 0
+    capsys.readouterr()
+    written = json.loads((tmp_path / "h" / "heads.json").read_text())
+    assert any("line 2" in w and "UTF-8" in w for w in written["warnings"]), written["warnings"]
+    assert written == printed

@@ -56,7 +56,7 @@ def _table(title: str, values, fmt: str = "{:5.2f}") -> list[str]:
     return lines
 
 
-def _write_maps(out, hs) -> list:
+def _write_maps(out, hs, result: dict) -> list:
     from ..files import write_text_atomic
     from ..see.figures import save_class_map, save_heatmap
     from ..understand.headstats import CLASSES, STAT_LABELS, STATS
@@ -66,7 +66,7 @@ def _write_maps(out, hs) -> list:
         written.append(save_heatmap(out / f"heads_{k}.png", hs.stats[k],
                                     f"{hs.model}: {STAT_LABELS[k]} ({hs.num_texts} text{'s' * (hs.num_texts != 1)})"))
     written.append(save_class_map(out / "heads_class.png", hs.classes, CLASSES, f"{hs.model}: pattern class"))
-    written.append(write_text_atomic(out / "heads.json", dumps_strict(hs.to_json())))
+    written.append(write_text_atomic(out / "heads.json", dumps_strict(result)))  # what --json prints
     return written
 
 
@@ -109,15 +109,15 @@ def run(args: argparse.Namespace) -> int:
             hs = head_stats(bert, lines, progress=progress)
     for w in hs.warnings:
         print(f"bertscope: warning: {w}", file=sys.stderr)
+    res = hs.to_json()
+    res["warnings"] = list(warns) + list(res.get("warnings", []))  # the lines skipped as not text too
     written: list[Path] = []
     if out is not None:  # every file or none: staged, then renamed into place
         from ..files import write_folder_atomic
 
         with writing(out):
-            written += write_folder_atomic(out, lambda stage: _write_maps(stage, hs))
+            written += write_folder_atomic(out, lambda stage: _write_maps(stage, hs, res))
     if args.json:
-        res = hs.to_json()
-        res["warnings"] = list(warns) + list(res.get("warnings", []))  # the lines skipped as not text too
         print_json_strict(res)
         return 0
     N, H = hs.shape

@@ -148,3 +148,18 @@ def test_sweep_ranks_equal_effects_in_layer_then_head_order():
     ranked = [(l, h) for l, h, _, _ in eff.ranking()]
     assert ranked[:2] == [(0, 7), (2, 5)]
     assert ranked[2:] == [(l, h) for l in range(3) for h in range(40) if (l, h) not in ((0, 7), (2, 5))]
+
+
+def test_ablate_json_word_index_points_into_its_own_words(capsys, bert):
+    """word_index pointed into a list of words the JSON did not hold; the words are attend's."""
+    assert main(["ablate", IT_ANIMAL, "--layer", "3", "--head", "1", "--token", "it", "--occurrence", "1",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["words"][data["word_index"]] == "it"
+    assert data["words"] == bertscope_words(bert)
+
+
+def bertscope_words(bert) -> list[str]:
+    import bertscope
+
+    return bertscope.attend(bert, IT_ANIMAL, "it").words

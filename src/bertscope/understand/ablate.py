@@ -63,7 +63,7 @@ class Ablation:
                 f"{self.embedding_cosine:.4f}, lowest token cosine {float(self.token_cosine.min()):.4f}{word})")
 
     def to_json(self) -> dict:
-        d = {"text": self.text, "heads": [list(h) for h in self.heads], "tokens": self.tokens,
+        d = {"text": self.text, "heads": [list(h) for h in self.heads], "tokens": self.tokens, "words": self.words,
              "token_cosine": [round(float(x), 6) for x in self.token_cosine.tolist()],
              "mean_token_cosine": round(float(self.token_cosine.mean()), 6),
              "embedding_cosine": round(self.embedding_cosine, 6)}

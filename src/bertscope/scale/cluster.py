@@ -333,7 +333,9 @@ def _start(ray, address: str | None, kwargs: dict) -> None:
                 raise
             if ray.is_initialized():
                 _shut_down(ray)
-            os.kill(os.getpid(), signal.SIGTERM)  # again, to the process's own handler (which may raise)
+            # again, to the process's own handler (which may raise): raised in this thread, so the
+            # handler runs now; os.kill may land on one of Ray's threads and the handler run later
+            signal.raise_signal(signal.SIGTERM)
     raise InputError("Ray was stopped by a SIGTERM each time it started")
 
 

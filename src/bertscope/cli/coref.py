@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..understand.coref import evaluate
     from ..errors import InputError
-    from ..understand.wsc import BUNDLED_SCHEMAS, read_wsc
+    from ..understand.wsc import BUNDLED_SCHEMAS, read_wsc, warnings_within
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")
@@ -68,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give a WSC XML FILE or --bundled (bertscope's own 12 schemas), one of the two")
     path = BUNDLED_SCHEMAS if args.bundled else args.file
     schemas, warns = read_wsc(path)
-    if args.limit is not None:  # schemas past the limit are not this run's, nor are their warnings
-        warns = [w for w in warns if getattr(w, "number", 0) <= args.limit]
+    warns = warnings_within(warns, args.limit)  # schemas past the limit are not this run's, nor their warnings
     if not schemas:
         for w in warns:
             print(f"bertscope: warning: {w}", file=sys.stderr)

@@ -96,6 +96,14 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _address_host_port(address: str) -> tuple[str, int]:
+    """(host, port) of a HOST:PORT or ray://HOST:PORT address, or the one-line error."""
+    hp = _host_port(address)
+    if hp is None:
+        raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+    return hp
+
+
 def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Fail in seconds, with one line, when ``address`` names no reachable cluster.
 
@@ -124,9 +132,7 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> No
         except ImportError:
             raise InputError(f"{setting('address', '--address')} {address} uses Ray Client, which needs: "
                              "pip install 'ray[client]'") from None
-    hp = _host_port(address)
-    if hp is None:
-        raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+    hp = _address_host_port(address)
     try:
         with socket.create_connection(hp, timeout=timeout) as sock:
             answer = None if _uses_tls() else _grpc_answer(sock, GRPC_ANSWER_S)
@@ -172,9 +178,7 @@ def _refuse_another_cluster(ray, address: str | None) -> None:
     """
     if address is None or address == "auto":
         return
-    wanted = _host_port(address)
-    if wanted is None:
-        raise InputError(f"{setting('address', '--address')} must be auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+    wanted = _address_host_port(address)
     try:
         running = ray.get_runtime_context().gcs_address
     except Exception:  # noqa: BLE001  (a Ray without it, or a Ray Client session: nothing to compare with)

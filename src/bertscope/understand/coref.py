@@ -49,7 +49,7 @@ import torch
 from ..errors import InputError, InputTypeError, as_count
 from ..core.words import group_words, word_attention
 from ..bert import Bert, analysis, check_bert
-from .wsc import Schema, twin_groups
+from .wsc import Schema, twin_groups, warnings_within
 
 __all__ = ["CorefResult", "HeldOut", "SchemaScores", "evaluate", "held_out_heads", "hit", "mas",
            "rank_heads", "score_schema"]
@@ -284,7 +284,7 @@ def evaluate(bert: Bert, schemas: list[Schema], *, warnings: list[str] | None = 
     if limit is not None:
         schemas = [s for s in schemas if s.number <= limit]
         # the reader's warnings about schemas past the limit are not this count's
-        warns = [w for w in warns if getattr(w, "number", 0) <= limit]
+        warns = warnings_within(warns, limit)
         if not schemas:  # the reader's reason first: schemas 1..limit may have been unreadable
             raise InputError("no schema could be scored (" + (warns[0] if warns else
                              f"none given is numbered 1..{limit} in its file; limit counts by Schema.number") + ")")

@@ -28,7 +28,7 @@ from ..errors import InputError, InputTypeError
 from ..core.words import as_word
 from ..files import read_input_bytes
 
-__all__ = ["BUNDLED_SCHEMAS", "Schema", "SchemaWarning", "parse_wsc", "read_wsc", "schema_spans", "twin_groups"]
+__all__ = ["BUNDLED_SCHEMAS", "Schema", "SchemaWarning", "parse_wsc", "warnings_within", "read_wsc", "schema_spans", "twin_groups"]
 
 # bertscope's own 12 schemas in the WSC format, shipped with the package (`coref --bundled`)
 BUNDLED_SCHEMAS = Path(__file__).resolve().parent / "data" / "pronouns.xml"
@@ -138,6 +138,14 @@ class SchemaWarning(str):
 
     def __reduce__(self):  # pickles and copies as itself, number included
         return (SchemaWarning, (str(self), self.number))
+
+
+def warnings_within(warnings: list[str], limit: int | None) -> list[str]:
+    """The warnings about schemas 1..``limit`` (all of them without a limit); one with no
+    number (a plain str) is kept."""
+    if limit is None:
+        return list(warnings)
+    return [w for w in warnings if getattr(w, "number", 0) <= limit]
 
 
 def parse_wsc(data: bytes, name: str = "the file") -> tuple[list[Schema], list[str]]:

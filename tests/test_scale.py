@@ -761,3 +761,28 @@ def test_an_address_of_another_cluster_is_refused_while_ray_runs_in_the_process(
     for same in (cluster, f"localhost:{port}", f"0.0.0.0:{port}", f"[::ffff:127.0.0.1]:{port}", "auto", None):
         with ray_session(EngineOptions(address=same)) as ray:
             assert ray.get_runtime_context().gcs_address == cluster
+
+
+def test_an_address_whose_name_does_not_resolve_is_said_so_while_ray_runs(monkeypatch):
+    """With Ray running, a host name that resolves to nothing read as "names another cluster";
+    it is its own line. (A stand-in for Ray's runtime context and for the resolver: no DNS.)"""
+    from types import SimpleNamespace
+
+    from bertscope.scale import cluster
+
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if host == "nowhere.example":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    fake_ray = SimpleNamespace(get_runtime_context=lambda: SimpleNamespace(gcs_address="127.0.0.1:6379"),
+                               util=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
+    with pytest.raises(InputError, match=re.escape("cannot reach a Ray cluster at nowhere.example:6379: "
+                                                   "nowhere.example does not resolve to an address")):
+        cluster._refuse_another_cluster(fake_ray, "nowhere.example:6379")
+    cluster._refuse_another_cluster(fake_ray, "[::ffff:127.0.0.1]:6379")  # this machine, another spelling
+    with pytest.raises(InputError, match="names another"):
+        cluster._refuse_another_cluster(fake_ray, "ray://198.51.100.1:10001")

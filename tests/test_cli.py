@@ -50,6 +50,7 @@ def test_params_bert_base_json(capsys):
     assert data["per_layer_total"] == 2_362_368
     assert data["attention_total"] == 28_348_416
     assert data["model_total"] == 109_482_240
+    assert data["attention_share"] == round(28_348_416 / 109_482_240, 6) == 0.258932
 
 
 def test_params_table(capsys, bundled_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bertscope.errors import InputError
 from bertscope.see.figures import grid_figure, head_figure, units
@@ -227,3 +228,37 @@ def test_an_old_matplotlib_is_named_before_any_work(monkeypatch, capsys, tmp_pat
     assert main(["plot", IT_ANIMAL, "--out", str(tmp_path / "x.png")]) == 2
     assert capsys.readouterr().err == ("bertscope: error: plotting needs matplotlib 3.7 or newer, and 3.6 is "
                                        "installed: pip install --upgrade 'bertscope[plot]'\n")
+
+
+def test_heatmap_labels_read_on_their_cells(monkeypatch):
+    """The class map is drawn with Set3, whose twelve colours are all pale: its labels were white
+    on half the cells. Each label now takes black or white by its cell's colour (WCAG 2's contrast
+    ratio): black on every Set3 colour, white on viridis' dark end, black on its yellow end."""
+    import matplotlib
+    from matplotlib.axes import Axes
+
+    import bertscope.see.figures as figures
+
+    set3 = matplotlib.colormaps["Set3"]
+    assert [figures._ink(set3(i)) for i in range(set3.N)] == ["black"] * 12
+    viridis = matplotlib.colormaps["viridis"]
+    assert figures._ink(viridis(0.0)) == "white" and figures._ink(viridis(1.0)) == "black"
+    assert figures._ink((0.0, 0.0, 0.0, 1.0)) == "white" and figures._ink((1.0, 1.0, 1.0, 1.0)) == "black"
+
+    drawn = []
+    real = Axes.text
+
+    def spy(self, x, y, s, *a, **kw):
+        drawn.append((s, kw.get("color")))
+        return real(self, x, y, s, *a, **kw)
+
+    monkeypatch.setattr(Axes, "text", spy)
+    classes = [["vertical", "diagonal", "block"], ["heterogeneous", "vertical+diagonal", "vertical"]]
+    order = ["vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous"]
+    idx = torch.tensor([[order.index(c) for c in row] for row in classes], dtype=torch.float32)
+    figures.heatmap_png(idx, "classes", labels=[["V", "D", "B"], ["Het", "V+D", "V"]], cmap="Set3",
+                        colorbar=False, vmin=0, vmax=len(order) - 1)
+    assert [c for _, c in drawn] == ["black"] * 6
+    drawn.clear()
+    figures.heatmap_png(torch.tensor([[0.0, 1.0]]), "values", cmap="viridis")
+    assert drawn == [("0.00", "white"), ("1.00", "black")]

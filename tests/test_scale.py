@@ -27,6 +27,7 @@ from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.fast.embedjob import KILL_HOOK_ENV, JobOptions, read_embeddings, run_embed_job
 from bertscope.scale import EngineOptions, embed_dataset, ray_head_stats, run_ray_embed_job
+from bertscope.scale.cluster import check_engine_options
 from bertscope.scale.embed import WORKER_KILL_HOOK_ENV
 from bertscope.understand.headstats import CLASSES, STATS, head_stats
 
@@ -786,3 +787,50 @@ def test_an_address_whose_name_does_not_resolve_is_said_so_while_ray_runs(monkey
     cluster._refuse_another_cluster(fake_ray, "[::ffff:127.0.0.1]:6379")  # this machine, another spelling
     with pytest.raises(InputError, match="names another"):
         cluster._refuse_another_cluster(fake_ray, "ray://198.51.100.1:10001")
+
+
+def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
+    """No address: Ray starts on this machine with the CPUs the workers ask for. A thousand
+    model-holding processes on a laptop is refused in one line, before Ray starts; a cluster's
+    address, RAY_ADDRESS, or a Ray this process already runs leave the count to that cluster."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setitem(sys.modules, "ray", None)  # no Ray running in this process
+    check_engine_options(EngineOptions(workers=8))  # 4 per CPU: still taken
+    check_engine_options(EngineOptions(workers=4, cpus_per_worker=2.0))
+    with pytest.raises(InputError) as e:
+        check_engine_options(EngineOptions(workers=9))
+    assert str(e.value) == ("workers (--workers) 9 of 1 CPU each asks a Ray started on this machine for 9 CPUs; "
+                            "it has 2 logical CPUs and takes at most 8 (4 per CPU): give fewer workers, or "
+                            "address (--address) of a cluster that has them")
+    with pytest.raises(InputError, match=r"for 1000000000 CPUs"):
+        check_engine_options(EngineOptions(workers=10**9))
+    with pytest.raises(InputError, match=r"workers \(--workers\) 3 of 2\.75 CPUs each asks .* for 8\.25 CPUs"):
+        check_engine_options(EngineOptions(workers=3, cpus_per_worker=2.75))
+    check_engine_options(EngineOptions(workers=10**9, address="head:6379"))  # that cluster's to say
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    check_engine_options(EngineOptions(workers=10**9))
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    with pytest.raises(InputError, match="asks a Ray started on this machine"):
+        check_engine_options(EngineOptions(workers=10**9))
+
+    class Running:  # a caller's own ray.init: its cluster decides
+        @staticmethod
+        def is_initialized():
+            return True
+
+    monkeypatch.setitem(sys.modules, "ray", Running)
+    check_engine_options(EngineOptions(workers=10**9))
+
+
+def test_the_cli_refuses_a_local_ray_of_a_billion_workers_in_one_line(tmp_path):
+    inp = tmp_path / "in.txt"
+    inp.write_text("one text\n")
+    env = {k: v for k, v in _env().items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-m", "bertscope", "embed", str(inp), "--out", str(tmp_path / "o"),
+                        "--engine", "ray", "--workers", "1000000000"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "--workers 1000000000 of 1 CPU each asks a Ray started on this machine for 1000000000 CPUs" in lines[0]
+    assert not (tmp_path / "o").exists()

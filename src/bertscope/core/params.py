@@ -38,6 +38,7 @@ class ParamCount:
             "per_layer_total": self.per_layer_total,
             "attention_total": self.attention_total,
             "model_total": self.model_total,
+            "attention_share": round(self.attention_total / self.model_total, 6),
         }
 
 

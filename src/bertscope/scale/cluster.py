@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 RAY_HINT = "pip install 'bertscope[ray]'"
 CONNECT_TIMEOUT_S = 3.0
+# a Ray started on this machine (no address) reserves workers x cpus_per_worker CPUs; more than
+# this many per logical CPU is refused: each worker is a process holding its own model, and past
+# the machine's CPUs they only share them
+LOCAL_CPUS_PER_CPU = 4
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,28 @@ def check_engine_options(opts: EngineOptions) -> None:
     if not (opts.gpus_per_worker >= 0 and math.isfinite(opts.gpus_per_worker)):
         raise InputError(f"{setting('gpus_per_worker', '--gpus-per-worker')} must be a number, 0 or more, "
                          f"not {opts.gpus_per_worker}")
+    if _starts_here(opts) and opts.workers is not None:
+        cpus, most = os.cpu_count() or 1, LOCAL_CPUS_PER_CPU * (os.cpu_count() or 1)
+        if opts.workers * opts.cpus_per_worker > most:
+            raise InputError(
+                f"{setting('workers', '--workers')} {opts.workers} of {opts.cpus_per_worker:g} "
+                f"CPU{'' if opts.cpus_per_worker == 1 else 's'} each asks a Ray "
+                f"started on this machine for {_count(opts.workers * opts.cpus_per_worker)} CPUs; it has {cpus} logical "
+                f"CPUs and takes at most {most} ({LOCAL_CPUS_PER_CPU} per CPU): give fewer workers, or "
+                f"{setting('address', '--address')} of a cluster that has them")
+
+
+def _count(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
+
+
+def _starts_here(opts: EngineOptions) -> bool:
+    """Whether a Ray session for ``opts`` starts Ray on this machine: no address, none in
+    RAY_ADDRESS either, and no Ray already running in this process."""
+    if opts.address is not None or os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
+        return False
+    ray = sys.modules.get("ray")
+    return not (ray is not None and ray.is_initialized())
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

@@ -305,18 +305,23 @@ def heatmap_png(values: torch.Tensor, title: str, *, labels: Sequence[Sequence[s
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=10)
-    lo = float(values.min()) if vmin is None else vmin
-    hi = float(values.max()) if vmax is None else vmax
-    mid = (lo + hi) / 2
     for li in range(N):
         for hi_ in range(H):
             v = float(values[li, hi_])
             text = labels[li][hi_] if labels is not None else fmt.format(v)
-            ax.text(hi_, li, text, ha="center", va="center", fontsize=6,
-                    color="white" if v < mid else "black")
+            ax.text(hi_, li, text, ha="center", va="center", fontsize=6, color=_ink(im.cmap(im.norm(v))))
     if colorbar:
         fig.colorbar(im, ax=ax, fraction=0.03)
     return figure_bytes(fig)
+
+
+def _ink(rgba: Sequence[float]) -> str:
+    """"black" or "white", whichever reads better on a cell of colour ``rgba`` (0-1 sRGB): the
+    larger contrast ratio by WCAG 2's relative luminance. A pale colour map (Set3, the class
+    map's) gets black labels in every cell, a dark cell of viridis white ones."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    lum = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
 
 
 def save_heatmap(path: str | Path, values: torch.Tensor, title: str, **kw) -> Path:

@@ -230,7 +230,7 @@ def test_an_old_matplotlib_is_named_before_any_work(monkeypatch, capsys, tmp_pat
                                        "installed: pip install --upgrade 'bertscope[plot]'\n")
 
 
-def test_heatmap_labels_read_on_their_cells(monkeypatch):
+def test_heatmap_labels_read_on_their_cells(monkeypatch, tmp_path):
     """The class map is drawn with Set3, whose twelve colours are all pale: its labels were white
     on half the cells. Each label now takes black or white by its cell's colour (WCAG 2's contrast
     ratio): black on every Set3 colour, white on viridis' dark end, black on its yellow end."""
@@ -238,6 +238,7 @@ def test_heatmap_labels_read_on_their_cells(monkeypatch):
     from matplotlib.axes import Axes
 
     import bertscope.see.figures as figures
+    from bertscope.understand.headstats import CLASSES
 
     set3 = matplotlib.colormaps["Set3"]
     assert [figures._ink(set3(i)) for i in range(set3.N)] == ["black"] * 12
@@ -253,12 +254,9 @@ def test_heatmap_labels_read_on_their_cells(monkeypatch):
         return real(self, x, y, s, *a, **kw)
 
     monkeypatch.setattr(Axes, "text", spy)
-    classes = [["vertical", "diagonal", "block"], ["heterogeneous", "vertical+diagonal", "vertical"]]
-    order = ["vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous"]
-    idx = torch.tensor([[order.index(c) for c in row] for row in classes], dtype=torch.float32)
-    figures.heatmap_png(idx, "classes", labels=[["V", "D", "B"], ["Het", "V+D", "V"]], cmap="Set3",
-                        colorbar=False, vmin=0, vmax=len(order) - 1)
-    assert [c for _, c in drawn] == ["black"] * 6
+    figures.save_class_map(tmp_path / "classes.png", [list(CLASSES), list(reversed(CLASSES))], CLASSES, "classes")
+    assert [c for _, c in drawn if c is not None] == ["black"] * (2 * len(CLASSES))
+    assert figures._ink((0.0, 0.0, 0.0, 0.0)) == "black"  # a NaN cell: see-through, over white
     drawn.clear()
     figures.heatmap_png(torch.tensor([[0.0, 1.0]]), "values", cmap="viridis")
     assert drawn == [("0.00", "white"), ("1.00", "black")]

@@ -27,7 +27,7 @@ from bertscope.cli.app import main
 from bertscope.errors import InputError
 from bertscope.fast.embedjob import KILL_HOOK_ENV, JobOptions, read_embeddings, run_embed_job
 from bertscope.scale import EngineOptions, embed_dataset, ray_head_stats, run_ray_embed_job
-from bertscope.scale.cluster import check_engine_options
+from bertscope.scale.cluster import check_engine_options, check_local_capacity
 from bertscope.scale.embed import WORKER_KILL_HOOK_ENV
 from bertscope.understand.headstats import CLASSES, STATS, head_stats
 
@@ -791,28 +791,40 @@ def test_an_address_whose_name_does_not_resolve_is_said_so_while_ray_runs(monkey
 
 def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
     """No address: Ray starts on this machine with the CPUs the workers ask for. A thousand
-    model-holding processes on a laptop is refused in one line, before Ray starts; a cluster's
-    address, RAY_ADDRESS, or a Ray this process already runs leave the count to that cluster."""
+    model-holding processes on a laptop, or a billion CPUs reserved, is refused in one line
+    before Ray starts; a cluster's address, RAY_ADDRESS, or a Ray this process already runs
+    leave the count to that cluster."""
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setitem(sys.modules, "ray", None)  # no Ray running in this process
-    check_engine_options(EngineOptions(workers=8))  # 4 per CPU: still taken
-    check_engine_options(EngineOptions(workers=4, cpus_per_worker=2.0))
+    for fine in (EngineOptions(workers=8), EngineOptions(workers=4, cpus_per_worker=2.0), EngineOptions(),
+                 EngineOptions(cpus_per_worker=8.0), EngineOptions(workers=8, cpus_per_worker=0.25)):
+        check_local_capacity(fine)
     with pytest.raises(InputError) as e:
-        check_engine_options(EngineOptions(workers=9))
-    assert str(e.value) == ("workers (--workers) 9 of 1 CPU each asks a Ray started on this machine for 9 CPUs; "
-                            "it has 2 logical CPUs and takes at most 8 (4 per CPU): give fewer workers, or "
-                            "address (--address) of a cluster that has them")
-    with pytest.raises(InputError, match=r"for 1000000000 CPUs"):
-        check_engine_options(EngineOptions(workers=10**9))
-    with pytest.raises(InputError, match=r"workers \(--workers\) 3 of 2\.75 CPUs each asks .* for 8\.25 CPUs"):
-        check_engine_options(EngineOptions(workers=3, cpus_per_worker=2.75))
-    check_engine_options(EngineOptions(workers=10**9, address="head:6379"))  # that cluster's to say
+        check_local_capacity(EngineOptions(workers=9, cpus_per_worker=0.5))
+    assert str(e.value) == ("workers (--workers) 9 would start 9 processes on this machine, each holding a model; "
+                            "it has 2 logical CPUs, and a Ray started here takes at most 8 (4 per CPU): give fewer "
+                            "workers, or address (--address) of a cluster that has them")
+    with pytest.raises(InputError) as e:
+        check_local_capacity(EngineOptions(workers=5, cpus_per_worker=2.0))
+    assert str(e.value) == ("workers (--workers) 5 of 2 CPUs each asks for 10 CPUs; it has 2 logical CPUs, and a "
+                            "Ray started here takes at most 8 (4 per CPU): give fewer workers or a smaller "
+                            "cpus_per_worker (--cpus-per-worker), or address (--address) of a cluster that has them")
+    with pytest.raises(InputError, match=r"^workers \(--workers\) 1000000000 would start 1000000000 processes"):
+        check_local_capacity(EngineOptions(workers=10**9))
+    with pytest.raises(InputError, match=r"^cpus_per_worker \(--cpus-per-worker\) 1000000000 asks for 1000000000 CPUs"):
+        check_local_capacity(EngineOptions(cpus_per_worker=1e9))  # no --workers: one worker of them
+    with pytest.raises(InputError, match=r"^workers \(--workers\) 3 of 2\.75 CPUs each asks for 8\.25 CPUs"):
+        check_local_capacity(EngineOptions(workers=3, cpus_per_worker=2.75))
+    monkeypatch.setattr(os, "cpu_count", lambda: 14)
+    check_local_capacity(EngineOptions(workers=56, cpus_per_worker=1.0))
+    check_local_capacity(EngineOptions(workers=50, cpus_per_worker=1.12))  # 56.00000000000001 in floats: the limit
+    check_local_capacity(EngineOptions(workers=10**9, address="head:6379"))  # that cluster's to say
     monkeypatch.setenv("RAY_ADDRESS", "auto")
-    check_engine_options(EngineOptions(workers=10**9))
+    check_local_capacity(EngineOptions(workers=10**9))
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    with pytest.raises(InputError, match="asks a Ray started on this machine"):
-        check_engine_options(EngineOptions(workers=10**9))
+    with pytest.raises(InputError, match="would start 1000000000 processes"):
+        check_local_capacity(EngineOptions(workers=10**9))
 
     class Running:  # a caller's own ray.init: its cluster decides
         @staticmethod
@@ -820,7 +832,8 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
             return True
 
     monkeypatch.setitem(sys.modules, "ray", Running)
-    check_engine_options(EngineOptions(workers=10**9))
+    check_local_capacity(EngineOptions(workers=10**9))
+    check_engine_options(EngineOptions(workers=10**9))  # the sizes' own check leaves the count alone
 
 
 def test_the_cli_refuses_a_local_ray_of_a_billion_workers_in_one_line(tmp_path):
@@ -832,5 +845,37 @@ def test_the_cli_refuses_a_local_ray_of_a_billion_workers_in_one_line(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert "--workers 1000000000 of 1 CPU each asks a Ray started on this machine for 1000000000 CPUs" in lines[0]
+    assert lines[0] == ("bertscope: error: --workers 1000000000 would start 1000000000 processes on this machine, "
+                        f"each holding a model; it has {os.cpu_count()} logical CPU{'' if os.cpu_count() == 1 else 's'}, "
+                        f"and a Ray started here takes at most {4 * os.cpu_count()} (4 per CPU): give fewer workers, "
+                        "or --address of a cluster that has them"), lines
     assert not (tmp_path / "o").exists()
+
+
+def test_a_ray_started_here_is_a_new_local_one_and_ray_address_is_joined(monkeypatch):
+    """With no address, ray.init(address=None) would join a `ray start` cluster on this machine,
+    and refuse the num_cpus it is given there; the docs promise a Ray started here. So: "local"
+    with the workers' CPUs; with RAY_ADDRESS set, that cluster is joined, and no num_cpus."""
+    import bertscope.scale.cluster as cluster
+
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_start(ray_module, address, kwargs):
+        started.append((address, kwargs.get("num_cpus")))
+        raise Stop
+
+    monkeypatch.setattr(cluster, "_start", fake_start)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for opts in (EngineOptions(workers=3), EngineOptions(workers=3, cpus_per_worker=1.5), EngineOptions()):
+        with pytest.raises(Stop), cluster.ray_session(opts):
+            pass
+    monkeypatch.setattr(cluster, "check_address", lambda address: None)  # no cluster to reach in a test
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    with pytest.raises(Stop), cluster.ray_session(EngineOptions(workers=3)):
+        pass
+    assert started == [("local", 3), ("local", 5), ("local", 2), (None, None)]

@@ -163,7 +163,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--address", default=None, metavar="auto|HOST:PORT|ray://HOST:PORT",
                    help="the Ray cluster to join (default: start Ray on this machine, stop it after)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="Ray actors, one model each (default: as many as the cluster's CPUs / --cpus-per-worker)")
+                   help="Ray actors, one model each (default: as many as the cluster's CPUs / --cpus-per-worker; "
+                        "a Ray started here takes at most 4 workers, and 4 CPUs' worth of them, per logical CPU)")
     g.add_argument("--cpus-per-worker", type=float, default=None, metavar="C",
                    help="CPUs per actor, also its torch threads (default 1)")
     g.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
@@ -181,12 +182,13 @@ def engine_options(args: argparse.Namespace):
         if given:
             raise InputError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --engine ray")
         return None
-    from ..scale.cluster import EngineOptions, check_engine_options, require_ray
+    from ..scale.cluster import EngineOptions, check_engine_options, check_local_capacity, require_ray
 
     opts = EngineOptions(address=args.address, workers=args.workers,
                          cpus_per_worker=1.0 if args.cpus_per_worker is None else args.cpus_per_worker,
                          gpus_per_worker=0.0 if args.gpus_per_worker is None else args.gpus_per_worker)
     check_engine_options(opts)
+    check_local_capacity(opts)  # before any file is touched (the library checks again as Ray starts)
     require_ray()
     return opts
 

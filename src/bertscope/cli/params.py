@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     rows = [(f"attention, all {N} layers:", f"{pc.attention_total:,}"),
             ("whole model (with pooler):", f"{pc.model_total:,}"),
-            ("attention share:", f"{pc.attention_total / pc.model_total:.1%}")]
+            ("attention share:", f"{pc.attention_share:.1%}")]
     label = max(len(a) for a, _ in rows) + 1
     value = max(len(b) for _, b in rows) + 4
     for a, b in rows:  # labels left, figures right, one column whatever the layer count

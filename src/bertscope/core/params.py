@@ -26,6 +26,11 @@ class ParamCount:
     attention_total: int  # per_layer_total summed over every layer
     model_total: int  # every parameter of the encoder, pooler included
 
+    @property
+    def attention_share(self) -> float:
+        """The attention's part of every parameter: attention_total / model_total."""
+        return self.attention_total / self.model_total
+
     def to_json(self) -> dict:
         return {
             "hidden_size": self.config.hidden_size,
@@ -38,7 +43,7 @@ class ParamCount:
             "per_layer_total": self.per_layer_total,
             "attention_total": self.attention_total,
             "model_total": self.model_total,
-            "attention_share": round(self.attention_total / self.model_total, 6),
+            "attention_share": round(self.attention_share, 6),
         }
 
 

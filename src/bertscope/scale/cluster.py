@@ -30,7 +30,7 @@ from typing import Iterator
 
 from ..errors import BertscopeError, InputError, setting
 
-__all__ = ["EngineOptions", "check_address", "check_engine_options", "map_shards", "pool_size",
+__all__ = ["EngineOptions", "check_address", "check_engine_options", "check_local_capacity", "map_shards", "pool_size",
            "ray_session", "require_ray", "unwrap_error"]
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install 'bertscope[ray]'"
 CONNECT_TIMEOUT_S = 3.0
 # a Ray started on this machine (no address) reserves workers x cpus_per_worker CPUs; more than
-# this many per logical CPU is refused: each worker is a process holding its own model, and past
-# the machine's CPUs they only share them
+# this many workers, or CPUs reserved, per logical CPU is refused (check_local_capacity): each
+# worker is a process holding its own model, and past the machine's CPUs they only share them
 LOCAL_CPUS_PER_CPU = 4
 
 
@@ -47,11 +47,13 @@ LOCAL_CPUS_PER_CPU = 4
 class EngineOptions:
     """Where and how wide a Ray job runs.
 
-    address:          None: start Ray on this machine (stopped afterwards); "auto": the cluster
-                      this machine belongs to (``ray start``); "HOST:PORT" a cluster's head;
-                      "ray://HOST:10001" through Ray Client (needs ``ray[client]``).
+    address:          None: start Ray on this machine (stopped afterwards), or join RAY_ADDRESS's
+                      cluster where that is set; "auto": the cluster this machine belongs to
+                      (``ray start``); "HOST:PORT" a cluster's head; "ray://HOST:10001" through
+                      Ray Client (needs ``ray[client]``).
     workers:          actors, each holding one copy of the model (None: as many as the
-                      cluster's CPUs / cpus_per_worker, at least 1).
+                      cluster's CPUs / cpus_per_worker, at least 1). A Ray started here takes
+                      at most LOCAL_CPUS_PER_CPU workers, and CPUs reserved, per logical CPU.
     cpus_per_worker:  CPUs Ray reserves per actor (also its torch threads).
     gpus_per_worker:  GPUs per actor (fractions share a GPU); > 0 runs the model on CUDA.
     """
@@ -90,15 +92,34 @@ def check_engine_options(opts: EngineOptions) -> None:
     if not (opts.gpus_per_worker >= 0 and math.isfinite(opts.gpus_per_worker)):
         raise InputError(f"{setting('gpus_per_worker', '--gpus-per-worker')} must be a number, 0 or more, "
                          f"not {opts.gpus_per_worker}")
-    if _starts_here(opts) and opts.workers is not None:
-        cpus, most = os.cpu_count() or 1, LOCAL_CPUS_PER_CPU * (os.cpu_count() or 1)
-        if opts.workers * opts.cpus_per_worker > most:
-            raise InputError(
-                f"{setting('workers', '--workers')} {opts.workers} of {opts.cpus_per_worker:g} "
-                f"CPU{'' if opts.cpus_per_worker == 1 else 's'} each asks a Ray "
-                f"started on this machine for {_count(opts.workers * opts.cpus_per_worker)} CPUs; it has {cpus} logical "
-                f"CPUs and takes at most {most} ({LOCAL_CPUS_PER_CPU} per CPU): give fewer workers, or "
-                f"{setting('address', '--address')} of a cluster that has them")
+
+
+def _local_cpus(opts: EngineOptions) -> float:
+    """The CPUs a Ray started here for ``opts`` is given to reserve: every worker's."""
+    return (opts.workers or 1) * opts.cpus_per_worker
+
+
+def check_local_capacity(opts: EngineOptions) -> None:
+    """Where ``opts`` start Ray on this machine (:func:`_starts_here`), refuse in one line more
+    than :data:`LOCAL_CPUS_PER_CPU` workers, or CPUs reserved, per logical CPU. Elsewhere the
+    cluster's own resources decide (:func:`_check_resources`)."""
+    if not _starts_here(opts):
+        return
+    cpus = os.cpu_count() or 1
+    most = LOCAL_CPUS_PER_CPU * cpus
+    where = (f"it has {cpus} logical CPU{'' if cpus == 1 else 's'}, and a Ray started here takes at most {most} "
+             f"({LOCAL_CPUS_PER_CPU} per CPU)")
+    elsewhere = f"or {setting('address', '--address')} of a cluster that has them"
+    if opts.workers is not None and opts.workers > most:
+        raise InputError(f"{setting('workers', '--workers')} {opts.workers} would start {opts.workers} processes on "
+                         f"this machine, each holding a model; {where}: give fewer workers, {elsewhere}")
+    need = _local_cpus(opts)
+    if need > most + 1e-9:  # float sums (200 x 0.28) must not refuse what equals the limit
+        per = f"{_count(opts.cpus_per_worker)} CPU{'' if opts.cpus_per_worker == 1 else 's'}"
+        asked = (f"{setting('workers', '--workers')} {opts.workers} of {per} each" if opts.workers is not None
+                 else f"{setting('cpus_per_worker', '--cpus-per-worker')} {_count(opts.cpus_per_worker)}")
+        raise InputError(f"{asked} asks for {_count(need)} CPUs; {where}: give fewer workers or a smaller "
+                         f"{setting('cpus_per_worker', '--cpus-per-worker')}, {elsewhere}")
 
 
 def _count(x: float) -> str:
@@ -107,7 +128,7 @@ def _count(x: float) -> str:
 
 def _starts_here(opts: EngineOptions) -> bool:
     """Whether a Ray session for ``opts`` starts Ray on this machine: no address, none in
-    RAY_ADDRESS either, and no Ray already running in this process."""
+    RAY_ADDRESS either (``ray.init`` joins that one), and no Ray already running in this process."""
     if opts.address is not None or os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
         return False
     ray = sys.modules.get("ray")
@@ -324,15 +345,19 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
         finally:
             lines.finish()
         return
+    check_local_capacity(opts)
     check_address(opts.address)
     if not log.isEnabledFor(logging.DEBUG):
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ log lines off the terminal
     kwargs: dict = {"include_dashboard": False, "logging_level": logging.ERROR,
                     "log_to_driver": log.isEnabledFor(logging.DEBUG)}
-    if opts.address is None:
-        need = (opts.workers or 1) * opts.cpus_per_worker
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(need + 0.999))
-    _start(ray, opts.address, kwargs)
+    address = opts.address
+    if _starts_here(opts):
+        # "local": a new Ray here, as the docs promise, and never a `ray start` cluster that
+        # ray.init(address=None) would join (which refuses num_cpus); None joins RAY_ADDRESS's
+        address = "local"
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(_local_cpus(opts) - 1e-9))
+    _start(ray, address, kwargs)
     with contextlib.redirect_stdout(lines):  # until Ray is shut down: its last messages too
         try:
             with _quiet_ray(ray):
@@ -355,7 +380,7 @@ def _start(ray, address: str | None, kwargs: dict) -> None:
                 ray.init(address=address, **kwargs)
             return
         except (ConnectionError, RuntimeError, ValueError) as e:
-            where = f"at {address}" if address else "on this machine"
+            where = f"at {address}" if address not in (None, "local") else "on this machine"
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise InputError(f"cannot start or join Ray {where}: {first}") from None
         except SystemExit as e:

@@ -318,8 +318,11 @@ def heatmap_png(values: torch.Tensor, title: str, *, labels: Sequence[Sequence[s
 def _ink(rgba: Sequence[float]) -> str:
     """"black" or "white", whichever reads better on a cell of colour ``rgba`` (0-1 sRGB): the
     larger contrast ratio by WCAG 2's relative luminance. A pale colour map (Set3, the class
-    map's) gets black labels in every cell, a dark cell of viridis white ones."""
-    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    map's) gets black labels in every cell, a dark cell of viridis white ones. A see-through
+    colour (a NaN cell's) is taken over the white axes it shows."""
+    alpha = rgba[3] if len(rgba) > 3 else 1.0
+    rgb = [alpha * c + (1.0 - alpha) for c in rgba[:3]]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
     lum = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
     return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
 

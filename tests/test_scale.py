@@ -745,6 +745,8 @@ def test_gpus_per_worker_on_a_machine_without_them_is_refused_with_or_without_wo
         with pytest.raises(InputError, match="--gpus-per-worker 1: this machine has 0 GPU"):
             _check_resources(NoGPU, EngineOptions(workers=workers, gpus_per_worker=1.0))
     _check_resources(NoGPU, EngineOptions(workers=None))  # CPU workers: fine
+    # a cluster joined (RAY_ADDRESS) may grow its GPUs: not refused, only logged
+    _check_resources(NoGPU, EngineOptions(workers=1, gpus_per_worker=1.0), started_here=False)
 
 
 def test_an_address_of_another_cluster_is_refused_while_ray_runs_in_the_process(cluster):
@@ -816,6 +818,11 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
         check_local_capacity(EngineOptions(cpus_per_worker=1e9))  # no --workers: one worker of them
     with pytest.raises(InputError, match=r"^workers \(--workers\) 3 of 2\.75 CPUs each asks for 8\.25 CPUs"):
         check_local_capacity(EngineOptions(workers=3, cpus_per_worker=2.75))
+    # no --workers: the pool fills the CPUs, one worker per --cpus-per-worker (pool_size)
+    with pytest.raises(InputError, match=rf"^cpus_per_worker \(--cpus-per-worker\) 0\.01 without workers \(--workers\) "
+                                         rf"would start {int(2.0 // 0.01)} processes on this machine"):
+        check_local_capacity(EngineOptions(cpus_per_worker=0.01))
+    check_local_capacity(EngineOptions(cpus_per_worker=0.01, gpus_per_worker=0.5))  # the GPUs bound that pool
     monkeypatch.setattr(os, "cpu_count", lambda: 14)
     check_local_capacity(EngineOptions(workers=56, cpus_per_worker=1.0))
     check_local_capacity(EngineOptions(workers=50, cpus_per_worker=1.12))  # 56.00000000000001 in floats: the limit
@@ -831,9 +838,9 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
         def is_initialized():
             return True
 
+    check_engine_options(EngineOptions(workers=10**9))  # the sizes' own check leaves the count alone
     monkeypatch.setitem(sys.modules, "ray", Running)
     check_local_capacity(EngineOptions(workers=10**9))
-    check_engine_options(EngineOptions(workers=10**9))  # the sizes' own check leaves the count alone
 
 
 def test_the_cli_refuses_a_local_ray_of_a_billion_workers_in_one_line(tmp_path):
@@ -879,3 +886,30 @@ def test_a_ray_started_here_is_a_new_local_one_and_ray_address_is_joined(monkeyp
     with pytest.raises(Stop), cluster.ray_session(EngineOptions(workers=3)):
         pass
     assert started == [("local", 3), ("local", 5), ("local", 2), (None, None)]
+
+
+def test_the_library_refuses_an_oversized_local_ray_before_the_model_loads(tmp_path, monkeypatch):
+    """run_ray_embed_job and ray_head_stats check the size before loading anything: a model
+    folder that does not exist is not reached."""
+    from bertscope.scale import cluster as cluster_module
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    inp = tmp_path / "in.txt"
+    inp.write_text("one text\n")
+    huge = EngineOptions(workers=10 ** 9)
+    with pytest.raises(InputError, match="would start 1000000000 processes"):
+        run_ray_embed_job(tmp_path / "no-model", inp, tmp_path / "o", engine=huge)
+    with pytest.raises(InputError, match="would start 1000000000 processes"):
+        ray_head_stats(inp, tmp_path / "no-model", engine=huge)
+    assert not (tmp_path / "o").exists()
+
+    class Refuses:  # ray.init on a RAY_ADDRESS that Ray cannot parse
+        @staticmethod
+        def init(address=None, **kw):
+            raise ValueError("Invalid address format")
+
+    monkeypatch.setenv("RAY_ADDRESS", "LOCAL")
+    with pytest.raises(InputError) as e:
+        cluster_module._start(Refuses, None, {})
+    assert str(e.value) == "cannot start or join Ray at RAY_ADDRESS 'LOCAL': Invalid address format"

@@ -161,7 +161,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", default="local", metavar="local|ray",
                    help="local: this process (default); ray: a pool of Ray actors, each holding the model")
     g.add_argument("--address", default=None, metavar="auto|HOST:PORT|ray://HOST:PORT",
-                   help="the Ray cluster to join (default: start Ray on this machine, stop it after)")
+                   help="the Ray cluster to join (default: RAY_ADDRESS's where that is set, else start Ray on "
+                        "this machine and stop it after)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Ray actors, one model each (default: as many as the cluster's CPUs / --cpus-per-worker; "
                         "a Ray started here takes at most 4 workers, and 4 CPUs' worth of them, per logical CPU)")

@@ -114,6 +114,14 @@ def check_local_capacity(opts: EngineOptions) -> None:
         raise InputError(f"{setting('workers', '--workers')} {opts.workers} would start {opts.workers} processes on "
                          f"this machine, each holding a model; {where}: give fewer workers, {elsewhere}")
     need = _local_cpus(opts)
+    if opts.workers is None and opts.gpus_per_worker == 0:  # the pool then fills the CPUs (pool_size)
+        implied = int(float(max(cpus, math.ceil(need - 1e-9))) // opts.cpus_per_worker)
+        if implied > most:
+            raise InputError(
+                f"{setting('cpus_per_worker', '--cpus-per-worker')} {_count(opts.cpus_per_worker)} without "
+                f"{setting('workers', '--workers')} would start {implied} processes on this machine (its CPUs / "
+                f"{_count(opts.cpus_per_worker)}), each holding a model; {where}: give "
+                f"{setting('workers', '--workers')} N, or a larger {setting('cpus_per_worker', '--cpus-per-worker')}")
     if need > most + 1e-9:  # float sums (200 x 0.28) must not refuse what equals the limit
         per = f"{_count(opts.cpus_per_worker)} CPU{'' if opts.cpus_per_worker == 1 else 's'}"
         asked = (f"{setting('workers', '--workers')} {opts.workers} of {per} each" if opts.workers is not None
@@ -123,7 +131,7 @@ def check_local_capacity(opts: EngineOptions) -> None:
 
 
 def _count(x: float) -> str:
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
+    return f"{x:.0f}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def _starts_here(opts: EngineOptions) -> bool:
@@ -352,7 +360,8 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     kwargs: dict = {"include_dashboard": False, "logging_level": logging.ERROR,
                     "log_to_driver": log.isEnabledFor(logging.DEBUG)}
     address = opts.address
-    if _starts_here(opts):
+    here = _starts_here(opts)
+    if here:
         # "local": a new Ray here, as the docs promise, and never a `ray start` cluster that
         # ray.init(address=None) would join (which refuses num_cpus); None joins RAY_ADDRESS's
         address = "local"
@@ -361,7 +370,7 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
     with contextlib.redirect_stdout(lines):  # until Ray is shut down: its last messages too
         try:
             with _quiet_ray(ray):
-                _check_resources(ray, opts)
+                _check_resources(ray, opts, started_here=here)
                 with lines.quiet_when_stopped():
                     yield ray
         finally:
@@ -380,7 +389,8 @@ def _start(ray, address: str | None, kwargs: dict) -> None:
                 ray.init(address=address, **kwargs)
             return
         except (ConnectionError, RuntimeError, ValueError) as e:
-            where = f"at {address}" if address not in (None, "local") else "on this machine"
+            where = ("on this machine" if address == "local" else f"at {address}" if address
+                     else f"at RAY_ADDRESS {os.environ.get('RAY_ADDRESS', '').strip()!r}")
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise InputError(f"cannot start or join Ray {where}: {first}") from None
         except SystemExit as e:
@@ -546,12 +556,12 @@ def _quiet_fd2(on: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def _check_resources(ray, opts: EngineOptions) -> None:
-    """A cluster that can never hold even one worker is refused; a small one is only logged
-    (an autoscaling cluster may add nodes)."""
+def _check_resources(ray, opts: EngineOptions, started_here: bool = True) -> None:
+    """A Ray started here that can never hold even one worker is refused; a cluster joined
+    (``--address``, RAY_ADDRESS) that is small is only logged (an autoscaling cluster may add nodes)."""
     res = ray.cluster_resources()
     cpus, gpus = res.get("CPU", 0.0), res.get("GPU", 0.0)
-    if opts.gpus_per_worker > gpus and opts.address is None:  # with or without --workers: it would wait forever
+    if opts.gpus_per_worker > gpus and started_here:  # with or without --workers: it would wait forever
         raise InputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: this machine has {gpus:g} GPU(s) for Ray")
     if opts.workers is None:
         return

@@ -35,8 +35,8 @@ import numpy as np
 from ..errors import InputError
 from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, JobOptions, compute_shard, decode_record,
                              describe_model_folder, embed_texts, finish_embed_job, prepare_embed_job)
-from .cluster import (EngineOptions, check_address, check_engine_options, map_shards, pool_size, ray_session,
-                      require_ray, unwrap_error)
+from .cluster import (EngineOptions, check_address, check_engine_options, check_local_capacity, map_shards,
+                      pool_size, ray_session, require_ray, unwrap_error)
 
 __all__ = ["BatchEmbedder", "ShardEmbedder", "embed_dataset", "run_ray_embed_job", "WORKER_KILL_HOOK_ENV"]
 
@@ -112,6 +112,7 @@ def run_ray_embed_job(model, input_path: str | os.PathLike, out_dir: str | os.Pa
     """
     opts = engine or EngineOptions()
     check_engine_options(opts)
+    check_local_capacity(opts)  # where Ray will start here: before the model loads
     require_ray()
     ref = model_ref(model)
 

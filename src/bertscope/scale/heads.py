@@ -27,7 +27,8 @@ from ..errors import InputError
 from ..files import bad_lines_warning, refuse_records, text_lines
 from ..fast.jobinput import InputFile, InputPlan, plan_input, read_shard_bytes, resolve_inputs
 from ..understand.headstats import HeadStats, HeadSums, head_sums
-from .cluster import EngineOptions, check_address, check_engine_options, map_shards, ray_session, require_ray, unwrap_error
+from .cluster import (EngineOptions, check_address, check_engine_options, check_local_capacity, map_shards,
+                      ray_session, require_ray, unwrap_error)
 from .embed import load_worker_model, model_ref
 
 __all__ = ["HeadSumsWorker", "ray_head_stats"]
@@ -82,6 +83,7 @@ def ray_head_stats(corpus: str | os.PathLike, model=None, *, engine: EngineOptio
     """
     opts = engine or EngineOptions()
     check_engine_options(opts)
+    check_local_capacity(opts)  # where Ray will start here: before the model loads
     require_ray()
     if shard_lines < 1:
         raise InputError("the shard size must be at least 1")

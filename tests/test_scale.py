@@ -796,7 +796,9 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
     model-holding processes on a laptop, or a billion CPUs reserved, is refused in one line
     before Ray starts; a cluster's address, RAY_ADDRESS, or a Ray this process already runs
     leave the count to that cluster."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    import bertscope.scale.cluster as cluster
+
+    monkeypatch.setattr(cluster, "usable_cpus", lambda: 2)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setitem(sys.modules, "ray", None)  # no Ray running in this process
     for fine in (EngineOptions(workers=8), EngineOptions(workers=4, cpus_per_worker=2.0), EngineOptions(),
@@ -805,11 +807,11 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
     with pytest.raises(InputError) as e:
         check_local_capacity(EngineOptions(workers=9, cpus_per_worker=0.5))
     assert str(e.value) == ("workers (--workers) 9 would start 9 processes on this machine, each holding a model; "
-                            "it has 2 logical CPUs, and a Ray started here takes at most 8 (4 per CPU): give fewer "
+                            "it has 2 usable CPUs, and a Ray started here takes at most 8 (4 per CPU): give fewer "
                             "workers, or address (--address) of a cluster that has them")
     with pytest.raises(InputError) as e:
         check_local_capacity(EngineOptions(workers=5, cpus_per_worker=2.0))
-    assert str(e.value) == ("workers (--workers) 5 of 2 CPUs each asks for 10 CPUs; it has 2 logical CPUs, and a "
+    assert str(e.value) == ("workers (--workers) 5 of 2 CPUs each asks for 10 CPUs; it has 2 usable CPUs, and a "
                             "Ray started here takes at most 8 (4 per CPU): give fewer workers or a smaller "
                             "cpus_per_worker (--cpus-per-worker), or address (--address) of a cluster that has them")
     with pytest.raises(InputError, match=r"^workers \(--workers\) 1000000000 would start 1000000000 processes"):
@@ -823,7 +825,7 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
                                          rf"would start {int(2.0 // 0.01)} processes on this machine"):
         check_local_capacity(EngineOptions(cpus_per_worker=0.01))
     check_local_capacity(EngineOptions(cpus_per_worker=0.01, gpus_per_worker=0.5))  # the GPUs bound that pool
-    monkeypatch.setattr(os, "cpu_count", lambda: 14)
+    monkeypatch.setattr(cluster, "usable_cpus", lambda: 14)
     check_local_capacity(EngineOptions(workers=56, cpus_per_worker=1.0))
     check_local_capacity(EngineOptions(workers=50, cpus_per_worker=1.12))  # 56.00000000000001 in floats: the limit
     check_local_capacity(EngineOptions(workers=10**9, address="head:6379"))  # that cluster's to say
@@ -844,6 +846,9 @@ def test_a_ray_started_here_refuses_more_workers_than_it_can_seat(monkeypatch):
 
 
 def test_the_cli_refuses_a_local_ray_of_a_billion_workers_in_one_line(tmp_path):
+    from bertscope.fast.tuning import usable_cpus
+
+    cpus = usable_cpus()  # the subprocess's own: it inherits this one's affinity and cgroup
     inp = tmp_path / "in.txt"
     inp.write_text("one text\n")
     env = {k: v for k, v in _env().items() if k != "RAY_ADDRESS"}
@@ -853,8 +858,8 @@ def test_the_cli_refuses_a_local_ray_of_a_billion_workers_in_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0] == ("bertscope: error: --workers 1000000000 would start 1000000000 processes on this machine, "
-                        f"each holding a model; it has {os.cpu_count()} logical CPU{'' if os.cpu_count() == 1 else 's'}, "
-                        f"and a Ray started here takes at most {4 * os.cpu_count()} (4 per CPU): give fewer workers, "
+                        f"each holding a model; it has {cpus} usable CPU{'' if cpus == 1 else 's'}, "
+                        f"and a Ray started here takes at most {4 * cpus} (4 per CPU): give fewer workers, "
                         "or --address of a cluster that has them"), lines
     assert not (tmp_path / "o").exists()
 
@@ -876,7 +881,7 @@ def test_a_ray_started_here_is_a_new_local_one_and_ray_address_is_joined(monkeyp
 
     monkeypatch.setattr(cluster, "_start", fake_start)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cluster, "usable_cpus", lambda: 2)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for opts in (EngineOptions(workers=3), EngineOptions(workers=3, cpus_per_worker=1.5), EngineOptions()):
         with pytest.raises(Stop), cluster.ray_session(opts):

@@ -1334,3 +1334,53 @@ def test_the_host_check_does_not_probe_while_another_thread_measures(cache, smal
     got = choose(small_model)
     a.join(60)
     assert got.source == "cache" and seen == [False]
+
+
+def test_usable_cpus_reads_a_containers_quota_and_the_affinity_mask(tmp_path, monkeypatch):
+    """A container limited to 2 CPUs on a 64-CPU host (docker --cpus 2) sees 64 in os.cpu_count();
+    a pool or thread count sized by it oversubscribes. cgroup v2's cpu.max and v1's cfs files
+    give the quota, rounded up; "max" or -1 is none; the affinity mask caps it too."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    for text, want in (("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1),
+                       ("max 100000\n", 64), ("6400000 100000\n", 64), ("garbage\n", 64), ("", 64)):
+        (v2 / "cpu.max").write_text(text)
+        assert tuning.usable_cpus(v2) == want, text
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    for quota, want in (("300000", 3), ("-1", 64), ("0", 64)):
+        (v1 / "cpu" / "cpu.cfs_quota_us").write_text(quota + "\n")
+        assert tuning.usable_cpus(v1) == want, quota
+    assert tuning.usable_cpus(tmp_path / "none") == 64  # no cgroup files: the mask alone
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert tuning.usable_cpus(tmp_path / "none") == 1
+    (v2 / "cpu.max").write_text("800000 100000\n")
+    assert tuning.usable_cpus(v2) == 1  # the mask is the smaller
+
+    def unsupported(pid):
+        raise OSError("not here")
+
+    monkeypatch.setattr(os, "sched_getaffinity", unsupported)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert tuning.usable_cpus(tmp_path / "none") == 6
+    assert tuning.usable_cpus(v2) == 6
+
+
+def test_a_process_pinned_to_one_cpu_is_held_to_it(tmp_path):
+    """Run under an affinity mask of one CPU (taskset -c 0): doctor's JSON says 1 usable CPU, and
+    bench refuses two threads in one line, naming the one CPU it may use."""
+    env = {**os.environ, "BERTSCOPE_CACHE_DIR": str(tmp_path / "cache")}
+    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from bertscope.bench.machine import machine; from bertscope.fast.tuning import usable_cpus; "
+            "print(usable_cpus(), machine()['usable_cpus'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["1", "1"], r.stderr
+    pin = ("import os, sys, runpy; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+           "sys.argv = ['bertscope', 'bench', '--threads', '2']; "
+           "runpy.run_module('bertscope', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", pin], capture_output=True, text=True, env=env, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines == [
+        "bertscope: error: --threads must be 1 to 1 (the CPUs this process can use), not 2"], r.stderr

@@ -24,7 +24,8 @@ from ..core.config import BertConfig
 from ..fast.gemm import PRECISIONS, onednn_linear_available
 from ..fast.heap import keep_heap
 from ..fast.quant import INT8_KERNELS, int8_kernel_available, int8_range_exact
-from ..fast.tuning import cache_dir, cpu_flags, cpu_id, cpu_name, isa_limits, retuning, tuning_enabled
+from ..fast.tuning import (cache_dir, cpu_flags, cpu_id, cpu_name, isa_limits, retuning, tuning_enabled,
+                           usable_cpus)
 from .corpus import save_random_checkpoint
 
 __all__ = ["diagnose"]
@@ -40,6 +41,7 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
     flags = cpu_flags()
     out: dict = {
         "machine": {"cpu": cpu_name(), "cpu_id": cpu_id(), "cpu_flags": flags, "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
+                    "usable_cpus": usable_cpus(),
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "has": {"avx2": "avx2" in flags, "avx512": "avx512f" in flags,
                             "avx512_bf16": "avx512_bf16" in flags,

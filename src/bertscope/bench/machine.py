@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_id, cpu_name, describe_cpu, isa_limits
+from ..fast.tuning import CPU_FLAGS, cpu_flags, cpu_id, cpu_name, describe_cpu, isa_limits, usable_cpus
 
 __all__ = ["CPU_FLAGS", "PEAK_SHAPES", "best_rate", "cpu_flags", "cpu_label", "cpu_name", "machine", "matmul_peak",
            "onednn_matmul_peak", "sync"]
@@ -36,6 +36,7 @@ def machine() -> dict:
         except ImportError:
             versions[mod] = None
     info = {"cpu": cpu_name(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "isa_limits": isa_limits(), "logical_cpus": os.cpu_count(),
+            "usable_cpus": usable_cpus(),
             "torch_threads": torch.get_num_threads(), "platform": platform.platform(), "versions": versions}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)

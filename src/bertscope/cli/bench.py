@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .progress import add_progress_args, progress_enabled
@@ -56,7 +55,7 @@ def register(sub) -> None:
     g.add_argument("--model", metavar="PATH", default=None, help="a local checkpoint folder")
     p.add_argument("--corpus", metavar="FILE", default=None, help="texts for the mixed workload, one per line")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch/ORT threads, at most the logical CPUs (default: torch's)")
+                   help="torch/ORT threads, at most the CPUs this process can use (default: torch's)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help=f"timed rounds per system (default 3, at most {MAX_ROUNDS}; --quick runs one)")
     p.add_argument("--plot", metavar="FILE", default=None, help="write the S13 plot here (.png, .svg or .pdf)")
@@ -75,9 +74,11 @@ def check_settings(preset: str | None, rounds: int, threads: int | None) -> None
     check_preset(preset)
     if not 1 <= rounds <= MAX_ROUNDS:
         raise InputError(f"--rounds must be 1 to {MAX_ROUNDS:,}, not {rounds:,}")
-    cpus = os.cpu_count() or 1
+    from ..fast.tuning import usable_cpus
+
+    cpus = usable_cpus()
     if threads is not None and not 1 <= threads <= cpus:
-        raise InputError(f"--threads must be 1 to {cpus} (this machine's logical CPUs), not {threads:,}")
+        raise InputError(f"--threads must be 1 to {cpus} (the CPUs this process can use), not {threads:,}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -165,7 +165,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "this machine and stop it after)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Ray actors, one model each (default: as many as the cluster's CPUs / --cpus-per-worker; "
-                        "a Ray started here takes at most 4 workers, and 4 CPUs' worth of them, per logical CPU)")
+                        "a Ray started here takes at most 4 workers, and 4 CPUs' worth of them, per CPU it can use)")
     g.add_argument("--cpus-per-worker", type=float, default=None, metavar="C",
                    help="CPUs per actor, also its torch threads (default 1)")
     g.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",

@@ -22,8 +22,9 @@ holds for this run only: run doctor --retune when the machine is quiet); and the
         of fp32 on the calibration texts
 
 Machine: the CPU model and the instruction sets that decide which kernels are fast (AVX2,
-AVX-512, AVX512-BF16, VNNI, AMX), logical CPUs, torch and its threads, and which of torch's
-kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul, torch._int_mm).
+AVX-512, AVX512-BF16, VNNI, AMX), logical CPUs (and those usable here, where fewer), torch and its
+threads, and which of torch's kernels work here (oneDNN's fp32 linear, oneDNN's int8 matmul,
+torch._int_mm).
 
 Heap: on glibc, the fast path's first run on the CPU fixes the C allocator's mmap threshold at
 32 MiB and its trim threshold at 256 MiB, for the whole process, so that freed activations stay
@@ -60,7 +61,8 @@ calibration kept in fp32.
 
 --json prints one object: "machine" (cpu; cpu_id: vendor, family, model, stepping, where the CPU
 gives them; cpu_flags; isa_limits: the instruction-set level torch's kernels use, and any limit
-set in the environment; logical_cpus, torch, torch_threads; "has": the instruction sets as
+set in the environment; logical_cpus; usable_cpus: those this process can use, its
+affinity and a container's CPU quota; torch, torch_threads; "has": the instruction sets as
 true/false; "heap": kept, detail, and glibc's mmap_threshold and trim_threshold in bytes),
 "kernels_available" (true/false each), "cache_dir", "tuning_enabled", "model" (the folder, or
 the preset), and "precisions": {fp32, bf16, int8} -> {"in_use" (the precision it runs in),
@@ -181,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
     m = res["machine"]
     yes = lambda v: "yes" if v else "no"  # noqa: E731
     ident = describe_cpu(m.get("cpu_id"))
-    print(f"CPU:      {m['cpu']}{f' ({ident})' if ident else ''}, {m['logical_cpus']} logical CPUs; "
+    usable = m.get("usable_cpus", m["logical_cpus"])
+    fewer = "" if usable == m["logical_cpus"] else f" ({usable} usable here)"
+    print(f"CPU:      {m['cpu']}{f' ({ident})' if ident else ''}, {m['logical_cpus']} logical CPUs{fewer}; "
           f"torch {m['torch']}, {m['torch_threads']} threads")
     print(f"flags:    {' '.join(m['cpu_flags']) or '(none of the tracked ones)'}")
     h = m["has"]

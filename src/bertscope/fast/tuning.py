@@ -126,6 +126,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -148,7 +149,7 @@ from .packing import PackedBatch, pack_ids
 __all__ = ["BASELINE", "CONFIRM_S", "CPU_FLAGS", "FORMAT", "HEAP_BLOCK_LIMIT", "HOST_SPEED_CHANGE", "KernelChoice", "MIN_ROUNDS", "NOISE_MARGIN", "PRUNE_S", "RECHECK_S",
            "BUSY_SHARE", "TuningError", "busy_limit", "busy_note", "threads_note", "too_busy", "measuring", "cache_dir", "choice_key", "prune_cache", "cpu_ticks", "others_share", "parse_budget", "race_cost_s", "tune_budget",
            "act_runs", "cpu_flags", "cpu_id", "cpu_name", "describe_cpu", "forget_choice", "gemm_rate", "host_changed", "isa_limits", "load_choice", "measure_choice", "measured_speedup", "choose",
-           "settle_allocator", "too_wide", "tuning_enabled"]
+           "settle_allocator", "too_wide", "tuning_enabled", "usable_cpus"]
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,39 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
+
+
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process can use, at least 1: those of its affinity mask (``taskset``,
+    ``docker --cpuset-cpus``), fewer where a cgroup CPU quota caps it (``docker --cpus 2`` on a
+    64-CPU host gives 2, rounded up). ``os.cpu_count()`` counts the host's CPUs, and a pool or a
+    thread count sized by it oversubscribes a container. ``cgroup`` is where the cgroup files are
+    read (v2's ``cpu.max``, else v1's ``cpu/cpu.cfs_quota_us`` and ``cpu.cfs_period_us``)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup)
+    if quota is not None:
+        n = min(n, math.ceil(quota - 1e-9))
+    return max(1, n)
+
+
+def _cgroup_quota(root: Path) -> float | None:
+    """The CPU quota in CPUs (quota / period) from cgroup v2 or v1 under ``root``; None where
+    there is none ("max", -1) or the files cannot be read."""
+    try:
+        fields = (root / "cpu.max").read_text().split()
+    except OSError:
+        try:
+            fields = [(root / "cpu" / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
+        except OSError:
+            return None
+    try:
+        quota, period = float(fields[0]), float(fields[1])
+    except (IndexError, ValueError):  # "max 100000": no quota
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 # Environment variables that tell a library to stop at a lower instruction set than the CPU has

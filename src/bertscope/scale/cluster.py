@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import BertscopeError, InputError, setting
+from ..fast.tuning import usable_cpus
 
 __all__ = ["EngineOptions", "check_address", "check_engine_options", "check_local_capacity", "map_shards", "pool_size",
            "ray_session", "require_ray", "unwrap_error"]
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install 'bertscope[ray]'"
 CONNECT_TIMEOUT_S = 3.0
 # a Ray started on this machine (no address) reserves workers x cpus_per_worker CPUs; more than
-# this many workers, or CPUs reserved, per logical CPU is refused (check_local_capacity): each
+# this many workers, or CPUs reserved, per usable CPU is refused (check_local_capacity): each
 # worker is a process holding its own model, and past the machine's CPUs they only share them
 LOCAL_CPUS_PER_CPU = 4
 
@@ -53,7 +54,7 @@ class EngineOptions:
                       Ray Client (needs ``ray[client]``).
     workers:          actors, each holding one copy of the model (None: as many as the
                       cluster's CPUs / cpus_per_worker, at least 1). A Ray started here takes
-                      at most LOCAL_CPUS_PER_CPU workers, and CPUs reserved, per logical CPU.
+                      at most LOCAL_CPUS_PER_CPU workers, and CPUs reserved, per usable CPU.
     cpus_per_worker:  CPUs Ray reserves per actor (also its torch threads).
     gpus_per_worker:  GPUs per actor (fractions share a GPU); > 0 runs the model on CUDA.
     """
@@ -101,13 +102,14 @@ def _local_cpus(opts: EngineOptions) -> float:
 
 def check_local_capacity(opts: EngineOptions) -> None:
     """Where ``opts`` start Ray on this machine (:func:`_starts_here`), refuse in one line more
-    than :data:`LOCAL_CPUS_PER_CPU` workers, or CPUs reserved, per logical CPU. Elsewhere the
-    cluster's own resources decide (:func:`_check_resources`)."""
+    than :data:`LOCAL_CPUS_PER_CPU` workers, or CPUs reserved, per usable CPU. Elsewhere the
+    cluster's own resources decide (:func:`_check_resources`). The CPUs counted are those this
+    process can use (:func:`~bertscope.fast.tuning.usable_cpus`: a container's, not its host's)."""
     if not _starts_here(opts):
         return
-    cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     most = LOCAL_CPUS_PER_CPU * cpus
-    where = (f"it has {cpus} logical CPU{'' if cpus == 1 else 's'}, and a Ray started here takes at most {most} "
+    where = (f"it has {cpus} usable CPU{'' if cpus == 1 else 's'}, and a Ray started here takes at most {most} "
              f"({LOCAL_CPUS_PER_CPU} per CPU)")
     elsewhere = f"or {setting('address', '--address')} of a cluster that has them"
     if opts.workers is not None and opts.workers > most:
@@ -365,7 +367,7 @@ def ray_session(opts: EngineOptions) -> Iterator[object]:
         # "local": a new Ray here, as the docs promise, and never a `ray start` cluster that
         # ray.init(address=None) would join (which refuses num_cpus); None joins RAY_ADDRESS's
         address = "local"
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(_local_cpus(opts) - 1e-9))
+        kwargs["num_cpus"] = max(usable_cpus(), math.ceil(_local_cpus(opts) - 1e-9))
     _start(ray, address, kwargs)
     with contextlib.redirect_stdout(lines):  # until Ray is shut down: its last messages too
         try:
@@ -614,7 +616,7 @@ def pool_size(ray, opts: EngineOptions) -> int:
     """``opts.workers``, or as many workers as the cluster's CPUs (or GPUs) hold, at least 1."""
     if opts.workers is not None:
         return opts.workers
-    res = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}
+    res = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(usable_cpus())}
     n = int(res.get("CPU", 1.0) // opts.cpus_per_worker)
     if opts.gpus_per_worker > 0:
         n = min(n, int(res.get("GPU", 0.0) // opts.gpus_per_worker))

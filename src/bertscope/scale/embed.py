@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..fast.tuning import usable_cpus
 from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, JobOptions, compute_shard, decode_record,
                              describe_model_folder, embed_texts, finish_embed_job, prepare_embed_job)
 from .cluster import (EngineOptions, check_address, check_engine_options, check_local_capacity, map_shards,
@@ -62,14 +63,14 @@ def model_ref(model) -> str | None:
 
 
 def load_worker_model(model: str | None, threads: int, device: str):
-    """The worker's model, with ``threads`` torch threads, at most this machine's CPUs (a larger
+    """The worker's model, with ``threads`` torch threads, at most the CPUs this process can use (a larger
     --cpus-per-worker reserves CPUs in Ray; as OpenMP threads, 1e9 of them ended the worker as
     it started, out of memory for their stacks, and Ray started it again and again)."""
     import torch
 
     from ..bert import load
 
-    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(threads, usable_cpus())))
     return load(model, device=device)
 
 

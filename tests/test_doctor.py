@@ -51,6 +51,11 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
     # the GEMM library is always raced, and its winner is one of the candidates timed
     assert set(c["timings"]["gemm"]) == {"blas", "onednn"} and c["gemm"] in c["timings"]["gemm"]
     assert all(isinstance(t, float) and t > 0 or str(t).startswith("error") for t in c["timings"]["gemm"].values())
+    # shown to 4 significant digits (run-to-run noise is larger); the cache file keeps them whole
+    measured = [t for step in ("timings", "ratios") for t in c[step]["gemm"].values() if isinstance(t, float)]
+    assert measured and all(t == float(f"{t:.4g}") for t in measured), measured
+    assert isinstance(c["gemm_gflops"], float) and c["gemm_gflops"] == float(f"{c['gemm_gflops']:.4g}")
+    assert c["measured_at"] == json.loads(Path(c["path"]).read_text())["measured_at"]  # a time stays whole
     # the batch size and slack races do not fit the default 2 s budget for this model at the
     # tests' steady 50 GFLOP/s (conftest): about 6 and 2 s. They keep the plain path's values,
     # and the report says why

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import tempfile
 import warnings
@@ -70,11 +71,31 @@ def diagnose(model: str | None = None, preset: str | None = None, precisions=PRE
                     choice = bert.fast.prepare(bert.model)
             entry = {"in_use": bert.precision, "note": bert.precision_note,
                      "warnings": [str(w.message) for w in caught] + logged,
-                     "choice": choice.to_json() if choice is not None else None}
+                     "choice": _rounded(choice.to_json()) if choice is not None else None}
             if bert.int8_plan is not None:
                 entry["int8_calibration"] = bert.int8_plan.to_json()
             out["precisions"][precision] = entry
     return out
+
+
+# a choice's measured numbers, shown to SIGNIFICANT digits (timings vary by more than that from run
+# to run); measured_at, budget_s and the chosen values stay as they are
+ROUNDED = ("timings", "ratios", "int8_speedup", "bf16_speedup", "busy", "gemm_gflops", "seconds")
+SIGNIFICANT = 4
+
+
+def _rounded(choice: dict) -> dict:
+    return {k: _significant(v) if k in ROUNDED else v for k, v in choice.items()}
+
+
+def _significant(v):
+    if isinstance(v, float):
+        return float(f"{v:.{SIGNIFICANT}g}") if math.isfinite(v) else v
+    if isinstance(v, dict):
+        return {k: _significant(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_significant(x) for x in v]
+    return v
 
 
 class _Collect(logging.Handler):

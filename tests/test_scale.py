@@ -441,6 +441,46 @@ def test_a_worker_that_cannot_start_reaches_the_driver_as_its_one_line(cluster):
     assert type(inner) is InputError and str(inner) == "device 'cuda': this torch has no CUDA device"
 
 
+class _DiesAtStart:
+    """A worker whose process dies as it starts, each time (as one out of memory loading the model)."""
+
+    def __init__(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def __call__(self, batch):
+        return batch
+
+
+def test_a_worker_that_dies_each_time_it_starts_ends_the_job_in_one_line(cluster):
+    """Ray Data restarts a dead worker for ever by default: this job hung (still running at
+    240 s). Now a worker is started again WORKER_RESTARTS times, then the job ends with one line."""
+    import threading
+
+    from bertscope.errors import BertscopeError
+    from bertscope.scale.cluster import WORKER_RESTARTS, map_shards, unwrap_error
+
+    assert WORKER_RESTARTS >= 1  # a worker killed mid-shard is still started again (the test above)
+    ended: list = []
+
+    def job():
+        try:
+            list(map_shards(ray, [0, 1], _DiesAtStart, {}, EngineOptions(workers=1)))
+            ended.append(None)
+        except Exception as e:  # noqa: BLE001 - what Ray raised, looked at below
+            ended.append(e)
+
+    t = threading.Thread(target=job, daemon=True)  # a hang fails this test, not the whole run
+    t.start()
+    t.join(timeout=240)
+    assert ended, "the job with a worker that dies at start did not end in 240 s"
+    inner = unwrap_error(ended[0])
+    assert type(inner).__name__ == "WorkerDied" and isinstance(inner, BertscopeError), repr(ended[0])
+    assert str(inner) == (f"a Ray worker's process died, and again each of the {WORKER_RESTARTS} times it was "
+                          "started again (Ray: exit type SYSTEM_ERROR): it was killed, ran out of memory or "
+                          "crashed; Ray's logs say which (ray logs), and fewer workers per machine give each "
+                          "more memory")
+
+
 def test_what_ray_prints_during_a_session_goes_to_stderr_not_to_the_results(cluster, capsys):
     """Ray's driver prints messages such as "(raylet) A worker died ..." to sys.stdout, which
     once landed in `heads --engine ray --json`'s output in CI; inside a session they go to

@@ -6,8 +6,10 @@ light, and a missing Ray is one line with the pip hint (:func:`require_ray`).
 The pool (:func:`map_shards`) is Ray Data's: a dataset with one row per shard index, one block
 per row, mapped by ``map_batches`` with a fixed-size ``ActorPoolStrategy``. Each actor is built
 once (it loads the model once) and handles one shard per call; Ray Data restarts an actor that
-dies and retries its calls (``max_restarts=-1``, ``max_task_retries=-1``, Ray Data's defaults
-for actor pools), so a lost worker costs only the shards it held.
+dies and retries its calls (``max_task_retries=-1``), so a lost worker costs only the shards it
+held. It restarts a worker :data:`WORKER_RESTARTS` times, not Ray Data's default of for ever: a
+worker that dies as it starts (out of memory as it loads the model, say) once hung the job for
+ever; now the job ends with one line (:func:`unwrap_error`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ipaddress
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -31,8 +34,9 @@ from typing import Iterator
 from ..errors import BertscopeError, InputError, setting
 from ..fast.tuning import usable_cpus
 
-__all__ = ["EngineOptions", "check_address", "check_engine_options", "check_local_capacity", "map_shards", "pool_size",
-           "ray_session", "require_ray", "unwrap_error"]
+__all__ = ["EngineOptions", "WORKER_RESTARTS", "WorkerDied", "check_address", "check_engine_options",
+           "check_local_capacity", "map_shards", "pool_size", "ray_session", "require_ray", "unwrap_error",
+           "worker_remote_args"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,10 @@ CONNECT_TIMEOUT_S = 3.0
 # this many workers, or CPUs reserved, per usable CPU is refused (check_local_capacity): each
 # worker is a process holding its own model, and past the machine's CPUs they only share them
 LOCAL_CPUS_PER_CPU = 4
+# a worker whose process dies (killed, out of memory, a crash) is started again this many times
+# in a job; Ray Data's default (-1, for ever) left a worker that dies as it starts doing so for
+# ever, the job hanging. Tasks it held are retried on its next life (max_task_retries -1).
+WORKER_RESTARTS = 4
 
 
 @dataclass(frozen=True)
@@ -598,18 +606,23 @@ def map_shards(ray, shard_indices: list[int], actor_cls: type, ctor_kwargs: dict
         ray.data.DataContext.get_current().raise_original_map_exception = True
         ds = ray.data.from_items([{"shard": int(k)} for k in shard_indices],
                                  override_num_blocks=len(shard_indices))
-        remote: dict = {"num_cpus": opts.cpus_per_worker}
-        if opts.gpus_per_worker > 0:
-            remote["num_gpus"] = opts.gpus_per_worker
         ds = ds.map_batches(actor_cls, fn_constructor_kwargs=ctor_kwargs, batch_size=1, batch_format="numpy",
                             compute=ray.data.ActorPoolStrategy(size=min(workers, len(shard_indices)),
                                                                max_tasks_in_flight_per_actor=2),
-                            **remote)
+                            **worker_remote_args(opts))
         rows = iter(ds.iter_rows())  # a generator: close() runs its clean-up
     try:
         yield from rows
     finally:
         rows.close()
+
+
+def worker_remote_args(opts: EngineOptions) -> dict:
+    """What Ray reserves for each worker of ``opts``, and how often it starts a dead one again."""
+    remote: dict = {"num_cpus": opts.cpus_per_worker, "max_restarts": WORKER_RESTARTS}
+    if opts.gpus_per_worker > 0:
+        remote["num_gpus"] = opts.gpus_per_worker
+    return remote
 
 
 def pool_size(ray, opts: EngineOptions) -> int:
@@ -630,7 +643,8 @@ def unwrap_error(e: BaseException) -> BaseException:
     carries the remote traceback; the original, with its one-line message, is its ``cause``.
     A worker whose constructor raised (no CUDA where --gpus-per-worker asked for it, say)
     reaches the driver as an ActorDiedError that keeps only the text: its last line names the
-    error, which is made again from it.
+    error, which is made again from it. A worker whose process died each time it was started
+    (:data:`WORKER_RESTARTS`) is a :class:`WorkerDied`.
     """
     seen = set()
     cur: BaseException | None = e
@@ -643,9 +657,26 @@ def unwrap_error(e: BaseException) -> BaseException:
             said = _error_in_text(str(cur))
             if said is not None:
                 return said
+        if type(cur).__name__ == "ActorDiedError" and DIED in str(cur):
+            return WorkerDied.from_ray(str(cur))
         inner = getattr(cur, "cause", None)
         cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
     return e
+
+
+DIED = "its worker process has died"  # what Ray's ActorDiedError says of a process that died
+
+
+class WorkerDied(BertscopeError):
+    """A Ray worker's process died (killed, out of memory, a crash) each time it was started."""
+
+    @classmethod
+    def from_ray(cls, text: str) -> "WorkerDied":
+        kind = re.search(r"Worker exit type: (\w+)", text)
+        return cls(f"a Ray worker's process died, and again each of the {WORKER_RESTARTS} times it was started "
+                   f"again{f' (Ray: exit type {kind.group(1)})' if kind else ''}: it was killed, ran out of "
+                   f"memory or crashed; Ray's logs say which (ray logs), and fewer workers per machine give "
+                   f"each more memory")
 
 
 def _error_in_text(text: str) -> BertscopeError | None:

@@ -37,7 +37,7 @@ from ..fast.tuning import usable_cpus
 from ..fast.embedjob import (KILL_HOOK_ENV, EmbedJobResult, JobOptions, compute_shard, decode_record,
                              describe_model_folder, embed_texts, finish_embed_job, prepare_embed_job)
 from .cluster import (EngineOptions, check_address, check_engine_options, check_local_capacity, map_shards,
-                      pool_size, ray_session, require_ray, unwrap_error)
+                      pool_size, ray_session, require_ray, unwrap_error, worker_remote_args)
 
 __all__ = ["BatchEmbedder", "ShardEmbedder", "embed_dataset", "run_ray_embed_job", "WORKER_KILL_HOOK_ENV"]
 
@@ -222,9 +222,6 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
         clash = [c for c in ("embedding", "status") if c in names]
         if clash:
             raise InputError(f"the dataset already has a column {clash[0]!r}; rename it first")
-    remote: dict = {"num_cpus": cpus_per_worker}
-    if gpus_per_worker > 0:
-        remote["num_gpus"] = gpus_per_worker
     ctor = {"model": model_ref(model), "text_column": text_column, "batch_tokens": batch_tokens,
             "normalize": normalize, "threads": opts.threads, "device": opts.device}
     size = workers if workers is not None else pool_size(ray, opts)
@@ -233,7 +230,8 @@ def embed_dataset(ds, text_column: str = "text", model=None, *, batch_size: int 
     with warnings.catch_warnings():  # Ray Data's own deprecation notes about its context
         warnings.simplefilter("ignore", DeprecationWarning)
         out = ds.map_batches(BatchEmbedder, fn_constructor_kwargs=ctor, batch_size=batch_size,
-                             batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size), **remote)
+                             batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=size),
+                             **worker_remote_args(opts))
     out = type(out).copy(out, _deep_copy=True)  # a context of its own: Ray Data shares the parent's
     out.context.execution_options.preserve_order = True
     return out

@@ -10,7 +10,7 @@ from ..errors import InputTypeError
 from .config import BertConfig
 from .model import BertModel
 
-__all__ = ["BUILT_LAYERS", "ParamCount", "count_config", "count_params"]
+__all__ = ["BUILT_LAYERS", "ParamCount", "count_config", "count_params", "matrix_counts"]
 
 BUILT_LAYERS = 64  # count_config builds at most this many layers; deeper models are counted from two
 
@@ -47,6 +47,12 @@ class ParamCount:
         }
 
 
+def matrix_counts(attn: nn.Module) -> dict[str, tuple[int, int]]:
+    """(weights, biases) of each of one attention layer's four matrices: "W_Q" -> (C x C, C)."""
+    return {label: (lin.weight.numel(), lin.bias.numel())
+            for label, lin in (("W_Q", attn.query), ("W_K", attn.key), ("W_V", attn.value), ("W_O", attn.output))}
+
+
 def count_params(model: nn.Module) -> ParamCount:
     """Count a :class:`bertscope.core.model.BertModel`'s attention and total parameters (of its
     encoder, for a classifier or the ``bertscope.load`` facade)."""
@@ -58,10 +64,7 @@ def count_params(model: nn.Module) -> ParamCount:
         raise InputTypeError(f"count_params counts a BERT model (bertscope.load(...), or its .model), "
                              f"got {type(model).__name__}")
     config: BertConfig = model.config  # type: ignore[assignment]
-    attn = model.layers[0].attention  # type: ignore[index]
-    per_matrix = {}
-    for label, lin in (("W_Q", attn.query), ("W_K", attn.key), ("W_V", attn.value), ("W_O", attn.output)):
-        per_matrix[label] = (lin.weight.numel(), lin.bias.numel())
+    per_matrix = matrix_counts(model.layers[0].attention)  # type: ignore[index]
     per_layer_weights = sum(w for w, _ in per_matrix.values())
     per_layer_total = sum(w + b for w, b in per_matrix.values())
     attention_total = sum(sum(p.numel() for p in layer.attention.parameters())

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..bert import Bert, analysis
 from ..core.masks import mask_to_bias
+from ..core.params import matrix_counts
 from ..core.tokenizer import check_text, warn_truncated
 from ..core.words import find_word, group_words, word_attention
 from ..errors import InputError, as_count, bad_whole, as_index, as_whole_number, check_seed, setting
@@ -193,10 +194,10 @@ def trace(bert: Bert, text: str, token: str, layer: int = 0, head: int = 0, *,
     n_real = int(batch.attention_mask.shape[1])
     ww = word_attention(record.probs[0, head, :n_real, :n_real].float().cpu(), words.token_words)  # (W, W)
 
-    per = {f"W_{n}": lin.weight.numel() + lin.bias.numel()
-           for n, lin in (("Q", attn.query), ("K", attn.key), ("V", attn.value), ("O", attn.output))}
+    counts = matrix_counts(attn)  # "W_Q" -> (weights, biases), counted from this layer's modules
+    per = {label: w + b for label, (w, b) in counts.items()}
     params = {**per,
-              "layer_weights": sum(lin.weight.numel() for lin in (attn.query, attn.key, attn.value, attn.output)),
+              "layer_weights": sum(w for w, _ in counts.values()),
               "layer_total": sum(per.values()),
               # a head owns D output columns of W_Q, W_K, W_V (and their biases) and D input rows of W_O
               "one_head_qkv": 3 * (C * D + D), "one_head_wo": D * C}

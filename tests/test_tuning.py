@@ -1339,33 +1339,61 @@ def test_the_host_check_does_not_probe_while_another_thread_measures(cache, smal
 def test_usable_cpus_reads_a_containers_quota_and_the_affinity_mask(tmp_path, monkeypatch):
     """A container limited to 2 CPUs on a 64-CPU host (docker --cpus 2) sees 64 in os.cpu_count();
     a pool or thread count sized by it oversubscribes. cgroup v2's cpu.max and v1's cfs files
-    give the quota, rounded up; "max" or -1 is none; the affinity mask caps it too."""
+    give the quota, rounded up; "max" or -1 is none; the affinity mask caps it too. (No
+    /proc/self/cgroup here: the mount's own folder is read, as inside a container.)"""
+    none = tmp_path / "no-such-file"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     v2 = tmp_path / "v2"
     v2.mkdir()
     for text, want in (("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1),
-                       ("max 100000\n", 64), ("6400000 100000\n", 64), ("garbage\n", 64), ("", 64)):
+                       ("max 100000\n", 64), ("3200000 100000\n", 32), ("garbage\n", 64), ("", 64)):
         (v2 / "cpu.max").write_text(text)
-        assert tuning.usable_cpus(v2) == want, text
+        assert tuning.usable_cpus(v2, none) == want, text
     v1 = tmp_path / "v1"
     (v1 / "cpu").mkdir(parents=True)
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
     for quota, want in (("300000", 3), ("-1", 64), ("0", 64)):
         (v1 / "cpu" / "cpu.cfs_quota_us").write_text(quota + "\n")
-        assert tuning.usable_cpus(v1) == want, quota
-    assert tuning.usable_cpus(tmp_path / "none") == 64  # no cgroup files: the mask alone
+        assert tuning.usable_cpus(v1, none) == want, quota
+    assert tuning.usable_cpus(tmp_path / "none", none) == 64  # no cgroup files: the mask alone
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert tuning.usable_cpus(tmp_path / "none") == 1
+    assert tuning.usable_cpus(tmp_path / "none", none) == 1
     (v2 / "cpu.max").write_text("800000 100000\n")
-    assert tuning.usable_cpus(v2) == 1  # the mask is the smaller
+    assert tuning.usable_cpus(v2, none) == 1  # the mask is the smaller
 
     def unsupported(pid):
         raise OSError("not here")
 
     monkeypatch.setattr(os, "sched_getaffinity", unsupported)
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
-    assert tuning.usable_cpus(tmp_path / "none") == 6
-    assert tuning.usable_cpus(v2) == 6
+    assert tuning.usable_cpus(tmp_path / "none", none) == 6
+    assert tuning.usable_cpus(v2, none) == 6
+
+
+def test_usable_cpus_takes_the_tightest_quota_on_the_processs_own_cgroup_path(tmp_path, monkeypatch):
+    """Outside a cgroup namespace (a systemd unit's CPUQuota=, a batch job's cgroup) the limit is
+    on this process's own cgroup, or one above it, not on the mount's root: /proc/self/cgroup
+    names the path (v2: "0::PATH"; v1: the cpu controller's line, often "cpu,cpuacct")."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    root = tmp_path / "cgroup"
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/system.slice/job.service\n")
+    (root / "system.slice" / "job.service").mkdir(parents=True)
+    (root / "cpu.max").write_text("max 100000\n")
+    (root / "system.slice" / "cpu.max").write_text("300000 100000\n")  # the slice above it: 3 CPUs
+    (root / "system.slice" / "job.service" / "cpu.max").write_text("max 100000\n")
+    assert tuning.usable_cpus(root, own) == 3
+    (root / "system.slice" / "job.service" / "cpu.max").write_text("150000 100000\n")
+    assert tuning.usable_cpus(root, own) == 2  # the tighter one, wherever it is
+    own.write_text("0::/elsewhere\n")  # a cgroup with no limit of its own, under an unlimited root
+    assert tuning.usable_cpus(root, own) == 64
+    v1 = tmp_path / "v1"
+    job = v1 / "cpu" / "slurm" / "job_7"
+    job.mkdir(parents=True)
+    (job / "cpu.cfs_quota_us").write_text("400000\n")
+    (job / "cpu.cfs_period_us").write_text("100000\n")
+    own.write_text("12:memory:/slurm/job_7\n4:cpu,cpuacct:/slurm/job_7\n0::/\n")
+    assert tuning.usable_cpus(v1, own) == 4
 
 
 def test_a_process_pinned_to_one_cpu_is_held_to_it(tmp_path):

@@ -233,35 +233,58 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int:
     """The CPUs this process can use, at least 1: those of its affinity mask (``taskset``,
     ``docker --cpuset-cpus``), fewer where a cgroup CPU quota caps it (``docker --cpus 2`` on a
-    64-CPU host gives 2, rounded up). ``os.cpu_count()`` counts the host's CPUs, and a pool or a
-    thread count sized by it oversubscribes a container. ``cgroup`` is where the cgroup files are
-    read (v2's ``cpu.max``, else v1's ``cpu/cpu.cfs_quota_us`` and ``cpu.cfs_period_us``)."""
+    64-CPU host gives 2, rounded up; a systemd ``CPUQuota=`` or a batch scheduler's limit alike).
+    ``os.cpu_count()`` counts the host's CPUs, and a pool or a thread count sized by it
+    oversubscribes a container. ``cgroup`` is where the cgroup file systems are mounted and
+    ``own`` names this process's cgroups (:func:`_cgroup_quota`)."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
-    quota = _cgroup_quota(cgroup)
+    quota = _cgroup_quota(cgroup, own)
     if quota is not None:
         n = min(n, math.ceil(quota - 1e-9))
     return max(1, n)
 
 
-def _cgroup_quota(root: Path) -> float | None:
-    """The CPU quota in CPUs (quota / period) from cgroup v2 or v1 under ``root``; None where
-    there is none ("max", -1) or the files cannot be read."""
+def _cgroup_quota(root: Path, own: Path) -> float | None:
+    """The tightest CPU quota, in CPUs (quota / period), of this process's cgroup and every cgroup
+    above it: cgroup v2's ``cpu.max`` along the unified hierarchy's path (the ``0::PATH`` line of
+    ``own``), and v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` under ``root/cpu`` along the
+    cpu controller's path. None where there is none ("max", -1) or nothing can be read."""
     try:
-        fields = (root / "cpu.max").read_text().split()
+        lines = own.read_text().splitlines()
     except OSError:
-        try:
-            fields = [(root / "cpu" / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
-        except OSError:
-            return None
+        lines = []
+    paths = {"v2": "/", "v1": "/"}  # unread: the mount's own folder (a container's namespace)
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if line.startswith("0::"):
+            paths["v2"] = path
+        elif "cpu" in controllers.split(","):
+            paths["v1"] = path
+    quotas = []
+    for kind, base in (("v2", root), ("v1", root / "cpu")):
+        parts = [p for p in paths[kind].split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):  # this cgroup, then each one above it
+            quota = _quota_in(base.joinpath(*parts[:depth]), kind)
+            if quota is not None:
+                quotas.append(quota)
+    return min(quotas) if quotas else None
+
+
+def _quota_in(folder: Path, kind: str) -> float | None:
     try:
+        if kind == "v2":
+            fields = (folder / "cpu.max").read_text().split()
+        else:
+            fields = [(folder / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
         quota, period = float(fields[0]), float(fields[1])
-    except (IndexError, ValueError):  # "max 100000": no quota
+    except (OSError, IndexError, ValueError):  # no file; "max 100000": no quota
         return None
     return quota / period if quota > 0 and period > 0 else None
 

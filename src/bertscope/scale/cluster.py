@@ -668,15 +668,16 @@ DIED = "its worker process has died"  # what Ray's ActorDiedError says of a proc
 
 
 class WorkerDied(BertscopeError):
-    """A Ray worker's process died (killed, out of memory, a crash) each time it was started."""
+    """A Ray worker's process died (killed, out of memory, a crash) once more than Ray starts one
+    again (:data:`WORKER_RESTARTS`, counted over the job: at its start or hours into it alike)."""
 
     @classmethod
     def from_ray(cls, text: str) -> "WorkerDied":
         kind = re.search(r"Worker exit type: (\w+)", text)
-        return cls(f"a Ray worker's process died, and again each of the {WORKER_RESTARTS} times it was started "
-                   f"again{f' (Ray: exit type {kind.group(1)})' if kind else ''}: it was killed, ran out of "
-                   f"memory or crashed; Ray's logs say which (ray logs), and fewer workers per machine give "
-                   f"each more memory")
+        return cls(f"a Ray worker's process died {WORKER_RESTARTS + 1} times in this job, once more than Ray "
+                   f"starts one again ({WORKER_RESTARTS}){f', Ray says: exit type {kind.group(1)}' if kind else ''}; "
+                   f"it was killed, ran out of memory or crashed: its log on the machine it ran on says which "
+                   f"(/tmp/ray/session_latest/logs), and fewer workers per machine give each more memory")
 
 
 def _error_in_text(text: str) -> BertscopeError | None:

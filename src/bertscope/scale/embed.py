@@ -12,8 +12,11 @@
 So OUTPUT has the same layout, rows and statuses whichever engine wrote it, and a job started
 by one engine can be resumed by the other. OUTPUT and the input must be reachable from every
 worker under the same name (one machine; a shared filesystem; or, for the input, any URI pyarrow
-reads). A worker that dies is restarted by Ray and its shards retried; a shard is never written
-half, and one written twice is written identically.
+reads). A worker that dies is started again by Ray (at most
+:data:`~bertscope.scale.cluster.WORKER_RESTARTS` times in a job; one more death ends the job with
+one line, :class:`~bertscope.scale.cluster.WorkerDied`) and its shards retried; a shard is never
+written half, and one written twice is written identically. ``embed_dataset``'s workers are
+started again as often.
 
 ``embed_dataset`` maps a ``ray.data.Dataset`` through the same embedding routine
 (:func:`~bertscope.fast.embedjob.embed_texts`) and adds two columns: ``embedding`` (fixed-size

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -68,9 +69,20 @@ def test_doctor_json_is_valid_and_names_flags_timings_and_choice(tmp_path, monke
         assert c["ratios"]["gemm"]["onednn"] < 1 - NOISE_MARGIN
     else:
         assert c["ratios"]["gemm"].get("onednn", 1.0) >= 1 - NOISE_MARGIN
-    # the human-readable form reads the same choice from the cache, and load() applies it
-    assert main(["doctor", "--precision", "fp32"]) == 0
+    from bertscope.fast.tuning import usable_cpus
+
+    assert m["usable_cpus"] == usable_cpus() and 1 <= m["usable_cpus"] <= m["logical_cpus"]
+    # the human-readable form reads the same choice from the cache, and load() applies it; where
+    # fewer CPUs are usable than the host has (a container's quota: stand-ins here), it says so
+    import bertscope.bench.doctor as doctor_module
+
+    with monkeypatch.context() as limited:
+        limited.setattr(doctor_module, "usable_cpus", lambda: 1)
+        # the host's count as doctor reads it (the cache key keeps the real one: still cached)
+        limited.setattr(doctor_module, "os", SimpleNamespace(cpu_count=lambda: 8))
+        assert main(["doctor", "--precision", "fp32"]) == 0
     text = capsys.readouterr().out
+    assert ", 8 logical CPUs (1 usable here); torch " in text.splitlines()[0], text.splitlines()[0]
     assert "choice (cache)" in text and "flags:" in text and f"{c['gemm']} GEMMs" in text
     if "cpu family" in first:  # the first line names them where the CPU has them
         assert f"(family {m['cpu_id']['family']}, model {m['cpu_id']['model']}" in text.splitlines()[0]

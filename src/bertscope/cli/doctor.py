@@ -77,8 +77,9 @@ seconds the budget and the time measuring took; not_raced the steps left at the 
 value, and why; busy the share (0 to 1) of the CPUs other processes took meanwhile, busy_threads
 the model runs other threads of the same process made meanwhile (above 0: not cached); "path" the
 cache file; "key" what the cache is keyed by. The measured numbers (timings, ratios, the speeds,
-busy, gemm_gflops, seconds) are given to 4 significant digits; the cache file keeps them whole. int8_calibration: errors (each linear's relative
-error on the calibration tokens; over error_limit it stays fp32: keep_fp32), fp32_channels
+busy, gemm_gflops, seconds) are given to 4 significant digits; the cache file keeps them whole.
+int8_calibration: errors (each linear's relative error on the calibration tokens; over
+error_limit it stays fp32: keep_fp32), fp32_channels
 (input channels kept in fp32), cosine_mean and cosine_min to fp32 on the calibration texts
 (cosine_floor: what they must reach), and steps: each decision the calibration made, as a line.
 

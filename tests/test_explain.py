@@ -360,6 +360,12 @@ def test_record_shapes_and_word_rules(bert):
         it, animal = exp.words.index("it"), exp.words.index("animal")
         row = exp.sources(it, layer=3, head=1 if exp.kind == "head" else None)
         assert row.shape == (W,)
+        # sources takes one layer (and head) to word level: word_maps' row, every layer and head
+        for layer in range(L):
+            for head in [None] + (list(range(H)) if exp.kind == "head" else []):
+                m = wm[layer] if head is None else wm[layer, head]
+                m = m.mean(0) if exp.kind == "head" and head is None else m
+                np.testing.assert_allclose(exp.sources(it, layer, head), m[it], rtol=1e-6, atol=1e-7)
         if method != "norm":  # rows that sum to 1 at token level still do at word level
             np.testing.assert_allclose(wm.sum(-1), 1.0, atol=1e-4)
         # "didn't" is three words (didn ' t): receiving sums columns, taking averages rows

@@ -368,19 +368,35 @@ def test_bench_skips_a_missing_competitor(monkeypatch, tmp_path, caplog):
 
 
 def test_library_does_not_import_competitors():
+    """Nor does describing the machine, whose JSON names their versions: the versions are the
+    modules' own (imported here, in the test's process)."""
     import subprocess
 
-    code = ("import sys, bertscope; b = bertscope.load(); b.embed(['x']); "
-            "import bertscope.bench, bertscope.fast.embedjob; "
+    import platform
+
+    import numpy as np
+    import onnxruntime
+    import sentence_transformers
+    import torch
+    import transformers
+
+    code = ("import json, sys, bertscope; b = bertscope.load(); b.embed(['x']); "
+            "import bertscope.bench, bertscope.fast.embedjob; from bertscope.bench.machine import machine; "
+            "v = machine()['versions']; "
             "bad = [m for m in ('sentence_transformers', 'transformers', 'onnxruntime', 'matplotlib', 'pyarrow') "
-            "if m in sys.modules]; print(bad)")
+            "if m in sys.modules]; print(bad); print(json.dumps(v))")
     import os
     from pathlib import Path
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]"
+    bad, versions = r.stdout.strip().splitlines()
+    assert bad == "[]"
+    assert json.loads(versions) == {"python": platform.python_version(), "torch": torch.__version__,
+                                    "transformers": transformers.__version__, "numpy": np.__version__,
+                                    "sentence_transformers": sentence_transformers.__version__,
+                                    "onnxruntime": onnxruntime.__version__}
 
 
 def test_bench_bad_preset_is_one_line_error(capsys):

@@ -987,3 +987,24 @@ def test_resume_finished_times_both_ways_and_checks_neither_recomputes(tmp_path,
     monkeypatch.setattr(mod, "describe_model_folder", lambda path, precision: {"model": "another"})
     with pytest.raises(mod.BertscopeError, match="described: 1 of 1 shards found done and 1 load"):
         mod.main()
+
+
+def test_explain_long_times_the_command_and_each_method_on_the_cut_text(tmp_path, capsys, monkeypatch):
+    """benchmarks/explain_long.py (the `explain` figures in docs/BENCHMARKS.md): each round times
+    the whole `explain --compare` and each map method with its row; the JSON keeps every round;
+    bad arguments are a usage error."""
+    mod = benchmark_script("explain_long")
+    out = tmp_path / "e.json"
+    monkeypatch.setattr(sys, "argv", ["explain_long.py", "--rounds", "2", "--words", "20", "--out", str(out)])
+    assert mod.main() == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["tokens"] == 23 and r["rounds"] == 2  # [CLS] cat, 20 words, [SEP]
+    assert list(r["times_s"]) == ["explain --compare", *mod.METHODS]
+    assert all(len(v) == 2 and min(v) > 0 for v in r["times_s"].values())
+    assert all(f"| {k} | " in printed for k in r["times_s"])
+    for bad in (["--rounds", "0"], ["--words", "0"]):
+        monkeypatch.setattr(sys, "argv", ["explain_long.py", *bad])
+        with pytest.raises(SystemExit) as e:
+            mod.main()
+        assert e.value.code == 2

@@ -1,4 +1,4 @@
-"""How long ``bertscope explain --compare`` takes on a long text, whole and per method.
+"""How long ``bertscope explain --compare`` and ``bertscope view`` take on a long text.
 
     PYTHONPATH=src python benchmarks/explain_long.py [--rounds 3] [--words 600] [--out FILE.json]
 
@@ -6,8 +6,9 @@ The text is "cat" and ``--words`` more words (600: cut to the model's 512 positi
 times, in this process and on the bundled all-MiniLM-L6-v2, the command's whole run (``explain
 TEXT --compare --token cat``, its output discarded) and then each map method's
 ``bertscope.explain`` call followed by the row ``--compare`` reads from it (``sources`` of
-"cat", the last layer). Reports the median over rounds and the range. Value zeroing is left
-out (limited to 128 tokens), as the command leaves it out.
+"cat", the last layer), and then ``view TEXT --measure all`` writing its page to a temporary
+folder. Reports the median over rounds and the range. Value zeroing is left out (limited to 128
+tokens), as both commands leave it out.
 
 To compare two trees of the code, run it once with ``PYTHONPATH`` at each, alternating, on a
 machine with nothing else running (``flock /work/cpu.lock`` here).
@@ -21,6 +22,7 @@ import io
 import json
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -56,7 +58,8 @@ def main() -> int:
     print(f"{cpu_label(m)}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"bertscope from {Path(bertscope.__file__).parent}")
     bert = bertscope.load()
-    times: dict[str, list[float]] = {"explain --compare": [], **{x: [] for x in METHODS}}
+    times: dict[str, list[float]] = {"explain --compare": [], **{x: [] for x in METHODS}, "view --measure all": []}
+    page = Path(tempfile.mkdtemp(prefix="bertscope-explain-long-")) / "page.html"
     for r in range(a.rounds):
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()):
@@ -71,7 +74,14 @@ def main() -> int:
                 exp = bertscope.explain(bert, text, method)
                 exp.sources("cat")
                 times[method].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            code = cli(["view", text, "--measure", "all", "--out", str(page)])
+            times["view --measure all"].append(time.perf_counter() - t)
+            if code != 0:
+                raise SystemExit(f"view exited with {code}")
+            page.unlink()
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
+    page.parent.rmdir()
     tokens = len(exp.tokens)
     print(f"\n{tokens} tokens, {a.rounds} rounds\n\n| what | median s | range s |\n|---|---:|---|")
     for k, v in times.items():

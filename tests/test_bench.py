@@ -991,7 +991,7 @@ def test_resume_finished_times_both_ways_and_checks_neither_recomputes(tmp_path,
 
 def test_explain_long_times_the_command_and_each_method_on_the_cut_text(tmp_path, capsys, monkeypatch):
     """benchmarks/explain_long.py (the `explain` figures in docs/BENCHMARKS.md): each round times
-    the whole `explain --compare` and each map method with its row; the JSON keeps every round;
+    the whole `explain --compare`, each map method with its row, and `view`; the JSON keeps every round;
     bad arguments are a usage error."""
     mod = benchmark_script("explain_long")
     out = tmp_path / "e.json"
@@ -1000,7 +1000,7 @@ def test_explain_long_times_the_command_and_each_method_on_the_cut_text(tmp_path
     printed = capsys.readouterr().out
     r = json.loads(out.read_text())
     assert r["tokens"] == 23 and r["rounds"] == 2  # [CLS] cat, 20 words, [SEP]
-    assert list(r["times_s"]) == ["explain --compare", *mod.METHODS]
+    assert list(r["times_s"]) == ["explain --compare", *mod.METHODS, "view --measure all"]
     assert all(len(v) == 2 and min(v) > 0 for v in r["times_s"].values())
     assert all(f"| {k} | " in printed for k in r["times_s"])
     for bad in (["--rounds", "0"], ["--words", "0"]):

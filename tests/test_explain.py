@@ -540,3 +540,11 @@ def test_a_classifier_explains_the_text_it_classifies(classifier):
 
     [rt] = analyze(short, [LONG], qk=False)
     assert map_measures(short, LONG, ["alti"])["alti"].shape[-1] == len(rt.tokens) > 6
+
+
+def test_norm_residual_and_alti_from_one_decomposition_are_what_each_gives_alone(bert):
+    """map_measures takes the attention block apart once for both (the explorer's page asks for
+    both): each map equals the one its method computes alone, bit for bit."""
+    both = map_measures(bert, IT_ANIMAL, ["alti", "norm", "norm-residual"])
+    for name in ("alti", "norm-residual", "norm"):
+        np.testing.assert_array_equal(both[name], bertscope.explain(bert, IT_ANIMAL, name).maps)

@@ -42,7 +42,7 @@ from ..core.words import find_word, group_words, word_attention
 from ..errors import InputError, InputTypeError, as_count, as_index, as_whole_number
 from .gradients import (GRAD_METHODS, Target, class_target, embedding_function, grad_input, integrated_gradients,
                         similarity_target)
-from .measures import HEAD_METHODS, LAYER_METHODS, map_methods, run_forward
+from .measures import BLOCK_METHODS, HEAD_METHODS, LAYER_METHODS, block_method_maps, map_methods, run_forward
 
 __all__ = ["MAP_METHODS", "METHODS", "METHOD_INFO", "VALUE_ZEROING_MAX_TOKENS", "Explanation", "check_method",
            "explain", "explain_batch", "map_measures", "measure_info", "method_kind", "method_tokens",
@@ -371,4 +371,6 @@ def map_measures(bert: Bert, text: str, names: list[str] | tuple[str, ...],
         fw = run_forward(bert.encoder, batch.input_ids.to(dev), batch.attention_mask.to(dev),
                          batch.token_type_ids.to(dev))
         methods = map_methods()
-        return {name: methods[name](fw)[0].float().cpu().numpy() for name in names}
+        shared = block_method_maps(fw, [n for n in names if n in BLOCK_METHODS])  # one decomposition
+        return {name: (shared[name] if name in shared else methods[name](fw))[0].float().cpu().numpy()
+                for name in names}

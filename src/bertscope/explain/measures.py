@@ -29,7 +29,7 @@ in eval mode (no dropout), so a map is a function of the text alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -39,8 +39,8 @@ from ..core.model import BertModel
 from ..see.aggregate import attention_rollout, roll_out
 from .decompose import attention_block_terms, head_vectors
 
-__all__ = ["LAYER_METHODS", "HEAD_METHODS", "Forward", "alti_layer_maps", "attention_maps",
-           "compose", "map_methods", "norm_maps", "norm_residual_maps", "rollout_maps",
+__all__ = ["BLOCK_METHODS", "LAYER_METHODS", "HEAD_METHODS", "Forward", "alti_layer_maps", "attention_maps",
+           "block_method_maps", "compose", "map_methods", "norm_maps", "norm_residual_maps", "rollout_maps",
            "value_zeroing_maps", "alti_maps", "run_forward", "zero_pad"]
 
 HEAD_METHODS = ("attention", "norm")
@@ -125,21 +125,60 @@ def norm_maps(fw: Forward) -> torch.Tensor:
     return zero_pad(torch.stack(out, dim=1).float(), fw.mask)  # (B, L, H, T, T)
 
 
-def _block_maps(fw: Forward, score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Per layer, score(contributions (B, R, T, C), mask) -> (B, R, T) for every query slice."""
+def _norm_residual_score(contrib: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """‖T_i(x_j)‖₂ of every giving token j (PAD scored 0): (B, R, T, C) -> (B, R, T)."""
+    return contrib.norm(dim=-1) * mask[:, None, :].to(contrib.dtype)  # (B, R, T)
+
+
+def _alti_score(contrib: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) of every giving token j (PAD scored 0): (B, R, T)."""
+    y = contrib.sum(dim=2, keepdim=True)  # (B, R, 1, C)
+    closeness = y.abs().sum(-1) - (y - contrib).abs().sum(-1)  # (B, R, 1) - (B, R, T) -> (B, R, T)
+    return closeness.clamp_min(0) * mask[:, None, :].to(contrib.dtype)  # (B, R, T)
+
+
+# the methods that score the attention block's decomposition, per layer, before rows are normalised
+_BLOCK_SCORES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "norm-residual": _norm_residual_score, "alti": _alti_score}
+BLOCK_METHODS = tuple(_BLOCK_SCORES)
+
+
+def _block_maps(fw: Forward, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Per layer, each named score of the contributions (B, R, T, C) for every query slice:
+    name -> (B, L, T, T). One decomposition serves every name (norm-residual and alti both)."""
     B, T = fw.mask.shape
     C = fw.records[0].input.shape[-1]
     step = max(1, _SLICE_FLOATS // max(1, B * T * C))
-    maps = []
+    maps: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     with torch.no_grad():
         for layer, rec in zip(fw.model.layers, fw.records):
             f = head_vectors(layer, rec)  # (B, H, T, C)
-            parts = []
+            parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
             for start in range(0, T, step):
                 terms = attention_block_terms(layer, rec, slice(start, min(T, start + step)), f=f)
-                parts.append(score(terms.contributions, fw.mask))  # (B, R, T)
-            maps.append(torch.cat(parts, dim=1))  # (B, T, T)
-    return torch.stack(maps, dim=1)  # (B, L, T, T)
+                for name in names:
+                    parts[name].append(_BLOCK_SCORES[name](terms.contributions, fw.mask))  # (B, R, T)
+            for name in names:
+                maps[name].append(torch.cat(parts[name], dim=1))  # (B, T, T)
+    return {name: torch.stack(m, dim=1) for name, m in maps.items()}  # (B, L, T, T)
+
+
+def block_method_maps(fw: Forward, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """norm-residual and alti (any of them named) from one decomposition of each layer: name ->
+    (B, L, T, T), as :func:`norm_residual_maps` and :func:`alti_maps` give them alone."""
+    if not names:
+        return {}
+    raw = _block_maps(fw, names)
+    out = {}
+    for name in names:
+        layer_maps = _normalised(raw[name], fw.mask)
+        out[name] = layer_maps if name == "norm-residual" else zero_pad(compose(layer_maps), fw.mask)
+    return out
+
+
+def _normalised(raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scores (B, L, T, T) -> per-layer maps whose real rows sum to 1."""
+    return zero_pad(_row_normalise(raw.float()), mask)
 
 
 def norm_residual_maps(fw: Forward) -> torch.Tensor:
@@ -150,10 +189,7 @@ def norm_residual_maps(fw: Forward) -> torch.Tensor:
     :mod:`~bertscope.explain.decompose`). Rows sum to 1. The diagonal is the share a token
     keeps of itself; the paper's finding is that it dominates.
     """
-    def score(contrib: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return contrib.norm(dim=-1) * mask[:, None, :].to(contrib.dtype)  # (B, R, T)
-
-    return zero_pad(_row_normalise(_block_maps(fw, score).float()), fw.mask)
+    return block_method_maps(fw, ["norm-residual"])["norm-residual"]
 
 
 def alti_layer_maps(fw: Forward) -> torch.Tensor:
@@ -167,12 +203,7 @@ def alti_layer_maps(fw: Forward) -> torch.Tensor:
     to y_i, floored at 0 (the paper's L1-distance rule; a vector far from the sum, or pointing
     away from it, counts 0). Rows sum to 1.
     """
-    def score(contrib: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        y = contrib.sum(dim=2, keepdim=True)  # (B, R, 1, C)
-        closeness = y.abs().sum(-1) - (y - contrib).abs().sum(-1)  # (B, R, 1) - (B, R, T) -> (B, R, T)
-        return closeness.clamp_min(0) * mask[:, None, :].to(contrib.dtype)  # (B, R, T)
-
-    return zero_pad(_row_normalise(_block_maps(fw, score).float()), fw.mask)
+    return _normalised(_block_maps(fw, ["alti"])["alti"], fw.mask)
 
 
 def alti_maps(fw: Forward) -> torch.Tensor:
@@ -183,7 +214,7 @@ def alti_maps(fw: Forward) -> torch.Tensor:
     The feed-forward sublayer acts on each token alone and mixes nothing, so it is left out, as
     in the paper. Rows sum to 1.
     """
-    return zero_pad(compose(alti_layer_maps(fw)), fw.mask)
+    return block_method_maps(fw, ["alti"])["alti"]
 
 
 def rollout_maps(fw: Forward) -> torch.Tensor:

@@ -96,6 +96,25 @@ def test_block_terms_rebuild_the_layernorm_output(bert, fw):
     torch.testing.assert_close(part, whole[:, 3:7], atol=1e-6, rtol=0)
 
 
+def test_block_terms_keep_their_gradient_where_one_is_asked_for(bert, fw):
+    """The terms are normalised in place; with autograd on, they still carry the gradients of
+    the LayerNorm's γ and of W_O (autograd keeps what the in-place steps overwrite), with the
+    same values."""
+    layer, rec = bert.model.layers[2], fw.records[2]
+    plain = attention_block_terms(layer, rec).contributions
+    params = [layer.attention_norm.weight, layer.attention.output.weight]
+    try:
+        with torch.enable_grad():
+            tracked = attention_block_terms(layer, rec).contributions
+            assert tracked.requires_grad
+            tracked.sum().backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+        torch.testing.assert_close(tracked.detach(), plain, atol=0, rtol=0)
+    finally:
+        for p in params:  # the session's model: left as it was
+            p.grad = None
+
+
 def test_alti_layer_rule_by_hand(bert, fw):
     """c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), row-normalised, with plain loops."""
     maps = alti_layer_maps(fw)[0]  # (L, T, T)
@@ -548,3 +567,6 @@ def test_norm_residual_and_alti_from_one_decomposition_are_what_each_gives_alone
     both = map_measures(bert, IT_ANIMAL, ["alti", "norm", "norm-residual"])
     for name in ("alti", "norm-residual", "norm"):
         np.testing.assert_array_equal(both[name], bertscope.explain(bert, IT_ANIMAL, name).maps)
+    twice = map_measures(bert, IT_ANIMAL, ["alti", "norm-residual", "alti"])  # a name asked for twice
+    assert list(twice) == ["alti", "norm-residual"]
+    np.testing.assert_array_equal(twice["alti"], both["alti"])

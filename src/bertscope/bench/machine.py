@@ -27,28 +27,34 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-# module -> the distributions that install it (onnxruntime comes in several builds)
-_SYSTEMS = {"transformers": ("transformers",), "sentence_transformers": ("sentence-transformers",),
-            "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
-            "numpy": ("numpy",)}
+_SYSTEMS = ("transformers", "sentence_transformers", "onnxruntime", "numpy")
 
 
 def _version(module: str) -> str | None:
-    """``module``'s version: the imported module's own, else its installed distribution's (read
-    without importing it: importing transformers, sentence-transformers and ONNX Runtime took
-    11.6 s on a 2-CPU machine, for a line in a JSON file); None when it is not installed."""
+    """``module``'s version: the imported module's own, else that of the installed distribution
+    that provides it (read without importing it: importing transformers, sentence-transformers
+    and ONNX Runtime took 11.6 s on a 2-CPU machine, for a line in a JSON file), else, for a
+    module found without a distribution's records, its own after importing it; None when it
+    cannot be imported."""
+    import importlib
+    import importlib.util
     import sys
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
     loaded = sys.modules.get(module)
     if loaded is not None and getattr(loaded, "__version__", None):
         return str(loaded.__version__)
-    for dist in _SYSTEMS[module]:
+    for dist in packages_distributions().get(module, ()):  # onnxruntime, onnxruntime-gpu, ...
         try:
             return version(dist)
         except PackageNotFoundError:
             continue
-    return None
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+        return str(importlib.import_module(module).__version__)
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def machine() -> dict:

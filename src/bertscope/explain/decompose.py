@@ -106,8 +106,8 @@ def attention_block_terms(layer: BertLayer, record: LayerRecord, rows: slice | N
     y = record.attention_residual[:, rows]  # (B, R, C), the LayerNorm's actual input
     s = torch.sqrt(y.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, R, 1)
     gamma = norm.weight  # (C,)
-    # T_i(x_j) = γ ⊙ (z_ij − mean(z_ij)) / s(y_i), in place: z is this call's own, and a long
-    # text's (B, R, T, C) is hundreds of MiB a step (the same arithmetic, in the same order)
+    # T_i(x_j) = γ ⊙ (z_ij − mean(z_ij)) / s(y_i), in place: z is this call's own, and each
+    # temporary would be as large (64 MiB a slice; the same arithmetic, in the same order)
     contributions = z.sub_(z.mean(dim=-1, keepdim=True)).mul_(gamma).div_(s[:, :, None])  # (B, R, T, C)
     b_o = layer.attention.output.bias  # (C,)
     constant = gamma * (b_o - b_o.mean()) / s + norm.bias  # (B, R, C)

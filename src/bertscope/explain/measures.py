@@ -166,6 +166,7 @@ def _block_maps(fw: Forward, names: Sequence[str]) -> dict[str, torch.Tensor]:
 def block_method_maps(fw: Forward, names: Sequence[str]) -> dict[str, torch.Tensor]:
     """norm-residual and alti (any of them named) from one decomposition of each layer: name ->
     (B, L, T, T), as :func:`norm_residual_maps` and :func:`alti_maps` give them alone."""
+    names = list(dict.fromkeys(names))  # a name asked for twice is computed once
     if not names:
         return {}
     raw = _block_maps(fw, names)
